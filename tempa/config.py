@@ -1,0 +1,56 @@
+"""Every tempa option in one place: its default, its TEMPA_* environment override, and why.
+
+Read an option as ``tempa.config.recompile_limit``; set it in code with
+``tempa.config.recompile_limit = 4`` or from the shell with ``TEMPA_RECOMPILE_LIMIT=4``.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+
+
+def _default_cache_dir() -> str:
+    # Per-user, never a shared world-writable path: a cache entry is code we load and run.
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "tempa")
+
+
+@dataclass
+class Config:
+    # How many cache entries one code object may build before tempa stops capturing it and
+    # runs it eagerly (torch.compile's limit is 8 too).
+    recompile_limit: int = 8
+    # Where compiled artifacts (C++ shared objects, Triton kernels, autotune results) live.
+    cache_dir: str = field(default_factory=_default_cache_dir)
+    # Use the on-disk cache at all (off: every process compiles from scratch).
+    disk_cache: bool = True
+    # Comma-separated log channels: graphs,guards,recompiles,breaks,code,perf (like TORCH_LOGS).
+    logs: str = ""
+    # Raise instead of falling back to eager when capture or compilation fails (for debugging).
+    raise_on_failure: bool = False
+    # Verbose errors: keep tempa's internal frames in tracebacks.
+    debug: bool = False
+    # gcc executable for the CPU backend.
+    cxx: str = "g++"
+    # Automatic dynamic shapes: after a size changes once, recapture with that dim symbolic.
+    automatic_dynamic_shapes: bool = True
+
+
+def _coerce(value: str, like):
+    if isinstance(like, bool):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    if isinstance(like, int):
+        return int(value)
+    return value
+
+
+def _from_environment() -> Config:
+    cfg = Config()
+    for f in fields(cfg):
+        env = os.environ.get("TEMPA_" + f.name.upper())
+        if env is not None:
+            setattr(cfg, f.name, _coerce(env, getattr(cfg, f.name)))
+    return cfg
+
+
+config = _from_environment()
