@@ -51,10 +51,25 @@ Public API
     handler of this function. A 3.12+ comprehension handler only re-raises, so it counts
     only if the comprehension itself sits inside such a block.
 ``in_loop(code, offset) -> bool``
-    True if ``offset`` lies inside a loop: between the target and the source of some
-    backward jump (``for``/``while`` bodies and headers, 3.12+ inlined comprehensions).
-``loop_slots_at`` / ``enclosing_for_loops(code, offset) -> list[int]``
-    Offsets of the FOR_ITER instructions whose body contains ``offset``, outermost first.
+    True if the instruction at ``offset`` lies on a cycle of the control-flow graph
+    (exception edges included): ``for``/``while`` bodies and headers, 3.12+ inlined
+    comprehensions. (Not an interval test: 3.12+ places ``except`` bodies at the end of the
+    function and jumps *back* from them, which is no loop.)
+``stack_kinds_at(code, offset) -> tuple[str, ...]``
+    A coarse label per stack slot, bottom first: ``"iter"`` (for-loop or comprehension
+    iterator, pushed by GET_ITER), ``"with_exit"`` (bound ``__exit__`` pushed by
+    BEFORE_WITH), ``"null"`` (PUSH_NULL, or the NULL half of LOAD_GLOBAL with the NULL
+    bit; a method load's maybe-NULL slot is not labelled), ``"exc"``, ``"exc_info"``,
+    ``"lasti"`` (exception handlers), ``"value"`` (anything else). Exact for the slots
+    below the expression being evaluated; a consumed-and-replaced slot keeps the label
+    of whoever pushed the slot count up, so do not trust ``"value"`` vs ``"null"`` for
+    slots an instruction rewrote in place.
+``stack_producers_at(code, offset) -> tuple[int, ...]``
+    The offset of the instruction that pushed each slot (same caveat).
+``enclosing_for_loops(code, offset) -> list[int]``
+    Offsets of the FOR_ITER instructions whose body (FOR_ITER .. exit target) contains
+    ``offset`` textually, outermost first (3.12+ ``except`` bodies moved to the end of
+    the function are not seen: prefer ``stack_kinds_at``).
 
 All results are cached per code object.
 """
@@ -80,6 +95,8 @@ __all__ = [
     "in_try_block",
     "in_loop",
     "enclosing_for_loops",
+    "stack_kinds_at",
+    "stack_producers_at",
 ]
 
 PY = sys.version_info[:2]
@@ -159,6 +176,26 @@ def _effect(inst, jump: bool) -> int:
     return dis.stack_effect(inst.opcode, arg, jump=jump)
 
 
+def _apply_kinds(ins, kinds, effect):
+    """Stack labels after ``ins``: a tuple of (label, producer offset) per slot."""
+    name = ins.opname
+    off = ins.offset
+    if name == "GET_ITER":
+        return kinds[:-1] + (("iter", off),)
+    if name == "BEFORE_WITH":
+        return kinds[:-1] + (("with_exit", off), ("value", off))
+    if name == "PUSH_EXC_INFO":
+        return kinds[:-1] + (("exc_info", off), ("exc", off))
+    if name == "PUSH_NULL":
+        return kinds + (("null", off),)
+    if name == "LOAD_GLOBAL" and ins.arg & 1:
+        pair = (("value", off), ("null", off)) if PY >= (3, 13) else (("null", off), ("value", off))
+        return kinds + pair
+    if effect >= 0:
+        return kinds + (("value", off),) * effect
+    return kinds[:effect]
+
+
 class _Analysis:
     """Per-code-object facts, computed once."""
 
@@ -170,6 +207,8 @@ class _Analysis:
         cell_like = set(code.co_cellvars) | set(code.co_freevars)
         self.plain_locals = tuple(v for v in code.co_varnames if v not in cell_like)
         self._depths = None
+        self._kinds = None
+        self._cycle = None
         self._live = None
         self._line_starts = None
 
@@ -207,29 +246,113 @@ class _Analysis:
             self._depths = self._compute_depths()
         return self._depths
 
+    @property
+    def slot_kinds(self):
+        if self._depths is None:
+            self._depths = self._compute_depths()
+        return self._kinds
+
     def _compute_depths(self):
+        # Forward dataflow of the stack depth, carrying a coarse label per stack slot:
+        # "iter" (pushed by GET_ITER: a for-loop or comprehension iterator), "with_exit"
+        # (the bound __exit__ pushed by BEFORE_WITH), "lasti"/"exc"/"exc_info" (exception
+        # handlers), "value" otherwise. Labels come from the first path that reaches an
+        # instruction; they are exact for the slots below the expression being evaluated,
+        # which is what resume points need.
         n = len(self.insts)
         depth = [None] * n
+        kinds = [None] * n
         depth[0] = 0
+        kinds[0] = ()
         work = [0]
         while work:
             i = work.pop()
             d = depth[i]
+            k = kinds[i]
             ins = self.insts[i]
-            targets = [(j, d + _effect(ins, jump)) for j, jump in self.successors(i)]
-            e = self.entry_for(ins.offset)
-            if e is not None:
-                targets.append((self.index[e.target], e.depth + int(e.lasti) + 1))
-            for j, dj in targets:
+            targets = []
+            for j, jump in self.successors(i):
+                e = _effect(ins, jump)
+                targets.append((j, d + e, _apply_kinds(ins, k, e)))
+            ex = self.entry_for(ins.offset)
+            if ex is not None:
+                t = ex.target
+                hk = k[: ex.depth] + ((("lasti", t),) if ex.lasti else ()) + (("exc", t),)
+                targets.append((self.index[ex.target], ex.depth + int(ex.lasti) + 1, hk))
+            for j, dj, kj in targets:
                 if depth[j] is None:
                     depth[j] = dj
+                    kinds[j] = kj
                     work.append(j)
                 elif depth[j] != dj:
                     raise AssertionError(
                         f"inconsistent stack depth at offset {self.insts[j].offset} in "
                         f"{self.code.co_name}: {depth[j]} vs {dj}"
                     )
+        self._kinds = kinds
         return depth
+
+    # -- loops -------------------------------------------------------------------------
+    @property
+    def in_cycle(self):
+        if self._cycle is None:
+            self._cycle = self._compute_cycles()
+        return self._cycle
+
+    def _compute_cycles(self):
+        """in_cycle[i]: instruction i lies on a CFG cycle (Tarjan's SCC, iterative)."""
+        n = len(self.insts)
+        succ = []
+        for i in range(n):
+            s = [j for j, _ in self.successors(i)]
+            e = self.entry_for(self.insts[i].offset)
+            if e is not None:
+                s.append(self.index[e.target])
+            succ.append(s)
+        index = [None] * n
+        low = [0] * n
+        on_stack = [False] * n
+        stack = []
+        result = [False] * n
+        counter = 0
+        for root in range(n):
+            if index[root] is not None:
+                continue
+            call = [(root, 0)]
+            index[root] = low[root] = counter
+            counter += 1
+            stack.append(root)
+            on_stack[root] = True
+            while call:
+                v, pi = call[-1]
+                if pi < len(succ[v]):
+                    call[-1] = (v, pi + 1)
+                    w = succ[v][pi]
+                    if index[w] is None:
+                        index[w] = low[w] = counter
+                        counter += 1
+                        stack.append(w)
+                        on_stack[w] = True
+                        call.append((w, 0))
+                    elif on_stack[w]:
+                        low[v] = min(low[v], index[w])
+                    continue
+                call.pop()
+                if call:
+                    u = call[-1][0]
+                    low[u] = min(low[u], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack[w] = False
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1 or v in succ[v]:
+                        for w in comp:
+                            result[w] = True
+        return result
 
     # -- liveness ----------------------------------------------------------------------
     def _uses_defs(self, ins):
@@ -434,10 +557,30 @@ def in_try_block(code, offset: int) -> bool:
 
 
 def in_loop(code, offset: int) -> bool:
-    for ins in _analysis(code).insts:
-        if ins.opname in _BACKWARD_JUMPS and ins.argval <= offset <= ins.offset:
-            return True
-    return False
+    a = _analysis(code)
+    i = a.index.get(offset)
+    if i is None:
+        raise ValueError(f"no instruction starts at offset {offset} in {code.co_name}")
+    return a.in_cycle[i]
+
+
+def stack_kinds_at(code, offset: int) -> tuple:
+    """Coarse labels of the stack slots before ``offset``, bottom first (see module doc)."""
+    return tuple(k for k, _ in _slots(code, offset))
+
+
+def stack_producers_at(code, offset: int) -> tuple:
+    """Offset of the instruction that pushed each stack slot before ``offset``, bottom
+    first (for "exc"/"lasti" slots: the handler's offset). Exact for "iter"/"with_exit"
+    slots; for "value" slots only where the value was pushed by a non-consuming
+    instruction."""
+    return tuple(p for _, p in _slots(code, offset))
+
+
+def _slots(code, offset):
+    stack_depth_at(code, offset)  # validates
+    a = _analysis(code)
+    return a.slot_kinds[a.index[offset]]
 
 
 def enclosing_for_loops(code, offset: int) -> list:
@@ -454,5 +597,3 @@ def enclosing_for_loops(code, offset: int) -> list:
             out.append(ins.offset)
     return out
 
-
-loop_slots_at = enclosing_for_loops
