@@ -1,0 +1,12 @@
+"""tempa: a just-in-time compiler for PyTorch.
+
+    fast = tempa.compile(model)      # nothing happens yet
+    fast(x)                          # capture + compile on the first call, then cached
+"""
+from .config import config
+from .api import OptimizedModule, compile, disable, reset, stats
+from .capture.breaks import GraphBreakError
+
+__all__ = ["compile", "OptimizedModule", "disable", "reset", "stats", "config",
+           "GraphBreakError"]
+__version__ = "0.1.0"

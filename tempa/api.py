@@ -1,0 +1,270 @@
+"""The public surface: compile(), OptimizedModule, disable(), reset(), stats().
+
+The only layer that knows all the others: it hands capture a backend callable and turns
+capture's outcomes (an entry, an unsupported construct, the user's own exception) into
+what the user sees.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import types
+import warnings
+import weakref
+
+import torch
+
+from . import logs, stats as _stats
+from .config import config
+from .capture import calls
+from .capture.breaks import GraphBreakError, Unsupported, UserError
+from .capture.cache import MISS, CodeCache, build_entry, install_invalidation_hooks, clear_watchers
+from .capture.capture import capture
+
+_contexts: "weakref.WeakSet[CompileContext]" = weakref.WeakSet()
+_fallback_log = logs.get("fallbacks")
+
+
+def _resolve_backend(backend, mode, options):
+    if callable(backend):
+        return backend
+    if backend == "eager":
+        return lambda gm, example_inputs: gm
+    if backend == "tempa":
+        def tempa_backend(gm, example_inputs):
+            try:
+                from .backend import tempa_backend as compile_graph
+            except ImportError as e:
+                _fallback_log.warning("tempa backend unavailable (%s); running the captured "
+                                      "graph with ATen ops", e)
+                return gm
+            return compile_graph(gm, example_inputs, mode=mode, options=options)
+        return tempa_backend
+    raise ValueError(f"tempa.compile: unknown backend {backend!r}; use 'tempa', 'eager' or a "
+                     "callable (gm, example_inputs) -> callable")
+
+
+class CompileContext:
+    """The settings of one tempa.compile(...) call and the caches built under them."""
+
+    def __init__(self, *, fullgraph, dynamic, backend, mode, options):
+        if mode not in (None, "default", "reduce-overhead", "max-autotune",
+                        "max-autotune-no-cudagraphs"):
+            raise ValueError(f"tempa.compile: unknown mode {mode!r}; use 'default', "
+                             "'reduce-overhead' or 'max-autotune'")
+        self.fullgraph = fullgraph
+        self.dynamic = dynamic
+        self.mode = mode
+        self.options = options or {}
+        self.backend_name = backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")
+        self.backend = _resolve_backend(backend, mode, self.options)
+        self.caches: dict = {}
+        install_invalidation_hooks()
+        if config.logs:
+            logs.enable(config.logs)
+        _contexts.add(self)
+
+    def cache_for(self, fn) -> CodeCache:
+        cache = self.caches.get(fn.__code__)
+        if cache is None:
+            cache = self.caches.setdefault(fn.__code__, CodeCache(fn.__code__, fn.__qualname__))
+        return cache
+
+    def dispatcher(self, fn, eager):
+        cache = self.cache_for(fn)
+        miss = self._miss
+
+        def dispatch(*args, **kwargs):
+            for entry in cache.entries:
+                result = entry.fn(*args, **kwargs)
+                if result is not MISS:
+                    return result
+            return miss(cache, fn, eager, args, kwargs)
+        dispatch.__tempa_cache__ = cache
+        return dispatch
+
+    # -- the slow path: no entry matched --------------------------------------------------
+    def _miss(self, cache: CodeCache, fn, eager, args, kwargs):
+        entry = None
+        with cache.lock:
+            for e in cache.entries:  # another thread may have captured meanwhile
+                if e.fn(*args, **kwargs) is not MISS:
+                    entry = e
+                    break
+            if entry is None and cache.eager_reason is None:
+                entry = self._capture_and_compile(cache, fn, args, kwargs)
+        if entry is None:
+            return eager(*args, **kwargs)
+        result = entry.fn(*args, **kwargs)
+        if result is MISS:  # guards that fail on the very call they were built from: a bug
+            _fallback_log.warning("tempa: guards of %s failed on their own capture (%s); running "
+                                  "eagerly", cache.name, entry.why(*args, **kwargs))
+            return eager(*args, **kwargs)
+        return result
+
+    def _capture_and_compile(self, cache: CodeCache, fn, args, kwargs):
+        if fn.__code__ in calls.DISABLED_CODES:
+            cache.eager_reason = "disabled by tempa.disable"
+            return None
+        if cache.captures >= config.recompile_limit:
+            why = cache.entries[0].why(*args, **kwargs) if cache.entries else "?"
+            cache.eager_reason = f"recompile_limit ({config.recompile_limit}) reached"
+            _stats.bump("eager_fallbacks")
+            warnings.warn(f"tempa: {_where(fn)} was recompiled {cache.captures} times "
+                          f"(recompile_limit={config.recompile_limit}); it runs eagerly from now "
+                          f"on. The guard that kept failing: {why}. Raise "
+                          "tempa.config.recompile_limit, or mark the changing dimension "
+                          "dynamic.", stacklevel=4)
+            return None
+        if cache.entries and logs.on("recompiles"):
+            logs.get("recompiles").info("recompiling %s: %s", _where(fn),
+                                        cache.entries[0].why(*args, **kwargs))
+        try:
+            captured = capture(fn, args, kwargs)
+        except Unsupported as u:
+            _stats.bump("graph_breaks")
+            if self.fullgraph:
+                raise GraphBreakError(u.location) from None
+            cache.eager_reason = str(u)
+            _stats.bump("eager_fallbacks")
+            _fallback_log.warning("tempa: running %s eagerly: %s", _where(fn), u)
+            return None
+        except UserError:
+            return None  # the user's code raises: eager raises the same error, from their code
+        cache.captures += 1
+        _stats.bump("captures")
+        if cache.entries:
+            _stats.bump("recompiles")
+        if logs.on("graphs"):
+            logs.get("graphs").info("graph for %s:\n%s", _where(fn), captured.gm.code)
+        compiled = self._compile_graph(captured, fn)
+        entry = build_entry(fn, captured, compiled)
+        if logs.on("guards"):
+            logs.get("guards").info("guards for %s:\n%s", _where(fn),
+                                    "\n".join(f"  {d}" for _, d in entry.guards))
+        cache.add(entry)
+        return entry
+
+    def _compile_graph(self, captured, fn):
+        _stats.bump("graphs_compiled")
+        try:
+            compiled = self.backend(captured.gm, captured.example_inputs)
+        except Exception as e:
+            if config.raise_on_failure:
+                raise
+            _stats.bump("eager_fallbacks")
+            _fallback_log.warning("tempa: backend %r failed on the graph of %s (%s: %s); running "
+                                  "that graph with ATen ops instead", self.backend_name,
+                                  _where(fn), type(e).__name__, e)
+            return captured.gm
+        return compiled
+
+    def clear(self):
+        for cache in list(self.caches.values()):
+            cache.clear()
+        self.caches.clear()
+
+
+def _where(fn) -> str:
+    code = fn.__code__
+    return f"{fn.__qualname__} ({code.co_filename}:{code.co_firstlineno})"
+
+
+class OptimizedModule(torch.nn.Module):
+    """What tempa.compile returns for an nn.Module: shares the original's parameters and
+    buffers (it is registered as ``_orig_mod``), leaves it untouched, and calls the compiled
+    code of its forward."""
+
+    def __init__(self, mod: torch.nn.Module, context: CompileContext):
+        super().__init__()
+        self._orig_mod = mod
+        self.__dict__["_tempa_mod"] = mod
+        self.__dict__["_tempa_context"] = context
+        forward = mod.__dict__.get("forward")
+        if forward is None:
+            fn = type(mod).forward
+            eager = _call_module
+        elif isinstance(forward, types.MethodType):
+            fn, eager = forward.__func__, _call_module
+        else:
+            fn = forward
+            eager = lambda *a, **k: forward(*a, **k)  # noqa: E731
+        if isinstance(forward, types.FunctionType):
+            dispatch = context.dispatcher(fn, eager)
+            self.__dict__["_tempa_call"] = lambda *a, **k: dispatch(*a, **k)
+        else:
+            dispatch = context.dispatcher(fn, eager)
+            self.__dict__["_tempa_call"] = functools.partial(dispatch, mod)
+
+    def __call__(self, *args, **kwargs):
+        if self._forward_hooks or self._forward_pre_hooks:
+            return super().__call__(*args, **kwargs)
+        return self._tempa_call(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        return self._tempa_call(*args, **kwargs)
+
+    def __getattr__(self, name):
+        if name == "_orig_mod":
+            return self._modules["_orig_mod"]
+        return getattr(self._modules["_orig_mod"], name)
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(dir(self._orig_mod)))
+
+
+def _call_module(mod, *args, **kwargs):
+    # The eager path runs the module as the user would, hooks included.
+    return torch.nn.Module.__call__(mod, *args, **kwargs)
+
+
+def compile(model=None, *, fullgraph: bool = False, dynamic: bool | None = None,
+            backend="tempa", mode: str | None = None, options: dict | None = None):
+    """Compile an nn.Module or a function. Nothing happens until the first call."""
+    if model is None:
+        return lambda m: compile(m, fullgraph=fullgraph, dynamic=dynamic, backend=backend,
+                                 mode=mode, options=options)
+    context = CompileContext(fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
+                             options=options)
+    if isinstance(model, torch.nn.Module):
+        return OptimizedModule(model, context)
+    if isinstance(model, types.MethodType):
+        dispatch = context.dispatcher(model.__func__, model.__func__)
+        bound = functools.partial(dispatch, model.__self__)
+        functools.update_wrapper(bound, model)
+        return bound
+    if isinstance(model, types.FunctionType):
+        dispatch = context.dispatcher(model, model)
+        functools.update_wrapper(dispatch, model)
+        dispatch.__tempa_context__ = context
+        return dispatch
+    if callable(model):
+        raise TypeError(f"tempa.compile: cannot compile a {type(model).__name__}; pass an "
+                        "nn.Module or a Python function")
+    raise TypeError(f"tempa.compile expects an nn.Module or a function, got {type(model).__name__}")
+
+
+def disable(fn=None, recursive: bool = True):
+    """Mark ``fn`` to always run eagerly; inside a compiled function a call to it is a graph
+    break with reason "disabled by tempa.disable"."""
+    if fn is None:
+        return lambda f: disable(f, recursive)
+    target = fn.__func__ if isinstance(fn, types.MethodType) else fn
+    if isinstance(target, torch.nn.Module):
+        target = type(target).forward
+    code = getattr(target, "__code__", None)
+    if code is not None:
+        calls.DISABLED_CODES.add(code)
+    return fn
+
+
+def reset() -> None:
+    """Forget every compiled entry and counter (the disk cache stays: see `tempa cache`)."""
+    for ctx in list(_contexts):
+        ctx.clear()
+    clear_watchers()
+    _stats.clear()
+
+
+def stats() -> _stats.Stats:
+    return _stats.snapshot()

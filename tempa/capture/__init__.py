@@ -1,0 +1,1 @@
+"""The frontend: symbolic execution of CPython bytecode into torch.fx graphs with guards."""

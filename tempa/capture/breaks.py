@@ -1,0 +1,89 @@
+"""Graph breaks as data: every reason capture stops has a type, a reason, a place and a hint.
+
+``Unsupported`` is raised inside the interpreter; the capture driver turns it into a graph
+break (issue: graph breaks) or, where no break is possible, an eager fallback. Either way the
+user sees the type, the one-line reason, their file and line, and what to change.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# type -> hint shown to the user
+BREAK_TYPES = {
+    "data-dependent branch": "the branch depends on a tensor's value; compute both sides with "
+                             "torch.where, or move the check out of the compiled function",
+    "data-dependent value": ".item()/.tolist()/int(tensor) need the tensor's value at run time; "
+                            "keep the value as a tensor if you can",
+    "print / side effect": "remove the print or logging from forward, or accept the break",
+    "non-torch library call": "calls into numpy/math/other libraries run in Python; use the "
+                              "torch equivalent to keep one graph",
+    "unsupported construct": "this Python construct is not captured yet; move it out of the "
+                             "compiled region or wrap the helper with @tempa.disable",
+    "unsupported call": "tempa does not know how to capture this callable; wrap it with "
+                        "@tempa.disable to run it eagerly on purpose",
+    "disabled by tempa.disable": "the function is marked @tempa.disable; it runs eagerly",
+    "mutation of outside state": "the code changes an object that lives outside the call; "
+                                 "return the value instead, or accept the break",
+    "user exception": "the code raised an exception while being captured",
+    "generator": "generators are run in Python; use a list comprehension",
+    "try block": "a try/except around tensor code is run in Python",
+    "hooks": "forward hooks on this module are not captured; remove them or accept eager",
+}
+
+
+@dataclass
+class BreakReason:
+    type: str
+    reason: str
+    filename: str = "?"
+    lineno: int | None = None
+    function: str = "?"
+
+    @property
+    def hint(self) -> str:
+        return BREAK_TYPES.get(self.type, "")
+
+    @property
+    def where(self) -> str:
+        return f"{self.filename}:{self.lineno} in {self.function}"
+
+    def __str__(self) -> str:
+        return f"{self.type}: {self.reason} ({self.where}). Hint: {self.hint}"
+
+
+class Unsupported(Exception):
+    """Capture cannot continue here. ``where`` is filled in by the frame that saw it."""
+
+    def __init__(self, type: str, reason: str):
+        assert type in BREAK_TYPES, type
+        super().__init__(reason)
+        self.break_type = type
+        self.reason = reason
+        self.location: BreakReason | None = None
+
+    def at(self, filename: str, lineno: int | None, function: str) -> "Unsupported":
+        if self.location is None:
+            self.location = BreakReason(self.break_type, self.reason, filename, lineno, function)
+        return self
+
+    def __str__(self) -> str:
+        return str(self.location) if self.location else f"{self.break_type}: {self.reason}"
+
+
+class GraphBreakError(RuntimeError):
+    """Raised with ``fullgraph=True`` at the first graph break."""
+
+    def __init__(self, reason: BreakReason):
+        super().__init__(
+            f"tempa: graph break with fullgraph=True: {reason.type}: {reason.reason}\n"
+            f"  at {reason.filename}:{reason.lineno} in {reason.function}\n"
+            f"  hint: {reason.hint}")
+        self.reason = reason
+
+
+class UserError(Exception):
+    """An exception the user's own code raised while being captured: re-raised unchanged."""
+
+    def __init__(self, exc: BaseException):
+        super().__init__(repr(exc))
+        self.exc = exc

@@ -1,0 +1,158 @@
+"""Per-code-object caches of compiled entries, the generated entry functions, invalidation.
+
+An entry is ONE generated Python function with the captured function's own signature: it
+checks the guards (returning ``MISS`` at the first failure) and then calls the compiled
+graph and rebuilds the return value. CPython binds the arguments, so the per-call work is
+the guard expressions plus one call.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch.nn.modules import module as _nn_module
+
+from .guards import GuardSet
+
+
+class _Miss:
+    __slots__ = ()
+
+    def __repr__(self):
+        return "MISS"
+
+
+MISS = _Miss()
+
+
+@dataclass
+class Entry:
+    fn: object                    # the generated entry function
+    why: object                   # same signature; returns the first failing guard's text
+    guards: list[tuple[str, str]]
+    source: str
+    captured: object              # capture.Captured
+    compiled: object
+    modules: list = field(default_factory=list)
+
+
+class CodeCache:
+    """All entries of one code object within one compile context."""
+
+    def __init__(self, code, name: str):
+        self.code = code
+        self.name = name
+        self.entries: list[Entry] = []   # replaced, never mutated: readers need no lock
+        self.lock = threading.RLock()
+        self.eager_reason = None         # set once the code runs eagerly for good
+        self.captures = 0
+        self.warned = False
+
+    def add(self, entry: Entry) -> None:
+        # Most recent first: a changed input (batch 9 after 8) is likely to repeat.
+        self.entries = [entry] + self.entries
+        for m in entry.modules:
+            _watch(m, self, entry)
+
+    def remove(self, entry: Entry) -> None:
+        with self.lock:
+            self.entries = [e for e in self.entries if e is not entry]
+
+    def clear(self) -> None:
+        with self.lock:
+            self.entries = []
+            self.eager_reason = None
+            self.captures = 0
+            self.warned = False
+
+
+def signature_source(code, fn) -> str:
+    """The parameter list of ``fn`` as source text, defaults filled in afterwards."""
+    names = code.co_varnames
+    n_pos, n_kwonly = code.co_argcount, code.co_kwonlyargcount
+    n_posonly = code.co_posonlyargcount
+    parts = list(names[:n_pos])
+    if n_posonly:
+        parts.insert(n_posonly, "/")
+    i = n_pos + n_kwonly
+    if code.co_flags & 0x04:   # *args
+        parts.append("*" + names[i])
+        i += 1
+    elif n_kwonly:
+        parts.append("*")
+    parts.extend(names[n_pos:n_pos + n_kwonly])
+    if code.co_flags & 0x08:   # **kwargs
+        parts.append("**" + names[i])
+    return ", ".join(parts)
+
+
+def build_entry(fn, captured, compiled) -> Entry:
+    guards: GuardSet = captured.guards
+    ordered = guards.ordered()
+    sig = signature_source(fn.__code__, fn)
+    call_args = list(captured.user_input_exprs) + [guards.const(t, "P") for t in captured.attr_tensors]
+    lines = [f"def ___entry({sig}):"]
+    for expr, _ in ordered:
+        lines.append(f"    if not ({expr}): return ___MISS")
+    lines.append(f"    ___o = ___compiled({', '.join(call_args)})")
+    lines.append(f"    return {captured.output_expr}")
+    source = "\n".join(lines)
+    why_lines = [f"def ___why({sig}):"]
+    for i, (expr, _) in enumerate(ordered):
+        why_lines.append(f"    if not ({expr}): return ___DESC[{i}]")
+    why_lines.append("    return None")
+    ns = dict(guards.consts)
+    ns.update(___MISS=MISS, ___compiled=compiled, ___DESC=[d for _, d in ordered])
+    exec(compile(source + "\n\n" + "\n".join(why_lines) + "\n",
+                 f"<tempa entry for {fn.__qualname__}>", "exec"), ns)
+    entry_fn, why_fn = ns["___entry"], ns["___why"]
+    for f in (entry_fn, why_fn):
+        f.__defaults__ = fn.__defaults__
+        f.__kwdefaults__ = fn.__kwdefaults__
+    return Entry(entry_fn, why_fn, ordered, source, captured, compiled, captured.modules)
+
+
+# -- invalidation when a module's parameters, buffers or submodules are reassigned ----------
+# torch calls these global hooks from register_parameter/register_buffer/add_module and
+# from Module.__setattr__, so `model.fc1 = nn.Linear(...)` or `model.w = nn.Parameter(...)`
+# drops every entry that read that module, instead of each call guarding every parameter.
+_watchers: dict[int, list] = {}
+_watch_lock = threading.Lock()
+
+
+def _watch(module, cache: CodeCache, entry: Entry) -> None:
+    with _watch_lock:
+        _watchers.setdefault(id(module), []).append((weakref.ref(cache), entry, weakref.ref(module)))
+
+
+def _on_registration(module, name, value):
+    watchers = _watchers.get(id(module))
+    if not watchers:
+        return None
+    with _watch_lock:
+        watchers = _watchers.pop(id(module), [])
+    for cache_ref, entry, mod_ref in watchers:
+        cache = cache_ref()
+        if cache is not None and mod_ref() is module:
+            cache.remove(entry)
+    return None
+
+
+_hooks_installed = False
+
+
+def install_invalidation_hooks() -> None:
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    _nn_module.register_module_parameter_registration_hook(_on_registration)
+    _nn_module.register_module_buffer_registration_hook(_on_registration)
+    _nn_module.register_module_module_registration_hook(_on_registration)
+    _hooks_installed = True
+
+
+def clear_watchers() -> None:
+    with _watch_lock:
+        _watchers.clear()

@@ -1,0 +1,196 @@
+"""The graph being captured: an FX graph, its inputs, fake tensors and guards.
+
+Every torch operation the interpreter meets is run on fake tensors (to learn the result's
+shape, dtype and device without computing anything) and recorded as an FX node.
+"""
+from __future__ import annotations
+
+import operator
+import re
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode, DataDependentOutputException, \
+    DynamicOutputShapeException, UnsupportedOperatorException
+
+from .breaks import Unsupported, UserError
+from .guards import GuardSet
+from .values import TensorVar
+
+# Calls kept in the graph even though nothing reads their result (they change state).
+_SIDE_EFFECT_TARGETS = {torch._C._set_grad_enabled, torch.amp.autocast_mode._enter_autocast,
+                        torch.amp.autocast_mode._exit_autocast, operator.setitem}
+
+
+class GraphBuilder:
+    def __init__(self):
+        self.graph = fx.Graph()
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        self.guards = GuardSet()
+        self.user_inputs: list[tuple[fx.Node, str, torch.Tensor]] = []  # (placeholder, expr, tensor)
+        self.attr_inputs: list[tuple[fx.Node, torch.Tensor]] = []  # parameters, buffers, ...
+        self._input_by_id: dict[int, TensorVar] = {}
+        self._names: set[str] = set()
+        self.modules: dict[int, torch.nn.Module] = {}   # modules this graph depends on
+        self.keepalive: list = []                       # objects whose id() we rely on
+
+    # -- inputs ------------------------------------------------------------------------
+    def _placeholder(self, hint: str) -> fx.Node:
+        name = re.sub(r"\W+", "_", hint).strip("_") or "input"
+        if name[0].isdigit():
+            name = "t_" + name
+        base, i = name, 1
+        while name in self._names:
+            name, i = f"{base}_{i}", i + 1
+        self._names.add(name)
+        return self.graph.placeholder(name)
+
+    def user_input(self, tensor: torch.Tensor, expr: str) -> TensorVar:
+        """A tensor passed by the caller (argument or item of one): guarded on every call."""
+        hit = self._input_by_id.get(id(tensor))
+        if hit is not None:
+            return hit
+        node = self._placeholder(expr)
+        fake = self.fake_mode.from_tensor(tensor, static_shapes=True)
+        var = TensorVar(node, fake)
+        node.meta["example_value"] = fake
+        self.user_inputs.append((node, expr, tensor))
+        self._input_by_id[id(tensor)] = var
+        self.keepalive.append(tensor)
+        self.guards.tensor(expr, tensor)
+        return var
+
+    def attr_input(self, tensor: torch.Tensor, hint: str) -> TensorVar:
+        """A tensor reached through a module or object (parameter, buffer, global): read live
+        on every call, so optimizer updates are seen; its identity is guarded elsewhere."""
+        hit = self._input_by_id.get(id(tensor))
+        if hit is not None:
+            return hit
+        node = self._placeholder(hint)
+        fake = self.fake_mode.from_tensor(tensor, static_shapes=True)
+        var = TensorVar(node, fake)
+        node.meta["example_value"] = fake
+        self.attr_inputs.append((node, tensor))
+        self._input_by_id[id(tensor)] = var
+        return var
+
+    # -- operations --------------------------------------------------------------------
+    def call(self, kind: str, target, args: tuple, kwargs: dict):
+        """Record ``target(*args, **kwargs)`` (kind: call_function|call_method), run it on fake
+        tensors, and return the result with TensorVars in place of tensors."""
+        node_args = _map(args, _to_node)
+        node_kwargs = _map(kwargs, _to_node)
+        fake_args = _map(args, _to_fake)
+        fake_kwargs = _map(kwargs, _to_fake)
+        try:
+            with self.fake_mode:
+                if kind == "call_method":
+                    result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+                else:
+                    result = target(*fake_args, **fake_kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException) as e:
+            raise Unsupported("data-dependent value", f"{_name(target)} needs tensor values "
+                              f"({type(e).__name__})") from None
+        except UnsupportedOperatorException as e:
+            raise Unsupported("unsupported call", f"{_name(target)}: no fake-tensor rule ({e})") from None
+        except Unsupported:
+            raise
+        except Exception as e:  # the user's own error (bad shapes...): eager will raise it
+            raise UserError(e) from None
+        node = self.graph.create_node(kind, target, node_args, node_kwargs)
+        return self.wrap(node, result, target)
+
+    def wrap(self, node: fx.Node, result, target=None):
+        if isinstance(result, torch.Tensor):
+            node.meta["example_value"] = result
+            return TensorVar(node, result)
+        if isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result):
+            node.meta["example_value"] = result
+            items = []
+            for i, r in enumerate(result):
+                if isinstance(r, torch.Tensor):
+                    item = self.graph.call_function(operator.getitem, (node, i))
+                    item.meta["example_value"] = r
+                    items.append(TensorVar(item, r))
+                else:
+                    items.append(r)
+            if type(result) is tuple or type(result) is list:
+                return type(result)(items)
+            return type(result)(items)  # torch.return_types structseq
+        if result is None and target in _SIDE_EFFECT_TARGETS:
+            return None
+        if result is None and getattr(target, "__name__", "").endswith("_"):
+            return None  # an in-place method returning None: keep the node
+        if not node.users:
+            self.graph.erase_node(node)
+        if isinstance(result, torch.Tensor) or _has_tensor(result):
+            raise Unsupported("unsupported call", f"{_name(target)} returned tensors in a "
+                              f"{type(result).__name__}")
+        return result
+
+    def side_effect(self, target, *args) -> None:
+        """Record a state-changing call (grad mode, autocast) that returns nothing."""
+        self.graph.call_function(target, args)
+
+    # -- finishing -----------------------------------------------------------------------
+    def finish(self, outputs: list[TensorVar]) -> fx.GraphModule:
+        # Placeholders: the caller's tensors first, then parameters/buffers (the backend
+        # contract). Attribute inputs are discovered mid-capture, so move them all up front.
+        order = [n for n, _, _ in self.user_inputs] + [n for n, _ in self.attr_inputs]
+        for node in reversed(order):
+            first = next(iter(self.graph.nodes))
+            if first is not node:
+                first.prepend(node)
+        self.graph.output(tuple(v.node for v in outputs))
+        self.graph.eliminate_dead_code(is_impure_node=_is_impure)
+        gm = fx.GraphModule(torch.nn.Module(), self.graph)
+        return gm
+
+
+def _is_impure(node: fx.Node) -> bool:
+    if node.op in ("placeholder", "output"):
+        return True
+    if node.target in _SIDE_EFFECT_TARGETS:
+        return True
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")  # in-place: x.add_(1), F.relu_
+
+
+def _to_node(v):
+    return v.node if isinstance(v, TensorVar) else v
+
+
+def _to_fake(v):
+    return v.fake if isinstance(v, TensorVar) else v
+
+
+def _map(value, fn):
+    if isinstance(value, TensorVar):
+        return fn(value)
+    t = type(value)
+    if t is tuple or t is list:
+        return t(_map(v, fn) for v in value)
+    if t is dict:
+        return {k: _map(v, fn) for k, v in value.items()}
+    if t is slice:
+        return slice(_map(value.start, fn), _map(value.stop, fn), _map(value.step, fn))
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return t(*(_map(v, fn) for v in value))
+    return value
+
+
+def _has_tensor(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_has_tensor(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_tensor(v) for v in value.values())
+    return False
+
+
+def _name(target) -> str:
+    if isinstance(target, str):
+        return "Tensor." + target
+    mod = getattr(target, "__module__", None) or ""
+    return f"{mod}.{getattr(target, '__name__', repr(target))}".lstrip(".")

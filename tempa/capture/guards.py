@@ -1,0 +1,97 @@
+"""Guards: what a captured graph assumed about its inputs, as one generated Python check.
+
+Each guard is a boolean Python expression over the entry function's arguments (the same
+signature as the captured function) and constants bound into the generated function's
+namespace. Objects whose identity is itself guarded (modules, functions, config objects) are
+referenced directly as constants (``O3.training == False``), so a guard never walks a long
+attribute chain at call time (``m.fc1`` through ``Module.__getattr__`` costs ~0.7 µs).
+"""
+from __future__ import annotations
+
+import torch
+
+# The order guards run in: cheap, discriminating checks first (research memo §4: a shape
+# check first makes a 4-entry cache 2x faster to search).
+_ORDER = {"identity": 0, "tensor": 1, "global": 2, "constant": 3, "length": 3, "module": 4}
+
+
+class GuardSet:
+    def __init__(self):
+        self._seen: set[str] = set()
+        self.guards: list[tuple[int, str, str]] = []   # (order, expression, description)
+        self.consts: dict[str, object] = {}
+        self._const_by_id: dict[int, str] = {}
+
+    # -- constants --------------------------------------------------------------------
+    def const(self, obj, prefix: str = "O") -> str:
+        """A name under which ``obj`` is visible to the generated guard/runner code."""
+        name = self._const_by_id.get(id(obj))
+        if name is None or self.consts.get(name) is not obj:
+            name = f"___{prefix}{len(self.consts)}"
+            self.consts[name] = obj
+            self._const_by_id[id(obj)] = name
+        return name
+
+    # -- adding guards ---------------------------------------------------------------
+    def add(self, kind: str, expr: str, description: str) -> None:
+        if expr in self._seen:
+            return
+        self._seen.add(expr)
+        self.guards.append((_ORDER.get(kind, 5), expr, description))
+
+    def identity(self, expr: str, obj, what: str = "") -> None:
+        self.add("identity", f"{expr} is {self.const(obj)}", f"{what or expr} is the same object")
+
+    def constant(self, expr: str, value) -> None:
+        """``expr`` evaluates to this Python constant (type included: True is not 1)."""
+        if value is None or value is True or value is False or value is Ellipsis:
+            self.add("constant", f"{expr} is {value!r}", f"{expr} is {value!r}")
+        elif isinstance(value, (torch.dtype, type)) or callable(value):
+            self.add("constant", f"{expr} is {self.const(value)}", f"{expr} is {value!r}")
+        elif isinstance(value, (int, float, str, bytes, torch.device)):
+            t = self.const(type(value), "T")
+            self.add("constant", f"({expr}).__class__ is {t} and {expr} == {self.const(value, 'V')}",
+                     f"{expr} == {value!r}")
+        elif isinstance(value, tuple) and all(_is_plain_constant(v) for v in value):
+            self.add("constant", f"{expr} == {self.const(value, 'V')}", f"{expr} == {value!r}")
+        else:
+            self.identity(expr, value)
+
+    def tensor(self, expr: str, t: torch.Tensor, *, dynamic_dims=()) -> None:
+        """Type, dtype, device, sizes, strides and requires_grad of an input tensor."""
+        parts = [f"{expr}.__class__ is {self.const(type(t), 'T')}",
+                 f"{expr}.dtype is {self.const(t.dtype, 'D')}"]
+        if t.device.type == "cpu":
+            parts.append(f"{expr}.is_cpu")
+        else:
+            parts.append(f"{expr}.device == {self.const(t.device, 'DEV')}")
+        if dynamic_dims:
+            parts.append(f"{expr}.dim() == {t.dim()}")
+            for d in range(t.dim()):
+                if d not in dynamic_dims:
+                    parts.append(f"{expr}.shape[{d}] == {t.shape[d]}")
+        else:
+            parts.append(f"{expr}.shape == {self.const(tuple(t.shape), 'S')}")
+            parts.append(f"{expr}.stride() == {self.const(tuple(t.stride()), 'S')}")
+        parts.append(f"{expr}.requires_grad is {t.requires_grad}")
+        desc = (f"{expr} is a {type(t).__name__} {t.dtype} on {t.device} of shape "
+                f"{tuple(t.shape)}, stride {tuple(t.stride())}, requires_grad={t.requires_grad}")
+        self.add("tensor", " and ".join(parts), desc)
+
+    def global_state(self, expr: str, value, description: str) -> None:
+        self.add("global", f"{expr} is {value!r}", description)
+
+    # -- output ------------------------------------------------------------------------
+    def ordered(self) -> list[tuple[str, str]]:
+        return [(e, d) for _, e, d in sorted(self.guards, key=lambda g: g[0])]
+
+
+def _is_plain_constant(v) -> bool:
+    return v is None or isinstance(v, (bool, int, float, str, torch.dtype)) or (
+        isinstance(v, tuple) and all(_is_plain_constant(x) for x in v))
+
+
+def is_constant_type(value) -> bool:
+    """Values that are guarded by value (equality) rather than by identity."""
+    return _is_plain_constant(value) or isinstance(value, (torch.device, torch.Size, slice,
+                                                          type(Ellipsis)))

@@ -1,0 +1,790 @@
+"""The symbolic stack machine: runs one code object's bytecode over symbolic values.
+
+One ``Frame`` per activation (the captured function and every function inlined into it).
+Handlers are methods named after the normalised opcode (``instructions.py``); each returns
+the index of the next instruction, or None to fall through. Where a handler's behaviour
+depends on the CPython version it says so next to the code, with the version constant from
+``instructions``; the dis documentation (docs.python.org/3/library/dis.html) is the spec.
+"""
+from __future__ import annotations
+
+import operator
+import types
+
+import torch
+
+from .breaks import Unsupported, UserError
+from .context import CapturedContext
+from .instructions import PY, NULL_BEFORE_CALLABLE, decode
+from .values import NULL, TensorVar, TensorMethod, SuperProxy, GradModeExit, contains_tensor
+
+_MAX_INSTRUCTIONS = 5_000_000
+
+_BINARY = {
+    "ADD": operator.add, "SUBTRACT": operator.sub, "MULTIPLY": operator.mul,
+    "TRUE_DIVIDE": operator.truediv, "FLOOR_DIVIDE": operator.floordiv,
+    "REMAINDER": operator.mod, "POWER": operator.pow, "MATRIX_MULTIPLY": operator.matmul,
+    "LSHIFT": operator.lshift, "RSHIFT": operator.rshift, "AND": operator.and_,
+    "OR": operator.or_, "XOR": operator.xor,
+}
+_INPLACE = {
+    "ADD": operator.iadd, "SUBTRACT": operator.isub, "MULTIPLY": operator.imul,
+    "TRUE_DIVIDE": operator.itruediv, "FLOOR_DIVIDE": operator.ifloordiv,
+    "REMAINDER": operator.imod, "POWER": operator.ipow, "MATRIX_MULTIPLY": operator.imatmul,
+    "LSHIFT": operator.ilshift, "RSHIFT": operator.irshift, "AND": operator.iand,
+    "OR": operator.ior, "XOR": operator.ixor,
+}
+_COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+            ">": operator.gt, ">=": operator.ge}
+
+
+class _PyException(Exception):
+    """A Python exception raised by the interpreted code and not handled in its frame."""
+
+    def __init__(self, exc: BaseException):
+        super().__init__(repr(exc))
+        self.exc = exc
+
+
+class Frame:
+    def __init__(self, tracer, code: types.CodeType, f_globals: dict, bound_locals: dict,
+                 closure, *, name: str, parent=None, is_generator: bool = False):
+        self.tracer = tracer
+        self.code = code
+        self.decoded = decode(code)
+        self.instrs = self.decoded.instrs
+        self.f_globals = f_globals
+        self.name = name
+        self.parent = parent
+        self.is_generator = is_generator
+        self.yielded: list = []
+        self.locals = dict(bound_locals)
+        self.cells: dict[str, types.CellType] = {}
+        for cname in code.co_cellvars:
+            cell = types.CellType()
+            if cname in self.locals:
+                cell.cell_contents = self.locals.pop(cname)
+            self.cells[cname] = tracer.mark_internal(cell)
+        for cname, cell in zip(code.co_freevars, closure or ()):
+            self.cells[cname] = cell
+        self.stack: list = []
+        self.kw_names = None
+        self.exc_stack: list = []
+        self.current = None
+        self.result = None
+        self.done = False
+
+    # -- the loop --------------------------------------------------------------------------
+    def run(self):
+        instrs, i, tracer = self.instrs, 0, self.tracer
+        while not self.done:
+            ins = instrs[i]
+            self.current = ins
+            tracer.instructions_run += 1
+            try:
+                handler = getattr(self, ins.opname, None)
+                if handler is None:
+                    raise Unsupported("unsupported construct", f"opcode {ins.opname}")
+                nxt = handler(ins)
+            except Unsupported as u:
+                raise u.at(self.code.co_filename, ins.lineno, self.name)
+            except UserError as e:
+                nxt = self._raise(e.exc, ins)
+            except _PyException as e:
+                nxt = self._raise(e.exc, ins)
+            except Exception as e:  # an exception of the interpreted code (AttributeError...)
+                nxt = self._raise(e, ins)
+            i = ins.index + 1 if nxt is None else nxt
+        if tracer.instructions_run > _MAX_INSTRUCTIONS:
+            raise Unsupported("unsupported construct", "too many instructions (endless loop?)")
+        return self.result
+
+    def _raise(self, exc: BaseException, ins) -> int:
+        entry = self.decoded.handler_for(ins.offset)
+        if entry is None:
+            raise _PyException(exc)
+        del self.stack[entry.depth:]
+        if entry.lasti:
+            self.push(ins.offset)
+        self.push(exc)
+        return self.decoded.index_of_offset[entry.target]
+
+    # -- stack helpers ---------------------------------------------------------------------
+    def push(self, v):
+        self.stack.append(v)
+
+    def pop(self):
+        return self.stack.pop()
+
+    def popn(self, n: int) -> list:
+        if n == 0:
+            return []
+        out = self.stack[-n:]
+        del self.stack[-n:]
+        return out
+
+    def push_callable(self, fn):
+        # 3.11/3.12: [NULL, callable]; 3.13: [callable, NULL].
+        if NULL_BEFORE_CALLABLE:
+            self.push(NULL)
+            self.push(fn)
+        else:
+            self.push(fn)
+            self.push(NULL)
+
+    # -- services for calls.py / tracer.py -------------------------------------------------
+    def call(self, fn, args, kwargs):
+        if type(fn) is GradModeExit:
+            fn.restore(self.tracer)
+            return None
+        return self.tracer.call(self, fn, list(args), dict(kwargs))
+
+    def truth(self, v) -> bool:
+        if isinstance(v, TensorVar):
+            raise Unsupported("data-dependent branch", "a condition on a tensor's value")
+        if v is NULL:
+            raise Unsupported("unsupported construct", "truth of NULL")
+        return bool(v)
+
+    def get_iter(self, v):
+        if isinstance(v, TensorVar):
+            if v.fake.dim() == 0:
+                raise UserError(TypeError("iteration over a 0-d tensor"))
+            parts = self.tracer.builder.call("call_method", "unbind", (v, 0), {})
+            return iter(list(parts))
+        if isinstance(v, torch.nn.Module):
+            items = list(iter(v))
+            out = []
+            for item in items:
+                if isinstance(item, torch.nn.Module):
+                    self.tracer.builder.modules[id(item)] = item
+                if isinstance(item, torch.Tensor):
+                    item = self.tracer.builder.attr_input(item, "param")
+                out.append(item)
+            return iter(out)
+        it = getattr(type(v), "__iter__", None)
+        if isinstance(it, types.FunctionType):
+            return self.get_iter(self.call(it, [v], {}))
+        if isinstance(v, (types.GeneratorType,)):
+            raise Unsupported("generator", "iterating a generator created outside the graph")
+        return iter(v)
+
+    def zero_arg_super(self):
+        cls_cell = self.cells.get("__class__")
+        if cls_cell is None or not self.code.co_varnames:
+            raise Unsupported("unsupported construct", "super() without __class__ cell")
+        first = self.code.co_varnames[0]
+        obj = self.locals.get(first, NULL)
+        if obj is NULL and first in self.cells:
+            obj = self.cells[first].cell_contents
+        return SuperProxy(cls_cell.cell_contents, obj)
+
+    def binary_op(self, name: str, a, b):
+        inplace = name.startswith("NB_INPLACE_")
+        key = name[len("NB_INPLACE_"):] if inplace else name[len("NB_"):]
+        fn = (_INPLACE if inplace else _BINARY)[key]
+        if isinstance(a, TensorVar) or isinstance(b, TensorVar):
+            if not inplace or not isinstance(a, TensorVar):
+                fn = _BINARY[key] if not isinstance(a, TensorVar) else fn
+            return self.tracer.builder.call("call_function", fn, (a, b), {})
+        if inplace and id(a) in self.tracer.external_copies:
+            raise Unsupported("mutation of outside state", f"{name} on a caller's {type(a).__name__}")
+        if contains_tensor(a) or contains_tensor(b):
+            if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+                return fn(a, b)
+            raise Unsupported("unsupported construct", f"{key} on containers of tensors")
+        return fn(a, b)
+
+    def store_attr(self, obj, name, value):
+        tracer = self.tracer
+        if isinstance(obj, TensorVar):
+            raise Unsupported("unsupported construct", f"setting tensor.{name}")
+        if tracer.is_internal(obj):
+            setter = getattr(type(obj), "__setattr__", object.__setattr__)
+            if isinstance(setter, types.FunctionType):
+                self.call(setter, [obj, name, value], {})
+            else:
+                setattr(obj, name, value)
+            return
+        raise Unsupported("mutation of outside state",
+                          f"setting attribute {name!r} on a {type(obj).__name__} that lives "
+                          "outside the compiled call")
+
+    # -- opcodes: loads and stores ---------------------------------------------------------
+    def NOP(self, ins):
+        return None
+
+    def LOAD_CONST(self, ins):
+        self.push(ins.argval)
+
+    def LOAD_FAST(self, ins):
+        v = self.locals.get(ins.argval, NULL)
+        if v is NULL:
+            raise UnboundLocalError(f"local variable '{ins.argval}' referenced before assignment")
+        self.push(v)
+
+    def LOAD_FAST_AND_CLEAR(self, ins):  # 3.12+: inlined comprehensions save/restore a local
+        self.push(self.locals.pop(ins.argval, NULL))
+
+    def STORE_FAST(self, ins):
+        v = self.pop()
+        if v is NULL:
+            self.locals.pop(ins.argval, None)
+        else:
+            self.locals[ins.argval] = v
+
+    def DELETE_FAST(self, ins):
+        del self.locals[ins.argval]
+
+    def LOAD_GLOBAL(self, ins):
+        name = ins.argval
+        g = self.f_globals
+        if name in g:
+            tracer = self.tracer
+            value = tracer.external(g[name], f"{tracer.expr_of(g)}[{name!r}]", user=False)
+        else:
+            b = g.get("__builtins__", __builtins__)
+            b = b if isinstance(b, dict) else b.__dict__
+            if name not in b:
+                raise NameError(f"name '{name}' is not defined")
+            value = b[name]
+        if ins.push_null:
+            self.push_callable(value)
+        else:
+            self.push(value)
+
+    def STORE_GLOBAL(self, ins):
+        raise Unsupported("mutation of outside state", f"assigning global {ins.argval}")
+
+    def LOAD_DEREF(self, ins):
+        cell = self.cells[ins.argval]
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            raise NameError(f"free variable '{ins.argval}' referenced before assignment") from None
+        if not self.tracer.is_internal(cell) and ins.argval != "__class__":
+            value = self.tracer.external(value, f"{self.tracer.expr_of(cell)}.cell_contents",
+                                         user=False)
+        self.push(value)
+
+    def STORE_DEREF(self, ins):
+        cell = self.cells[ins.argval]
+        if not self.tracer.is_internal(cell):
+            raise Unsupported("mutation of outside state", f"assigning nonlocal {ins.argval}")
+        cell.cell_contents = self.pop()
+
+    def LOAD_CLOSURE(self, ins):
+        self.push(self.cells[ins.argval])
+
+    def LOAD_ATTR(self, ins):
+        obj = self.pop()
+        if isinstance(obj, SuperProxy):
+            value = self._super_attr(obj, ins.argval)
+        else:
+            value = self.tracer.load_attr(obj, ins.argval, self)
+        if ins.method:
+            self.push_callable(value)
+        else:
+            self.push(value)
+
+    def LOAD_SUPER_ATTR(self, ins):  # 3.12+: super().name without building a super object
+        obj = self.pop()
+        cls = self.pop()
+        self.pop()  # the global `super`
+        value = self._super_attr(SuperProxy(cls, obj), ins.argval)
+        if ins.method:
+            self.push_callable(value)
+        else:
+            self.push(value)
+
+    def _super_attr(self, sp: SuperProxy, name: str):
+        obj = sp.obj
+        mro = type(obj).__mro__ if not isinstance(obj, type) else obj.__mro__
+        start = mro.index(sp.cls) + 1 if sp.cls in mro else 0
+        for klass in mro[start:]:
+            if name in klass.__dict__:
+                attr = klass.__dict__[name]
+                if isinstance(attr, types.FunctionType):
+                    return types.MethodType(attr, obj)
+                if isinstance(attr, property):
+                    return self.call(attr.fget, [obj], {})
+                if isinstance(attr, classmethod):
+                    return types.MethodType(attr.__func__, type(obj))
+                if isinstance(attr, staticmethod):
+                    return attr.__func__
+                if hasattr(attr, "__get__"):
+                    return attr.__get__(obj, type(obj))
+                return attr
+        raise AttributeError(f"'super' object has no attribute '{name}'")
+
+    def STORE_ATTR(self, ins):
+        obj = self.pop()
+        value = self.pop()
+        self.store_attr(obj, ins.argval, value)
+
+    def DELETE_ATTR(self, ins):
+        obj = self.pop()
+        if not self.tracer.is_internal(obj):
+            raise Unsupported("mutation of outside state", f"deleting attribute {ins.argval}")
+        delattr(obj, ins.argval)
+
+    # -- stack shuffling ---------------------------------------------------------------------
+    def POP_TOP(self, ins):
+        self.pop()
+
+    def PUSH_NULL(self, ins):
+        self.push(NULL)
+
+    def COPY(self, ins):
+        self.push(self.stack[-ins.arg])
+
+    def SWAP(self, ins):
+        s = self.stack
+        s[-1], s[-ins.arg] = s[-ins.arg], s[-1]
+
+    def KW_NAMES(self, ins):
+        self.kw_names = ins.argval
+
+    # -- building containers -----------------------------------------------------------------
+    def BUILD_TUPLE(self, ins):
+        self.push(tuple(self.popn(ins.arg)))
+
+    def BUILD_LIST(self, ins):
+        self.push(self.popn(ins.arg))
+
+    def BUILD_SET(self, ins):
+        self.push(set(self.popn(ins.arg)))
+
+    def BUILD_MAP(self, ins):
+        items = self.popn(2 * ins.arg)
+        self.push({items[i]: items[i + 1] for i in range(0, len(items), 2)})
+
+    def BUILD_CONST_KEY_MAP(self, ins):
+        keys = self.pop()
+        values = self.popn(ins.arg)
+        self.push(dict(zip(keys, values)))
+
+    def BUILD_STRING(self, ins):
+        self.push("".join(self.popn(ins.arg)))
+
+    def BUILD_SLICE(self, ins):
+        self.push(slice(*self.popn(ins.arg)))
+
+    def LIST_APPEND(self, ins):
+        v = self.pop()
+        self.stack[-ins.arg].append(v)
+
+    def SET_ADD(self, ins):
+        v = self.pop()
+        self.stack[-ins.arg].add(v)
+
+    def MAP_ADD(self, ins):
+        value = self.pop()
+        key = self.pop()
+        self.stack[-ins.arg][key] = value
+
+    def LIST_EXTEND(self, ins):
+        seq = self.pop()
+        self.stack[-ins.arg].extend(self.get_iter(seq))
+
+    def SET_UPDATE(self, ins):
+        seq = self.pop()
+        self.stack[-ins.arg].update(self.get_iter(seq))
+
+    def DICT_UPDATE(self, ins):
+        d = self.pop()
+        self.stack[-ins.arg].update(self._as_mapping(d))
+
+    def DICT_MERGE(self, ins):
+        d = self.pop()
+        target = self.stack[-ins.arg]
+        for k, v in self._as_mapping(d).items():
+            if k in target:
+                raise TypeError(f"got multiple values for keyword argument '{k}'")
+            target[k] = v
+
+    def _as_mapping(self, d):
+        if isinstance(d, dict):
+            return d
+        if hasattr(d, "keys"):
+            return {k: self._subscr(d, k) for k in self.call(self.tracer.load_attr(d, "keys", self), [], {})}
+        raise TypeError(f"'{type(d).__name__}' object is not a mapping")
+
+    def LIST_TO_TUPLE(self, ins):  # 3.11
+        self.push(tuple(self.pop()))
+
+    def CALL_INTRINSIC_1(self, ins):  # 3.12+
+        v = self.pop()
+        if ins.arg == 6:      # INTRINSIC_LIST_TO_TUPLE
+            self.push(tuple(v))
+        elif ins.arg == 5:    # INTRINSIC_UNARY_POSITIVE
+            self.push(self._unary(operator.pos, v))
+        elif ins.arg == 3:    # INTRINSIC_STOPITERATION_ERROR
+            raise RuntimeError("generator raised StopIteration")
+        else:
+            raise Unsupported("unsupported construct", f"CALL_INTRINSIC_1 {ins.argval}")
+
+    def UNPACK_SEQUENCE(self, ins):
+        v = self.pop()
+        items = list(self.get_iter(v)) if not isinstance(v, (list, tuple)) else list(v)
+        if len(items) != ins.arg:
+            raise ValueError(f"expected {ins.arg} values to unpack, got {len(items)}")
+        for item in reversed(items):
+            self.push(item)
+
+    def UNPACK_EX(self, ins):
+        v = self.pop()
+        items = list(self.get_iter(v))
+        before, after = ins.arg & 0xFF, ins.arg >> 8
+        if len(items) < before + after:
+            raise ValueError("not enough values to unpack")
+        rest = items[before:len(items) - after]
+        for item in reversed(items[len(items) - after:]):
+            self.push(item)
+        self.push(rest)
+        for item in reversed(items[:before]):
+            self.push(item)
+
+    # -- operators ---------------------------------------------------------------------------
+    def BINARY_OP(self, ins):
+        b = self.pop()
+        a = self.pop()
+        self.push(self.binary_op(ins.argval, a, b))
+
+    def COMPARE_OP(self, ins):
+        b = self.pop()
+        a = self.pop()
+        fn = _COMPARE[ins.argval]
+        if isinstance(a, TensorVar) or isinstance(b, TensorVar):
+            self.push(self.tracer.builder.call("call_function", fn, (a, b), {}))
+        else:
+            self.push(fn(a, b))
+
+    def IS_OP(self, ins):
+        b = self.pop()
+        a = self.pop()
+        self.push((a is not b) if ins.arg else (a is b))
+
+    def CONTAINS_OP(self, ins):
+        container = self.pop()
+        item = self.pop()
+        if isinstance(container, TensorVar) or isinstance(item, TensorVar) and \
+                not isinstance(container, (list, tuple, dict, set)):
+            raise Unsupported("data-dependent value", "`in` on a tensor")
+        if isinstance(container, torch.nn.Module):
+            r = item in container
+        else:
+            r = item in container
+        self.push((not r) if ins.arg else r)
+
+    def _unary(self, fn, v):
+        if isinstance(v, TensorVar):
+            return self.tracer.builder.call("call_function", fn, (v,), {})
+        return fn(v)
+
+    def UNARY_NEGATIVE(self, ins):
+        self.push(self._unary(operator.neg, self.pop()))
+
+    def UNARY_INVERT(self, ins):
+        self.push(self._unary(operator.invert, self.pop()))
+
+    def UNARY_POSITIVE(self, ins):
+        self.push(self._unary(operator.pos, self.pop()))
+
+    def UNARY_NOT(self, ins):
+        self.push(not self.truth(self.pop()))
+
+    def TO_BOOL(self, ins):  # 3.13
+        self.push(self.truth(self.pop()))
+
+    def BINARY_SUBSCR(self, ins):
+        key = self.pop()
+        container = self.pop()
+        self.push(self._subscr(container, key))
+
+    def _subscr(self, container, key):
+        tracer = self.tracer
+        if isinstance(container, TensorVar):
+            return tracer.builder.call("call_function", operator.getitem, (container, key), {})
+        if isinstance(key, TensorVar):
+            raise Unsupported("data-dependent value", "indexing a Python container with a tensor")
+        if isinstance(container, torch.nn.Module):
+            item = container[key]
+            if isinstance(item, torch.nn.Module):
+                tracer.builder.modules[id(item)] = item
+                if not isinstance(key, slice):
+                    tracer.paths.setdefault(id(item), f"{tracer.path_of(container)}[{key!r}]")
+                else:
+                    tracer.mark_internal(item)
+            elif isinstance(item, torch.Tensor):
+                item = tracer.builder.attr_input(item, f"{tracer.path_of(container)}[{key!r}]")
+            return item
+        getitem = getattr(type(container), "__getitem__", None)
+        if isinstance(getitem, types.FunctionType):
+            return self.call(getitem, [container, key], {})
+        if isinstance(container, type):  # typing generics: Tuple[int], list[str]
+            return container[key]
+        return container[key]
+
+    def STORE_SUBSCR(self, ins):
+        key = self.pop()
+        container = self.pop()
+        value = self.pop()
+        tracer = self.tracer
+        if isinstance(container, TensorVar):
+            tracer.builder.call("call_function", operator.setitem, (container, key, value), {})
+            return
+        if id(container) in tracer.external_copies:
+            raise Unsupported("mutation of outside state", "item assignment on a caller's "
+                              f"{type(container).__name__}")
+        setitem = getattr(type(container), "__setitem__", None)
+        if isinstance(setitem, types.FunctionType):
+            self.call(setitem, [container, key, value], {})
+        elif isinstance(container, (list, dict)) or tracer.is_internal(container):
+            container[key] = value
+        else:
+            raise Unsupported("mutation of outside state",
+                              f"item assignment on a {type(container).__name__}")
+
+    def DELETE_SUBSCR(self, ins):
+        key = self.pop()
+        container = self.pop()
+        if id(container) in self.tracer.external_copies or not isinstance(container, (list, dict)):
+            raise Unsupported("mutation of outside state", "del container[key]")
+        del container[key]
+
+    # -- formatting --------------------------------------------------------------------------
+    def FORMAT_VALUE(self, ins):  # 3.11/3.12
+        spec = self.pop() if (ins.arg & 0x04) else ""
+        v = self.pop()
+        conv = ins.arg & 0x03
+        self.push(self._format(v, conv, spec))
+
+    def CONVERT_VALUE(self, ins):  # 3.13
+        v = self.pop()
+        self.push(self._convert(v, ins.arg))
+
+    def FORMAT_SIMPLE(self, ins):  # 3.13
+        self.push(self._format(self.pop(), 0, ""))
+
+    def FORMAT_WITH_SPEC(self, ins):  # 3.13
+        spec = self.pop()
+        self.push(self._format(self.pop(), 0, spec))
+
+    def _convert(self, v, conv):
+        if isinstance(v, TensorVar):
+            raise Unsupported("data-dependent value", "formatting a tensor into a string")
+        return {0: lambda x: x, 1: str, 2: repr, 3: ascii}[conv](v)
+
+    def _format(self, v, conv, spec):
+        return format(self._convert(v, conv), spec)
+
+    # -- calls -------------------------------------------------------------------------------
+    def CALL(self, ins):
+        args = self.popn(ins.arg)
+        fn, args = self._callable_and_args(args)
+        kwargs = {}
+        if self.kw_names:
+            n = len(self.kw_names)
+            kwargs = dict(zip(self.kw_names, args[len(args) - n:]))
+            args = args[:len(args) - n]
+            self.kw_names = None
+        self.push(self.call(fn, args, kwargs))
+
+    def CALL_KW(self, ins):  # 3.13
+        self.kw_names = self.pop()
+        return self.CALL(ins)
+
+    def _callable_and_args(self, args):
+        a, b = self.popn(2)
+        if NULL_BEFORE_CALLABLE:     # [NULL|method, callable|self, *args]
+            if a is NULL:
+                return b, args
+            return a, [b, *args]
+        if b is NULL:                 # 3.13: [callable, NULL|self, *args]
+            return a, args
+        return a, [b, *args]
+
+    def CALL_FUNCTION_EX(self, ins):
+        kwargs = self.pop() if ins.arg & 1 else {}
+        args = self.pop()
+        a, b = self.popn(2)
+        if NULL_BEFORE_CALLABLE:
+            fn = b if a is NULL else a
+        else:
+            fn = a
+        if not isinstance(args, (list, tuple)):
+            args = list(self.get_iter(args))
+        self.push(self.call(fn, list(args), dict(self._as_mapping(kwargs))))
+
+    def MAKE_FUNCTION(self, ins):
+        code = self.pop()
+        flags = ins.arg or 0
+        closure = self.pop() if flags & 0x08 else None
+        annotations = self.pop() if flags & 0x04 else None
+        kwdefaults = self.pop() if flags & 0x02 else None
+        defaults = self.pop() if flags & 0x01 else None
+        fn = types.FunctionType(code, self.f_globals, code.co_name, defaults, closure)
+        if kwdefaults:
+            fn.__kwdefaults__ = kwdefaults
+        if annotations is not None and isinstance(annotations, dict):
+            fn.__annotations__ = annotations
+        fn.__qualname__ = code.co_qualname
+        self.push(self.tracer.mark_internal(fn))
+
+    def SET_FUNCTION_ATTRIBUTE(self, ins):  # 3.13
+        fn = self.pop()
+        value = self.pop()
+        if ins.arg == 0x08:
+            fn = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, value)
+            fn.__qualname__ = fn.__code__.co_qualname
+            self.tracer.mark_internal(fn)
+        elif ins.arg == 0x01:
+            fn.__defaults__ = value
+        elif ins.arg == 0x02:
+            fn.__kwdefaults__ = value
+        elif ins.arg == 0x04:
+            fn.__annotations__ = value if isinstance(value, dict) else {}
+        self.push(fn)
+
+    def RETURN_VALUE(self, ins):
+        self.result = self.pop()
+        self.done = True
+
+    def RETURN_GENERATOR(self, ins):
+        self.push(None)
+
+    def YIELD_VALUE(self, ins):
+        # Generators run to completion when first iterated (their consumers here, tuple(),
+        # all(), join(), take every item); each yield receives None.
+        self.yielded.append(self.pop())
+        self.push(None)
+
+    def IMPORT_NAME(self, ins):
+        fromlist = self.pop()
+        level = self.pop()
+        self.push(__import__(ins.argval, self.f_globals, None, fromlist, level))
+
+    def IMPORT_FROM(self, ins):
+        self.push(getattr(self.stack[-1], ins.argval))
+
+    # -- control flow ------------------------------------------------------------------------
+    def JUMP_FORWARD(self, ins):
+        return ins.jump_index
+
+    def JUMP_BACKWARD(self, ins):
+        if self.tracer.instructions_run > _MAX_INSTRUCTIONS:
+            raise Unsupported("unsupported construct", "too many instructions (endless loop?)")
+        return ins.jump_index
+
+    JUMP = JUMP_FORWARD
+    JUMP_NO_INTERRUPT = JUMP_BACKWARD
+
+    def POP_JUMP_IF_TRUE(self, ins):
+        if self.truth(self.pop()):
+            return ins.jump_index
+
+    def POP_JUMP_IF_FALSE(self, ins):
+        if not self.truth(self.pop()):
+            return ins.jump_index
+
+    def POP_JUMP_IF_NONE(self, ins):
+        if self.pop() is None:
+            return ins.jump_index
+
+    def POP_JUMP_IF_NOT_NONE(self, ins):
+        if self.pop() is not None:
+            return ins.jump_index
+
+    def JUMP_IF_TRUE_OR_POP(self, ins):  # 3.11
+        if self.truth(self.stack[-1]):
+            return ins.jump_index
+        self.pop()
+
+    def JUMP_IF_FALSE_OR_POP(self, ins):  # 3.11
+        if not self.truth(self.stack[-1]):
+            return ins.jump_index
+        self.pop()
+
+    def GET_ITER(self, ins):
+        self.push(self.get_iter(self.pop()))
+
+    def FOR_ITER(self, ins):
+        it = self.stack[-1]
+        try:
+            value = next(it)
+        except StopIteration:
+            if PY < (3, 12):
+                self.pop()          # 3.11 pops the iterator and jumps past the loop
+            else:
+                self.push(NULL)     # 3.12+: jump to END_FOR, which pops (3.13: + POP_TOP)
+            return ins.jump_index
+        self.push(value)
+
+    def END_FOR(self, ins):
+        self.pop()
+        if PY < (3, 13):
+            self.pop()  # 3.12's END_FOR pops the value and the iterator
+
+    # -- with blocks and exceptions ----------------------------------------------------------
+    def BEFORE_WITH(self, ins):
+        ctx = self.pop()
+        if isinstance(ctx, CapturedContext):
+            exit_fn, value = ctx.enter(self.tracer)
+            self.push(exit_fn)
+            self.push(value)
+            return
+        import contextlib
+        if isinstance(ctx, contextlib._GeneratorContextManager):
+            raise Unsupported("unsupported construct", "a @contextmanager context inside forward")
+        enter = getattr(type(ctx), "__enter__", None)
+        exit_ = getattr(type(ctx), "__exit__", None)
+        if not (isinstance(enter, types.FunctionType) and isinstance(exit_, types.FunctionType)):
+            raise Unsupported("unsupported construct", f"with {type(ctx).__name__}(): a context "
+                              "manager tempa cannot see into")
+        self.push(types.MethodType(exit_, ctx))
+        self.push(self.call(enter, [ctx], {}))
+
+    def WITH_EXCEPT_START(self, ins):
+        exc = self.stack[-1]
+        exit_fn = self.stack[-4] if PY < (3, 13) else self.stack[-5 if False else -4]
+        if type(exit_fn) is GradModeExit:
+            exit_fn.restore(self.tracer)
+            self.push(False)
+            return
+        self.push(self.call(exit_fn, [type(exc), exc, exc.__traceback__], {}))
+
+    def PUSH_EXC_INFO(self, ins):
+        exc = self.pop()
+        self.push(self.exc_stack[-1] if self.exc_stack else None)
+        self.exc_stack.append(exc)
+        self.push(exc)
+
+    def POP_EXCEPT(self, ins):
+        self.pop()
+        if self.exc_stack:
+            self.exc_stack.pop()
+
+    def CHECK_EXC_MATCH(self, ins):
+        cls = self.pop()
+        self.push(isinstance(self.stack[-1], cls))
+
+    def RERAISE(self, ins):
+        exc = self.pop()
+        raise _PyException(exc) if not isinstance(exc, BaseException) else exc
+
+    def RAISE_VARARGS(self, ins):
+        if ins.arg == 0:
+            if not self.exc_stack:
+                raise RuntimeError("No active exception to reraise")
+            raise self.exc_stack[-1]
+        cause = self.pop() if ins.arg == 2 else None
+        exc = self.pop()
+        if isinstance(exc, type):
+            exc = exc()
+        if cause is not None:
+            exc.__cause__ = cause if not isinstance(cause, type) else cause()
+        raise exc
+
+    def LOAD_ASSERTION_ERROR(self, ins):
+        self.push(AssertionError)

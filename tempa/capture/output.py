@@ -1,0 +1,85 @@
+"""Rebuilding the captured function's return value on every call.
+
+At the end of capture the return value is a Python structure holding TensorVars. It is
+turned into (a) the list of graph outputs and (b) a Python expression that rebuilds a fresh
+structure of the same shape from those outputs (``___o``) each call: tuples, lists, dicts,
+dataclasses and HuggingFace ``ModelOutput`` objects included.
+"""
+from __future__ import annotations
+
+from .breaks import Unsupported
+from .guards import GuardSet, is_constant_type
+from .values import TensorVar, NULL
+
+
+def rebuild_object(cls, attrs: dict, items):
+    """A new ``cls`` instance with these attributes (and dict items, for dict subclasses),
+    without running ``__init__``: the captured run already validated the fields."""
+    obj = cls.__new__(cls)
+    if items is not None:
+        for k, v in items:
+            dict.__setitem__(obj, k, v)
+    obj.__dict__.update(attrs)
+    return obj
+
+
+class OutputPlan:
+    def __init__(self, guards: GuardSet, is_internal):
+        self.guards = guards
+        self.is_internal = is_internal
+        self.outputs: list[TensorVar] = []
+        self._slot: dict[int, int] = {}
+
+    def slot(self, t: TensorVar) -> str:
+        i = self._slot.get(id(t))
+        if i is None:
+            i = len(self.outputs)
+            self._slot[id(t)] = i
+            self.outputs.append(t)
+        return f"___o[{i}]"
+
+    def expr(self, value, depth: int = 0) -> str:
+        """A Python expression (over ``___o`` and bound constants) that rebuilds ``value``."""
+        if depth > 20:
+            raise Unsupported("unsupported construct", "return value nested too deeply")
+        if isinstance(value, TensorVar):
+            return self.slot(value)
+        if value is NULL:
+            raise Unsupported("unsupported construct", "NULL in the return value")
+        t = type(value)
+        if t is tuple:
+            inner = ", ".join(self.expr(v, depth + 1) for v in value)
+            return f"({inner},)" if len(value) == 1 else f"({inner})"
+        if t is list:
+            return "[" + ", ".join(self.expr(v, depth + 1) for v in value) + "]"
+        if t is dict:
+            return "{" + ", ".join(f"{self.expr(k, depth + 1)}: {self.expr(v, depth + 1)}"
+                                   for k, v in value.items()) + "}"
+        if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
+            return f"{self.guards.const(t, 'C')}(" + ", ".join(
+                self.expr(v, depth + 1) for v in value) + ")"
+        if is_constant_type(value) or not self.is_internal(value) and not _holds_tensor(value):
+            return self.guards.const(value, "R")
+        if t.__module__.startswith("torch.return_types"):
+            return f"{self.guards.const(t, 'C')}((" + ", ".join(
+                self.expr(v, depth + 1) for v in value) + ",))"
+        if hasattr(value, "__dict__"):
+            attrs = "{" + ", ".join(f"{k!r}: {self.expr(v, depth + 1)}"
+                                    for k, v in vars(value).items()) + "}"
+            items = "None"
+            if isinstance(value, dict):
+                items = "[" + ", ".join(f"({self.expr(k, depth + 1)}, {self.expr(v, depth + 1)})"
+                                        for k, v in dict.items(value)) + "]"
+            return (f"{self.guards.const(rebuild_object, 'F')}("
+                    f"{self.guards.const(t, 'C')}, {attrs}, {items})")
+        raise Unsupported("unsupported construct", f"returning a {t.__name__} built inside the "
+                          "compiled function")
+
+
+def _holds_tensor(value) -> bool:
+    d = getattr(value, "__dict__", None)
+    if d and any(isinstance(v, TensorVar) for v in d.values()):
+        return True
+    if isinstance(value, dict):
+        return any(isinstance(v, TensorVar) for v in value.values())
+    return False

@@ -1,0 +1,91 @@
+"""The symbolic values that live on the interpreter's stack besides plain Python objects.
+
+Design: capture is partial evaluation. A value whose content is fixed for every call that
+passes the guards (ints, strings, modules, functions, config objects) stays a plain Python
+object; its guard was recorded where it entered the frame. Only tensors are symbolic: a
+``TensorVar`` names an FX node and carries a fake tensor with its metadata. Containers
+built during capture are real lists/tuples/dicts that may hold TensorVars.
+"""
+from __future__ import annotations
+
+from .breaks import Unsupported
+
+
+class _Null:
+    """CPython's NULL stack entry (below/above a callable, or a missing local)."""
+    __slots__ = ()
+
+    def __repr__(self):
+        return "NULL"
+
+
+NULL = _Null()
+
+
+class TensorVar:
+    """A tensor inside the graph being captured: an FX node plus its fake example value."""
+    __slots__ = ("node", "fake", "__weakref__")
+
+    def __init__(self, node, fake):
+        self.node = node
+        self.fake = fake
+
+    def __repr__(self):
+        return f"TensorVar({self.node.name}, {tuple(self.fake.shape)}, {self.fake.dtype})"
+
+    # A TensorVar must never silently turn into a Python value: library code calling bool(),
+    # len() or iter() on one reached it outside the interpreter's handlers.
+    def __bool__(self):
+        raise Unsupported("data-dependent branch", "bool() of a tensor")
+
+    def __index__(self):
+        raise Unsupported("data-dependent value", "a tensor used as an index/int")
+
+    __int__ = __float__ = __index__
+
+    def __iter__(self):
+        raise Unsupported("unsupported construct", "iterating a tensor outside the interpreter")
+
+
+class TensorMethod:
+    """``tensor.method`` before it is called."""
+    __slots__ = ("tensor", "name")
+
+    def __init__(self, tensor: TensorVar, name: str):
+        self.tensor = tensor
+        self.name = name
+
+    def __repr__(self):
+        return f"TensorMethod({self.tensor!r}.{self.name})"
+
+
+class GradModeExit:
+    """The ``__exit__`` of a grad-mode or autocast context active in the captured code."""
+    __slots__ = ("restore",)
+
+    def __init__(self, restore):
+        self.restore = restore   # callable(builder) that records and applies the restore
+
+
+class SuperProxy:
+    """``super()`` / ``super(T, obj)`` seen during capture."""
+    __slots__ = ("cls", "obj")
+
+    def __init__(self, cls, obj):
+        self.cls = cls
+        self.obj = obj
+
+
+def contains_tensor(value, _depth=0) -> bool:
+    """True if a TensorVar is anywhere inside ``value`` (tuples, lists, dicts, slices)."""
+    if isinstance(value, TensorVar):
+        return True
+    if _depth > 6:
+        return False
+    if isinstance(value, (list, tuple)):
+        return any(contains_tensor(v, _depth + 1) for v in value)
+    if isinstance(value, dict):
+        return any(contains_tensor(v, _depth + 1) for v in value.values())
+    if isinstance(value, slice):
+        return any(contains_tensor(v, _depth + 1) for v in (value.start, value.stop, value.step))
+    return False
