@@ -97,6 +97,7 @@ def build_entry(fn, captured, compiled) -> Entry:
     for expr, _ in ordered:
         lines.append(f"    if not ({expr}): return ___MISS")
     lines.append(f"    ___o = ___compiled({', '.join(call_args)})")
+    lines.extend(f"    {stmt}" for stmt in captured.replay)
     lines.append(f"    return {captured.output_expr}")
     source = "\n".join(lines)
     why_lines = [f"def ___why({sig}):"]
@@ -104,7 +105,7 @@ def build_entry(fn, captured, compiled) -> Entry:
         why_lines.append(f"    if not ({expr}): return ___DESC[{i}]")
     why_lines.append("    return None")
     ns = dict(guards.consts)
-    ns.update(___MISS=MISS, ___compiled=compiled, ___DESC=[d for _, d in ordered])
+    ns.update(___setattr=setattr, ___MISS=MISS, ___compiled=compiled, ___DESC=[d for _, d in ordered])
     exec(compile(source + "\n\n" + "\n".join(why_lines) + "\n",
                  f"<tempa entry for {fn.__qualname__}>", "exec"), ns)
     entry_fn, why_fn = ns["___entry"], ns["___why"]

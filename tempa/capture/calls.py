@@ -54,6 +54,16 @@ _PURE_C_TYPES = (list, dict, tuple, str, set, frozenset, int, float, bool, bytes
 _MUTATING_METHODS = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
                      "update", "setdefault", "popitem", "__setitem__", "__delitem__", "add",
                      "discard", "__iadd__"}
+# Standard-library Python code that only reflects on objects: evaluated, not interpreted
+# (BERT calls inspect.signature on every forward; interpreting it costs ~30 functions).
+_EVALUATED_PY_MODULES = {"inspect", "typing", "dataclasses", "enum", "re", "posixpath",
+                         "genericpath", "abc", "_collections_abc", "collections.abc", "keyword",
+                         "string", "textwrap"}
+_REFLECTIVE = {"fields", "is_dataclass", "signature", "isclass", "isfunction", "ismethod",
+               "getmro", "unwrap"}
+_STORING_METHODS = {"append", "extend", "insert", "__setitem__", "update", "setdefault", "get",
+                    "pop", "__getitem__", "copy", "keys", "values", "items", "__init__",
+                    "__len__", "index", "count", "add", "fromkeys", "__contains__", "remove"}
 _IMPURE_BUILTINS = {builtins.print, builtins.input, builtins.open, builtins.exec, builtins.eval,
                     builtins.compile, builtins.breakpoint, builtins.setattr, builtins.delattr,
                     builtins.globals, builtins.locals, builtins.vars, builtins.__import__}
@@ -75,6 +85,10 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
     if isinstance(fn, types.FunctionType):
         if is_torch_op(fn):
             return tracer.builder.call("call_function", fn, tuple(args), kwargs)
+        if fn.__module__ in _EVALUATED_PY_MODULES and not fn.__code__.co_flags & _CO_GENERATOR \
+                and (fn.__module__ in ("inspect", "dataclasses") and fn.__name__ in _REFLECTIVE
+                     or not (contains_tensor(args) or contains_tensor(kwargs))):
+            return fn(*args, **kwargs)
         return inline(tracer, frame, fn, args, kwargs)
     if isinstance(fn, functools.partial):
         return call(tracer, frame, fn.func, [*fn.args, *args], {**fn.keywords, **kwargs})
@@ -184,28 +198,52 @@ def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
 
 
 def bind_arguments(fn, args, kwargs) -> dict:
-    try:
-        sig = _signature(fn)
-        ba = sig.bind(*args, **kwargs)
-    except TypeError as e:
+    """Bind a call's arguments to ``fn``'s parameter names as CPython does (the names the
+    code uses: a comprehension's implicit ``.0`` included, which inspect renames)."""
+    code = fn.__code__
+    names = code.co_varnames
+    npos, nkw, nposonly = code.co_argcount, code.co_kwonlyargcount, code.co_posonlyargcount
+    has_varargs, has_varkw = bool(code.co_flags & 0x04), bool(code.co_flags & 0x08)
+    defaults = fn.__defaults__ or ()
+    kwdefaults = fn.__kwdefaults__ or {}
+    pos_names = names[:npos]
+    kw_names = names[npos:npos + nkw]
+
+    def error(msg):
         from .breaks import UserError
-        raise UserError(TypeError(f"{fn.__qualname__}() {e}")) from None
-    ba.apply_defaults()
-    out = dict(ba.arguments)
-    # inspect names *args/**kwargs by their parameter names; the code expects the same.
+        return UserError(TypeError(f"{fn.__qualname__}() {msg}"))
+
+    if len(args) > npos and not has_varargs:
+        raise error(f"takes {npos} positional arguments but {len(args)} were given")
+    out = dict(zip(pos_names, args))
+    i = npos + nkw
+    if has_varargs:
+        out[names[i]] = tuple(args[npos:])
+        i += 1
+    extra = {}
+    for k, v in kwargs.items():
+        if (k in pos_names and pos_names.index(k) >= nposonly) or k in kw_names:
+            if k in out:
+                raise error(f"got multiple values for argument '{k}'")
+            out[k] = v
+        elif has_varkw:
+            extra[k] = v
+        else:
+            raise error(f"got an unexpected keyword argument '{k}'")
+    first_default = npos - len(defaults)
+    for j, name in enumerate(pos_names):
+        if name not in out:
+            if j < first_default:
+                raise error(f"missing required positional argument: '{name}'")
+            out[name] = defaults[j - first_default]
+    for name in kw_names:
+        if name not in out:
+            if name not in kwdefaults:
+                raise error(f"missing required keyword-only argument: '{name}'")
+            out[name] = kwdefaults[name]
+    if has_varkw:
+        out[names[i]] = extra
     return out
-
-
-@functools.lru_cache(maxsize=4096)
-def _signature_cached(fn):
-    return inspect.signature(fn, follow_wrapped=False)
-
-
-def _signature(fn):
-    try:
-        return _signature_cached(fn)
-    except TypeError:
-        return inspect.signature(fn, follow_wrapped=False)
 
 
 def call_class(tracer, frame, cls: type, args, kwargs):
@@ -228,6 +266,13 @@ def call_class(tracer, frame, cls: type, args, kwargs):
             raise Unsupported("unsupported call", f"{cls.__name__}(tensor)")
         return tracer.mark_internal(cls(*args, **kwargs))
     new = cls.__new__
+    if not isinstance(new, types.FunctionType) and not isinstance(cls.__init__, types.FunctionType):
+        # A C-level class (functools.partial, collections.OrderedDict, ...): it only stores
+        # its arguments, tensors included.
+        if (contains_tensor(args) or contains_tensor(kwargs)) and not issubclass(
+                cls, (functools.partial, dict, list, tuple, set)):
+            raise Unsupported("unsupported call", f"{cls.__qualname__}(tensor)")
+        return tracer.mark_internal(cls(*args, **kwargs))
     if isinstance(new, types.FunctionType) or isinstance(new, staticmethod):
         obj = call(tracer, frame, new, [cls, *args], kwargs)
     else:
@@ -277,8 +322,15 @@ def call_c(tracer, frame, fn, args, kwargs):
         raise Unsupported("unsupported call", f"don't know how to call {type(fn).__name__} "
                           f"{getattr(fn, '__qualname__', fn)!r}")
     if contains_tensor(args) or contains_tensor(kwargs):
-        raise Unsupported("unsupported call", f"{getattr(fn, '__qualname__', fn)} with tensor "
-                          "arguments")
+        # Containers may store tensors as opaque values; anything else would compute on them.
+        owner = getattr(fn, "__self__", None)
+        if owner is None or isinstance(owner, types.ModuleType):
+            owner = args[0] if args else None
+        name = getattr(fn, "__name__", "")
+        if not (isinstance(owner, (list, dict, set, tuple)) and name in _STORING_METHODS or
+                tracer.is_internal(owner) and name in ("__setattr__", "__setitem__", "__init__")):
+            raise Unsupported("unsupported call", f"{getattr(fn, '__qualname__', fn)} with "
+                              "tensor arguments")
     return fn(*args, **kwargs)
 
 

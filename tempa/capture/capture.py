@@ -13,6 +13,7 @@ from .guards import GuardSet
 from .interpreter import Frame, _PyException
 from .output import OutputPlan
 from .tracer import Tracer
+from .calls import bind_arguments
 
 
 @dataclass
@@ -23,6 +24,7 @@ class Captured:
     example_inputs: list[torch.Tensor]   # the real tensors of this call, in placeholder order
     attr_tensors: list[torch.Tensor]     # parameters/buffers passed after the user inputs
     output_expr: str
+    replay: list[str]                    # statements run after the graph: outside writes
     modules: list[torch.nn.Module]
     instructions: int = 0
     op_count: int = 0
@@ -34,16 +36,18 @@ def capture(fn, args: tuple, kwargs: dict, *, root_name: str | None = None) -> C
     builder = GraphBuilder()
     tracer = Tracer(builder)
     guards = builder.guards
-    try:
-        ba = inspect.signature(fn).bind(*args, **kwargs)
-    except TypeError as e:
-        raise UserError(TypeError(f"{fn.__qualname__}() {e}")) from None
-    ba.apply_defaults()
+    arguments = bind_arguments(fn, args, kwargs)
+    varkw = fn.__code__.co_varnames[fn.__code__.co_argcount + fn.__code__.co_kwonlyargcount +
+                                     bool(fn.__code__.co_flags & 0x04)] \
+        if fn.__code__.co_flags & 0x08 else None
     bound = {}
-    for name, value in ba.arguments.items():
+    for name, value in arguments.items():
         if isinstance(value, torch.nn.Module):
             tracer.paths[id(value)] = name
         bound[name] = tracer.external(value, name, user=True)
+        if name == varkw:
+            # **kwargs is a new dict on every call: the code may change it freely.
+            tracer.external_copies.pop(id(bound[name]), None)
 
     # Global state every graph depends on.
     grad = torch.is_grad_enabled()
@@ -69,6 +73,8 @@ def capture(fn, args: tuple, kwargs: dict, *, root_name: str | None = None) -> C
             raise UserError(e.exc) from None
         plan = OutputPlan(guards, tracer.is_internal)
         output_expr = plan.expr(result)
+        replay = [f"___setattr({guards.const(obj)}, {name!r}, {plan.expr(value)})"
+                  for obj, name, value in tracer.attr_writes.values()]
     finally:
         for ctx in reversed(tracer.active_contexts):
             ctx.autocast.__exit__(None, None, None)
@@ -83,6 +89,7 @@ def capture(fn, args: tuple, kwargs: dict, *, root_name: str | None = None) -> C
         example_inputs=[t for _, _, t in builder.user_inputs] + [t for _, t in builder.attr_inputs],
         attr_tensors=[t for _, t in builder.attr_inputs],
         output_expr=output_expr,
+        replay=replay,
         modules=list(builder.modules.values()),
         instructions=tracer.instructions_run,
         op_count=op_count,

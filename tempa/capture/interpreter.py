@@ -206,9 +206,19 @@ class Frame:
             else:
                 setattr(obj, name, value)
             return
-        raise Unsupported("mutation of outside state",
-                          f"setting attribute {name!r} on a {type(obj).__name__} that lives "
-                          "outside the compiled call")
+        if isinstance(value, TensorVar) or isinstance(obj, (type, types.ModuleType)):
+            raise Unsupported("mutation of outside state",
+                              f"setting attribute {name!r} on a {type(obj).__name__} that lives "
+                              "outside the compiled call")
+        # An attribute write on an outside object (a module counter, a library's global
+        # flag): later reads in this capture see the new value, and the entry replays the
+        # final value after each call, so the object ends up as eager leaves it.
+        setter = getattr(type(obj), "__setattr__", object.__setattr__)
+        if setter not in (object.__setattr__, torch.nn.Module.__setattr__):
+            raise Unsupported("mutation of outside state",
+                              f"setting attribute {name!r} on a {type(obj).__name__} with a "
+                              "custom __setattr__")
+        tracer.attr_writes[(id(obj), name)] = (obj, name, value)
 
     # -- opcodes: loads and stores ---------------------------------------------------------
     def NOP(self, ins):
@@ -659,6 +669,25 @@ class Frame:
         # all(), join(), take every item); each yield receives None.
         self.yielded.append(self.pop())
         self.push(None)
+
+    def GET_YIELD_FROM_ITER(self, ins):
+        self.push(self.get_iter(self.pop()))
+
+    def SEND(self, ins):
+        # `yield from it` inside a generator being run to completion: pull the next item.
+        self.pop()  # the value sent in (always None here)
+        try:
+            self.push(next(self.stack[-1]))
+        except StopIteration as stop:
+            if PY < (3, 12):
+                self.pop()          # 3.11 pops the receiver too
+            self.push(stop.value)   # 3.12+: END_SEND removes the receiver afterwards
+            return ins.jump_index
+
+    def END_SEND(self, ins):  # 3.12+
+        value = self.pop()
+        self.pop()
+        self.push(value)
 
     def IMPORT_NAME(self, ins):
         fromlist = self.pop()

@@ -7,6 +7,8 @@ dataclasses and HuggingFace ``ModelOutput`` objects included.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from .breaks import Unsupported
 from .guards import GuardSet, is_constant_type
 from .values import TensorVar, NULL
@@ -17,8 +19,10 @@ def rebuild_object(cls, attrs: dict, items):
     without running ``__init__``: the captured run already validated the fields."""
     obj = cls.__new__(cls)
     if items is not None:
+        # The C-level mapping under the class (OrderedDict keeps its own key order).
+        setitem = next(b.__setitem__ for b in cls.__mro__ if b in (OrderedDict, dict))
         for k, v in items:
-            dict.__setitem__(obj, k, v)
+            setitem(obj, k, v)
     obj.__dict__.update(attrs)
     return obj
 

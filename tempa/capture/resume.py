@@ -209,13 +209,18 @@ def _to_free(arg):
     return FreeVar(arg.name) if isinstance(arg, CellVar) else arg
 
 
-def _rewrite(instr):
+def _rewrite(instr, cellvars):
     """The instructions that replace one original instruction in a resume function."""
     name = instr.name
     if name in _PROLOGUE_OPS:
         return []
     if isinstance(instr.arg, CellVar):
         instr = Instr(name, _to_free(instr.arg), location=instr.location)
+    elif name == "LOAD_FAST" and isinstance(instr.arg, str) and instr.arg in cellvars:
+        # 3.13 loads a cell object for a closure with LOAD_FAST (LOAD_CLOSURE is gone);
+        # when the cell variable is also an argument, the bytecode library names it by
+        # its plain name. In the resume function that slot is a free variable.
+        return [Instr(name, FreeVar(instr.arg), location=instr.location)]
     if PY >= (3, 12):
         if name == "LOAD_FAST" and isinstance(instr.arg, str):
             return [Instr("LOAD_FAST_CHECK", instr.arg, location=instr.location)]
@@ -328,7 +333,7 @@ def _build(code, offset, stack_size, null_positions, live_locals, name):
         if PY < (3, 12) and it.name == "CALL" and it.arg == 0 and (k - 1) in calls_to_patch:
             out.append(Instr("CALL", 2, location=it.location))
             continue
-        out.extend(_rewrite(it))
+        out.extend(_rewrite(it, cells))
 
     stack_names = tuple(f"___stack{i}" for i in range(stack_size))
     argnames = stack_names + live_locals

@@ -42,6 +42,7 @@ class Tracer:
         self.param_ids: set[int] = set()
         self.depth = 0
         self.instructions_run = 0
+        self.attr_writes: dict[tuple[int, str], tuple] = {}  # (id, name) -> (obj, name, value)
         self.paths: dict[int, str] = {}   # id(module) -> "self.h.0.attn", for readable names
 
     # -- internal objects -------------------------------------------------------------
@@ -98,6 +99,10 @@ class Tracer:
 
     # -- attributes ------------------------------------------------------------------
     def load_attr(self, obj, name: str, frame):
+        if self.attr_writes:
+            written = self.attr_writes.get((id(obj), name))
+            if written is not None and written[0] is obj:
+                return written[2]
         if isinstance(obj, TensorVar):
             return self.tensor_attr(obj, name)
         if self.is_internal(obj) or obj.__class__ in (list, tuple, dict) or \

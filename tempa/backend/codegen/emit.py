@@ -1,0 +1,113 @@
+"""The kernel emitter that IR bodies call: ``k.load``, ``k.op``, ``k.cast``, ``k.piecewise``.
+
+One class serves two purposes. Rendering: it appends C++ statements (with common
+subexpressions shared within a scope). Probing: the scheduler runs a body with a load hook
+that records which buffer is read at which index, and throws the text away.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..index import Indirect, Ix
+from ..ir import CTYPES, CVal, Unlowerable
+
+
+def ctype(dt):
+    t = CTYPES.get(dt)
+    if t is None:
+        raise Unlowerable(f"dtype {dt}")
+    return t
+
+
+class Emitter:
+    def __init__(self, load_hook=None, names=None):
+        self.lines: list[str] = []
+        self.scopes: list[dict] = [{}]
+        self.depth = 1
+        self.load_hook = load_hook
+        self.names = names if names is not None else [0]
+        self.loads: list = []
+
+    def tmp(self, prefix="t"):
+        self.names[0] += 1
+        return f"{prefix}{self.names[0]}"
+
+    def line(self, s: str):
+        self.lines.append("  " * self.depth + s)
+
+    def push(self):
+        self.scopes.append({})
+        self.depth += 1
+
+    def pop(self):
+        self.scopes.pop()
+        self.depth -= 1
+
+    def _cse(self, t: str, expr: str) -> str:
+        key = (t, expr)
+        for sc in reversed(self.scopes):
+            if key in sc:
+                return sc[key]
+        name = self.tmp()
+        self.line(f"const {t} {name} = {expr};")
+        self.scopes[-1][key] = name
+        return name
+
+    # -- the operations bodies use -------------------------------------------------------
+    def load(self, buf, ix: Ix) -> CVal:
+        self.loads.append((buf, ix))
+        if self.load_hook is not None:
+            hooked = self.load_hook(buf, ix)
+            if hooked is not None:
+                return hooked
+        return CVal(self._cse(ctype(buf.dtype), f"{buf.cname}[{ix.c()}]"), buf.dtype)
+
+    def op(self, template: str, rdt, vals, cdt=None) -> CVal:
+        cdt = cdt or rdt
+        expr = template.format(*[v.expr for v in vals], T=ctype(cdt))
+        return CVal(self._cse(ctype(rdt), expr), rdt)
+
+    def cast(self, v: CVal, dt) -> CVal:
+        if v.dtype == dt:
+            return v
+        t = ctype(dt)
+        if dt == torch.bool:
+            return CVal(self._cse(t, f"({v.expr} != 0)"), dt)
+        return CVal(self._cse(t, f"static_cast<{t}>({v.expr})"), dt)
+
+    def const(self, v, dt=None) -> CVal:
+        from ..lower.lowerings import literal
+        if dt is None:
+            dt = torch.bool if isinstance(v, bool) else (torch.int64 if isinstance(v, int) else torch.float64)
+        return CVal(literal(v, dt), dt)
+
+    def index(self, ix) -> CVal:
+        return CVal(f"static_cast<int64_t>({Ix.of(ix).c()})", torch.int64)
+
+    def indirect(self, v: CVal, size: int) -> Ix:
+        """An index read from a tensor: wrap negatives, flag out-of-range (eager raises)."""
+        name = self.tmp("ind")
+        self.line(f"int64_t {name} = static_cast<int64_t>({v.expr});")
+        self.line(f"if ({name} < 0) {name} += {size};")
+        self.line(f"if ({name} < 0 || {name} >= {size}) {{ err = 1; {name} = 0; }}")
+        return Ix.of(Indirect(name, 0, max(size - 1, 0)))
+
+    def piecewise(self, branches, dt) -> CVal:
+        """``[(cond, body_fn), ...]``: the first true condition's body gives the value."""
+        t = ctype(dt)
+        name = self.tmp()
+        self.line(f"{t} {name};")
+        for i, (cond, fn) in enumerate(branches):
+            last = i == len(branches) - 1
+            if i == 0:
+                self.line(f"if ({cond}) {{" if not (last and cond == "true") else "{")
+            elif last and cond == "true":
+                self.line("} else {")
+            else:
+                self.line(f"}} else if ({cond}) {{")
+            self.push()
+            v = self.cast(fn(self), dt)
+            self.line(f"{name} = {v.expr};")
+            self.pop()
+        self.line("}")
+        return CVal(name, dt)

@@ -1,0 +1,269 @@
+"""Integer index expressions for the loop IR, with just enough algebra for views.
+
+Why not sympy: importing it costs ~1 s of cold compile, and the views we lower (permute,
+expand, slice, reshape) only need affine sums plus floor-division and modulo by constants.
+An expression is a canonical sum ``const + sum(coef * atom)``; atoms are loop variables,
+``FloorDiv``/``Mod`` of an expression, or an indirect index loaded from a tensor. Canonical
+form makes structural equality meaningful, which the scheduler uses to prove that a consumer
+reads exactly the element its producer wrote in the same loop iteration.
+"""
+from __future__ import annotations
+
+
+class Atom:
+    __slots__ = ()
+
+
+class Var(Atom):
+    __slots__ = ("name", "size")
+
+    def __init__(self, name: str, size: int):
+        self.name, self.size = name, size
+
+    def key(self):
+        return ("v", self.name)
+
+    def rng(self):
+        return 0, max(self.size - 1, 0)
+
+    def c(self):
+        return self.name
+
+    def __eq__(self, o):
+        return isinstance(o, Var) and o.name == self.name
+
+    def __hash__(self):
+        return hash(("v", self.name))
+
+    def __repr__(self):
+        return self.name
+
+
+class Indirect(Atom):
+    """An index read from a tensor at run time (embedding, gather); bounds-checked in C++."""
+    __slots__ = ("name", "lo", "hi")
+
+    def __init__(self, name: str, lo: int, hi: int):
+        self.name, self.lo, self.hi = name, lo, hi
+
+    def key(self):
+        return ("i", self.name)
+
+    def rng(self):
+        return self.lo, self.hi
+
+    def c(self):
+        return self.name
+
+    def __eq__(self, o):
+        return isinstance(o, Indirect) and o.name == self.name
+
+    def __hash__(self):
+        return hash(("i", self.name))
+
+    def __repr__(self):
+        return self.name
+
+
+class _DivMod(Atom):
+    __slots__ = ("e", "d")
+
+    def __init__(self, e: "Ix", d: int):
+        self.e, self.d = e, d
+
+    def __eq__(self, o):
+        return type(o) is type(self) and o.d == self.d and o.e == self.e
+
+    def __hash__(self):
+        return hash((type(self).__name__, self.e, self.d))
+
+
+class FloorDiv(_DivMod):
+    def key(self):
+        return ("d", self.e.key(), self.d)
+
+    def rng(self):
+        lo, hi = self.e.rng()
+        return lo // self.d, hi // self.d
+
+    def c(self):
+        return f"(({self.e.c()}) / {self.d})"
+
+    def __repr__(self):
+        return f"({self.e!r})//{self.d}"
+
+
+class Mod(_DivMod):
+    def key(self):
+        return ("m", self.e.key(), self.d)
+
+    def rng(self):
+        return 0, self.d - 1
+
+    def c(self):
+        return f"(({self.e.c()}) % {self.d})"
+
+    def __repr__(self):
+        return f"({self.e!r})%{self.d}"
+
+
+class Ix:
+    """const + sum(coef * atom), canonical (terms sorted by atom key, no zero coefs)."""
+    __slots__ = ("terms", "const", "_h")
+
+    def __init__(self, terms=(), const: int = 0):
+        d = {}
+        for a, c in terms:
+            d[a] = d.get(a, 0) + c
+        _recombine(d)
+        const = int(const) + d.pop(_CONST, 0)
+        self.terms = tuple(sorted(((a, c) for a, c in d.items() if c), key=lambda t: t[0].key()))
+        self.const = const
+        self._h = None
+
+    @staticmethod
+    def of(x) -> "Ix":
+        if isinstance(x, Ix):
+            return x
+        if isinstance(x, Atom):
+            return Ix(((x, 1),))
+        return Ix((), int(x))
+
+    def key(self):
+        return (tuple((a.key(), c) for a, c in self.terms), self.const)
+
+    def __eq__(self, o):
+        o = Ix.of(o)
+        return self.key() == o.key()
+
+    def __hash__(self):
+        if self._h is None:
+            self._h = hash(self.key())
+        return self._h
+
+    def __add__(self, o):
+        o = Ix.of(o)
+        return Ix(self.terms + o.terms, self.const + o.const)
+
+    __radd__ = __add__
+
+    def __sub__(self, o):
+        return self + Ix.of(o) * -1
+
+    def __mul__(self, k: int):
+        k = int(k)
+        return Ix(tuple((a, c * k) for a, c in self.terms), self.const * k)
+
+    __rmul__ = __mul__
+
+    def rng(self):
+        lo = hi = self.const
+        for a, c in self.terms:
+            alo, ahi = a.rng()
+            if c > 0:
+                lo += c * alo
+                hi += c * ahi
+            else:
+                lo += c * ahi
+                hi += c * alo
+        return lo, hi
+
+    def atoms(self):
+        return [a for a, _ in self.terms]
+
+    def vars(self):
+        """Every loop variable / indirect atom this expression depends on (recursively)."""
+        out = set()
+        for a, _ in self.terms:
+            if isinstance(a, _DivMod):
+                out |= a.e.vars()
+            else:
+                out.add(a)
+        return out
+
+    def floordiv(self, d: int) -> "Ix":
+        d = int(d)
+        if d == 1:
+            return self
+        q = [(a, c // d) for a, c in self.terms if c % d == 0]
+        r = Ix([(a, c) for a, c in self.terms if c % d != 0], self.const % d)
+        cq = self.const // d
+        lo, hi = r.rng()
+        if lo >= 0 and hi < d:
+            return Ix(q, cq)
+        if len(r.terms) == 1 and r.const == 0 and r.terms[0][1] == 1 and isinstance(r.terms[0][0], FloorDiv):
+            inner = r.terms[0][0]
+            return Ix(q, cq) + Ix.of(FloorDiv(inner.e, inner.d * d))
+        if lo >= 0 and hi < d * 1 and not q:
+            return Ix((), cq)
+        return Ix(q, cq) + Ix.of(FloorDiv(r, d))
+
+    def mod(self, d: int) -> "Ix":
+        d = int(d)
+        if d == 1:
+            return Ix()
+        r = Ix([(a, c) for a, c in self.terms if c % d != 0], self.const % d)
+        lo, hi = r.rng()
+        if lo >= 0 and hi < d:
+            return r
+        return Ix.of(Mod(r, d))
+
+    def c(self) -> str:
+        parts = []
+        for a, c in self.terms:
+            s = a.c()
+            parts.append(s if c == 1 else f"{c}*{s}")
+        if self.const or not parts:
+            parts.append(str(self.const))
+        return " + ".join(parts).replace("+ -", "- ")
+
+    def __repr__(self):
+        return self.c()
+
+
+def _recombine(d: dict) -> None:
+    """Fold ``c*d*(e // d) + c*(e % d)`` back into ``c*e`` (a reshape followed by its inverse)."""
+    mods = [(a, c) for a, c in d.items() if isinstance(a, Mod) and c]
+    for m, c in mods:
+        fd = FloorDiv(m.e, m.d)
+        if d.get(fd, 0) == c * m.d and d.get(m, 0) == c:
+            del d[fd], d[m]
+            for a, k in m.e.terms:
+                d[a] = d.get(a, 0) + k * c
+            d[_CONST] = d.get(_CONST, 0) + m.e.const * c
+
+
+class _Const(Atom):
+    def key(self):
+        return ("c",)
+
+
+_CONST = _Const()
+
+
+def contiguous_strides(sizes) -> tuple:
+    strides, acc = [], 1
+    for s in reversed(sizes):
+        strides.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(strides))
+
+
+def flat_index(idx, strides, offset=0) -> Ix:
+    out = Ix((), offset)
+    for i, s in zip(idx, strides):
+        if s:
+            out = out + Ix.of(i) * s
+    return out
+
+
+def unflatten(flat: Ix, sizes) -> list:
+    """The per-dimension indices of a row-major position ``flat`` in a tensor of ``sizes``."""
+    out = []
+    strides = contiguous_strides(sizes)
+    for s, st in zip(sizes, strides):
+        if s == 1:
+            out.append(Ix())
+        else:
+            out.append(flat.floordiv(st).mod(s) if st != 1 else flat.mod(s))
+    return out

@@ -1,0 +1,160 @@
+"""The loop-level IR: buffers, pointwise and reduction bodies, extern (ATen) calls.
+
+A lowered value (``TV``) is a *function from an index to a scalar*: ``tv.load(k, idx)``
+emits C++ for one element through the kernel emitter ``k``. Views only change the index
+function, so they cost nothing; pointwise ops compose loaders, so chains fuse by
+construction. A value becomes memory (a ``Buffer``) only when it must: a reduction result,
+a graph output, an extern's argument, or a value read by many consumers. Bodies are closures
+over the emitter, so the same body can be probed (which buffers does it read, at which
+index?) by the scheduler and rendered by codegen.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .index import Ix, contiguous_strides, flat_index
+
+CTYPES = {
+    torch.float32: "float", torch.float64: "double", torch.int64: "int64_t",
+    torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",
+    torch.uint8: "uint8_t", torch.bool: "bool",
+}
+
+
+class Unlowerable(Exception):
+    """This op cannot become loop IR here; the caller runs it as an ATen call instead."""
+
+
+@dataclass(eq=False)
+class Buffer:
+    name: str
+    sizes: tuple
+    strides: tuple
+    offset: int
+    dtype: torch.dtype
+    # where its memory comes from: "input" (graph argument), "const", "py" (allocated by the
+    # Python wrapper), "internal" (the C++ arena), "local" (a scalar in a register), "alias"
+    # (writes straight into an input: a mutation copy-back). Decided by the scheduler.
+    kind: str = "py"
+    input_index: int = -1
+
+    @property
+    def numel(self):
+        n = 1
+        for s in self.sizes:
+            n *= s
+        return n
+
+    def index(self, idx) -> Ix:
+        return flat_index(idx, self.strides, self.offset)
+
+    def __repr__(self):
+        return self.name
+
+
+@dataclass(eq=False)
+class Pointwise:
+    fn: object                      # fn(k, idx) -> CVal
+
+
+@dataclass(eq=False)
+class Reduction:
+    rsizes: tuple
+    rtype: str                      # sum | prod | max | min | argmax | argmin
+    fn: object                      # fn(k, idx, ridx) -> CVal
+    acc_dtype: torch.dtype
+
+
+@dataclass(eq=False)
+class ComputedBuffer(Buffer):
+    body: object = None             # Pointwise | Reduction
+    origin: str = ""                # the ATen op it came from (for reports)
+    target: "Buffer" = None         # for copy-backs: the input written
+
+    @property
+    def is_reduction(self):
+        return isinstance(self.body, Reduction)
+
+
+@dataclass(eq=False)
+class ExternCall:
+    """A call into ATen from the wrapper: a tuned library op (``extern``) or a fallback."""
+    name: str
+    op: object
+    args: tuple
+    kwargs: dict
+    outputs: list                   # Buffers (from traced metadata), or None entries
+    fallback: bool                  # True: an op the IR does not cover
+    multi: bool = False             # the op returns a tuple
+
+
+class TV:
+    """A lowered tensor value: sizes, dtype and a loader; maybe backed by a buffer."""
+    __slots__ = ("sizes", "dtype", "load", "strided", "cost")
+
+    def __init__(self, sizes, dtype, load, strided=None, cost=1):
+        self.sizes = tuple(int(s) for s in sizes)
+        self.dtype = dtype
+        self.load = load
+        # (buffer, strides, offset) when this value is a zero-copy strided view of a buffer
+        self.strided = strided
+        self.cost = cost
+
+    @staticmethod
+    def of_buffer(buf: Buffer) -> "TV":
+        return TV.view_of(buf, buf.sizes, buf.strides, buf.offset)
+
+    @staticmethod
+    def view_of(buf: Buffer, sizes, strides, offset) -> "TV":
+        strides = tuple(strides)
+
+        def load(k, idx):
+            return k.load(buf, flat_index(idx, strides, offset))
+        return TV(sizes, buf.dtype, load, (buf, strides, offset), 0)
+
+    @property
+    def numel(self):
+        n = 1
+        for s in self.sizes:
+            n *= s
+        return n
+
+    @property
+    def buffer(self):
+        """The buffer when this value is exactly that buffer (same layout)."""
+        if self.strided is None:
+            return None
+        b, st, off = self.strided
+        if tuple(b.sizes) == self.sizes and tuple(b.strides) == st and b.offset == off:
+            return b
+        return None
+
+
+class CVal:
+    """A C++ scalar expression (usually a temporary's name) and its dtype."""
+    __slots__ = ("expr", "dtype")
+
+    def __init__(self, expr: str, dtype):
+        self.expr, self.dtype = expr, dtype
+
+    def __repr__(self):
+        return self.expr
+
+
+@dataclass
+class LoweredGraph:
+    """Everything codegen needs: buffers in creation order, externs, inputs and outputs."""
+    steps: list = field(default_factory=list)      # ComputedBuffer | ExternCall, topological
+    inputs: list = field(default_factory=list)     # Buffer per graph input (None: non-tensor)
+    outputs: list = field(default_factory=list)    # TV | python value
+    copy_backs: list = field(default_factory=list)  # ComputedBuffer(kind="alias")
+    constants: dict = field(default_factory=dict)  # name -> tensor
+    fallbacks: list = field(default_factory=list)  # op names run as ATen fallbacks
+    externs: list = field(default_factory=list)    # op names run as extern library calls
+    notes: list = field(default_factory=list)
+
+
+def new_contiguous(name, sizes, dtype, **kw) -> Buffer:
+    return Buffer(name, tuple(sizes), contiguous_strides(sizes), 0, dtype, **kw)

@@ -1,0 +1,1 @@
+"""Lowering: torch-level FX -> functional ATen FX (trace.py) -> loop IR (lowerings.py)."""

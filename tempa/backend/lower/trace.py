@@ -1,0 +1,360 @@
+"""Torch-level FX graph -> functional ATen FX graph, and the joint forward/backward graph.
+
+Why not ``make_fx``: it imports ``torch._dynamo`` and ``torch._inductor`` on first use (3-4 s
+of cold start on this machine), and so does anything that runs meta/fake kernels
+(``torch._disable_dynamo``). This module records ATen calls with a small
+``TorchDispatchMode`` while running the graph on *real* tensors (private clones, so user
+state never changes during compilation). That costs one eager execution of the graph at
+compile time and buys exact shapes/strides/dtypes, autocast as eager applies it, and no
+meta-kernel gaps. ``torch.func.functionalize`` turns mutations into functional ops plus
+trailing ``copy_`` nodes into the mutated inputs, which the wrapper performs explicitly.
+
+The joint graph (for autograd) replays the functional forward graph on tensors that require
+grad, then records what ``torch.autograd.grad`` runs. Nodes recorded before the backward
+marker are the forward; everything after is the backward; forward values the backward reads
+are the saved tensors (a "default partition").
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+aten = torch.ops.aten
+
+
+class Unsupported(Exception):
+    """This graph cannot be lowered; the caller runs it another way (never wrong results)."""
+
+
+@dataclass(frozen=True)
+class TMeta:
+    """What lowering needs to know about a traced value."""
+    shape: tuple
+    stride: tuple
+    offset: int
+    dtype: torch.dtype
+    requires_grad: bool = False
+
+    @staticmethod
+    def of(t: torch.Tensor) -> "TMeta":
+        return TMeta(tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.requires_grad)
+
+
+_DATA_DEPENDENT = {torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape}
+_NONDETERMINISTIC = torch.Tag.nondeterministic_seeded
+
+
+class _Recorder(TorchDispatchMode):
+    # Why: the base class wraps __torch_dispatch__ with torch._disable_dynamo, which imports
+    # torch._dynamo (seconds) on first call. We are not under dynamo, so skip the wrapper.
+    @classmethod
+    def _should_skip_dynamo(cls):
+        return False
+
+    def __init__(self, graph: fx.Graph, decomps: dict):
+        super().__init__()
+        self.graph = graph
+        self.env: dict[int, fx.Node] = {}
+        self.keep: list = []          # keeps traced tensors alive so ids stay unique
+        self.decomps = decomps
+        self.constants: dict[str, torch.Tensor] = {}
+        self.backward_started = False
+        self.strict_functional = False
+
+    def bind(self, t: torch.Tensor, node: fx.Node) -> None:
+        self.env[id(t)] = node
+        self.keep.append(t)
+        node.meta["tm"] = TMeta.of(t)
+        node.meta["bw"] = self.backward_started
+        node.meta["grad"] = torch.is_grad_enabled()
+
+    def lookup(self, a):
+        if isinstance(a, torch.Tensor):
+            n = self.env.get(id(a))
+            if n is None:
+                # A tensor created outside the traced code (a constant such as torch.tensor
+                # inside the graph): keep it as a constant of the compiled artifact.
+                name = f"_const{len(self.constants)}"
+                self.constants[name] = a.detach().clone()
+                n = self.graph.get_attr(name)
+                self.bind(a, n)
+            return n
+        if isinstance(a, (list, tuple)):
+            return type(a)(self.lookup(x) for x in a)
+        return a
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.decomps:
+            with self:
+                r = self.decomps[func](*args, **kwargs)
+            if r is not NotImplemented:
+                return r
+        if _DATA_DEPENDENT & set(func.tags):
+            raise Unsupported(f"data-dependent op {func}")
+        if self.strict_functional and func._schema.is_mutable:
+            raise Unsupported(f"mutating op {func} in the backward")
+        if func is aten.lift_fresh.default or func is aten.lift_fresh_copy.default:
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        node = self.graph.call_function(func, self.lookup(args), self.lookup(kwargs))
+        node.meta["bw"] = self.backward_started
+        node.meta["grad"] = torch.is_grad_enabled()
+        if isinstance(out, torch.Tensor):
+            if func._schema.is_mutable and id(out) in self.env:
+                self.env[id(out)] = node   # in-place result aliases its input
+                node.meta["tm"] = TMeta.of(out)
+                node.meta["bw"] = self.backward_started
+            else:
+                self.bind(out, node)
+        elif isinstance(out, (tuple, list)):
+            node.meta["tm"] = None
+            for i, o in enumerate(out):
+                if isinstance(o, torch.Tensor):
+                    g = self.graph.call_function(operator.getitem, (node, i))
+                    self.bind(o, g)
+        elif out is not None and not isinstance(out, (int, float, bool)):
+            raise Unsupported(f"{func} returned {type(out).__name__}")
+        else:
+            node.meta["tm"] = None
+            node.meta["value"] = out
+        return out
+
+
+# --- torch-level rewrites applied before tracing ------------------------------------------------
+
+def _batch_norm(input, running_mean=None, running_var=None, weight=None, bias=None,
+                training=False, momentum=0.1, eps=1e-5):
+    # Why: F.batch_norm reaches aten.native_batch_norm, whose schema does not declare that it
+    # writes running_mean/var, so functionalization would silently drop the update. The
+    # _native_batch_norm_legit overload declares the writes.
+    if running_mean is None:
+        return aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps)[0]
+    if not training:
+        return aten._native_batch_norm_legit_no_training.default(
+            input, weight, bias, running_mean, running_var, momentum, eps)[0]
+    return aten._native_batch_norm_legit.default(
+        input, weight, bias, running_mean, running_var, training, momentum, eps)[0]
+
+
+def prepare(gm: fx.GraphModule):
+    """Copy ``gm`` with get_attr tensors lifted to trailing placeholders.
+
+    Returns (module, attr_names): the compiled callable passes ``getattr(gm, name)`` for each
+    lifted attribute at call time, so parameter values are never baked into the artifact.
+    """
+    g = fx.Graph()
+    env: dict = {}
+    attrs: dict[str, fx.Node] = {}
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            env[n] = g.node_copy(n)
+    for n in gm.graph.nodes:
+        if n.op == "get_attr" and isinstance(_getattr(gm, n.target), torch.Tensor) and n.target not in attrs:
+            attrs[n.target] = g.placeholder("attr_" + n.target.replace(".", "_"))
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            continue
+        if n.op == "get_attr" and n.target in attrs:
+            env[n] = attrs[n.target]
+            continue
+        env[n] = g.node_copy(n, lambda a: env[a])
+        if n.op == "call_function" and n.target is F.batch_norm:
+            env[n].target = _batch_norm
+        elif n.op == "call_function" and n.target is torch.batch_norm:
+            env[n].target = _torch_batch_norm
+    return fx.GraphModule(gm, g), list(attrs)
+
+
+def _torch_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled=True):
+    return _batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+def _getattr(obj, target: str):
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _clone(t):
+    if isinstance(t, torch.Tensor):
+        c = t.detach().clone(memory_format=torch.preserve_format)
+        if c.stride() != t.stride():
+            c = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).copy_(t)
+        return c
+    return t
+
+
+@dataclass
+class Traced:
+    gm: fx.GraphModule                 # functional ATen graph: inputs -> (outputs..., mutated...)
+    num_outputs: int                   # user outputs come first
+    mutated: list                      # input index for each trailing "new value" output
+    constants: dict
+
+
+def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict) -> Traced:
+    graph = fx.Graph()
+    rec = _Recorder(graph, decomps)
+    clones = [_clone(t) for t in inputs]
+    for i, t in enumerate(clones):
+        ph = graph.placeholder(f"arg{i}")
+        if isinstance(t, torch.Tensor):
+            rec.bind(t, ph)
+        else:
+            ph.meta["tm"] = None
+            ph.meta["value"] = t
+    fn = torch.func.functionalize(gm, remove="mutations")
+    with torch.enable_grad(), rec:
+        out = fn(*clones)
+    single = not isinstance(out, (tuple, list))
+    outs = [out] if single else list(out)
+    out_nodes = [rec.lookup(o) if isinstance(o, torch.Tensor) else o for o in outs]
+    # Trailing copy_ nodes write new values into mutated inputs: turn them into outputs.
+    ph_index = {n: i for i, n in enumerate(n for n in graph.nodes if n.op == "placeholder")}
+    mutated, new_vals = [], []
+    for n in list(graph.nodes):
+        if n.op == "call_function" and n.target is aten.copy_.default and n.args[0] in ph_index:
+            mutated.append(ph_index[n.args[0]])
+            new_vals.append(n.args[1])
+            graph.erase_node(n) if not n.users else None
+    for n in graph.nodes:
+        if n.op == "call_function" and getattr(n.target, "_schema", None) is not None and n.target._schema.is_mutable:
+            raise Unsupported(f"mutation left after functionalization: {n.target}")
+    graph.output(tuple(out_nodes) + tuple(new_vals))
+    graph.eliminate_dead_code()
+    root = torch.nn.Module()
+    for k, v in rec.constants.items():
+        setattr(root, k, v)
+    res = Traced(fx.GraphModule(root, graph), len(outs), mutated, dict(rec.constants))
+    res.single = single
+    return res
+
+
+@dataclass
+class Joint:
+    fw: fx.GraphModule      # inputs -> (outputs..., mutated..., saved...)
+    bw: fx.GraphModule      # (saved..., tangents...) -> grads for inputs needing grad
+    num_outputs: int
+    mutated: list
+    num_saved: int
+    saved_inputs: list      # input indices the backward reads directly (not via fw outputs)
+    grad_inputs: list       # input index of each bw output
+    diff_outputs: list      # which user outputs get a tangent
+    constants: dict
+
+
+def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
+    """Replay the functional forward with grad, then record the backward."""
+    graph = fx.Graph()
+    rec = _Recorder(graph, decomps)
+    clones = []
+    for i, t in enumerate(inputs):
+        c = _clone(t)
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            c.requires_grad_(True)
+        clones.append(c)
+        ph = graph.placeholder(f"arg{i}")
+        if isinstance(c, torch.Tensor):
+            rec.bind(c, ph)
+        else:
+            ph.meta["tm"] = None
+    env = {}
+    phs = [n for n in traced.gm.graph.nodes if n.op == "placeholder"]
+    for n, c in zip(phs, clones):
+        env[n] = c
+    out_vals = None
+    with rec:
+        for n in traced.gm.graph.nodes:
+            if n.op == "placeholder":
+                continue
+            if n.op == "get_attr":
+                env[n] = getattr(traced.gm, n.target)
+                continue
+            if n.op == "output":
+                out_vals = fx.node.map_arg(n.args[0], lambda a: env[a])
+                continue
+            args = fx.node.map_arg(n.args, lambda a: env[a])
+            kwargs = fx.node.map_arg(n.kwargs, lambda a: env[a])
+            with torch.set_grad_enabled(n.meta.get("grad", True)):
+                env[n] = n.target(*args, **kwargs)
+        outs = list(out_vals)
+        user = outs[: traced.num_outputs]
+        for v in outs[traced.num_outputs:]:
+            if isinstance(v, torch.Tensor) and v.requires_grad:
+                raise Unsupported("an input that requires grad is mutated in place")
+        diff = [i for i, o in enumerate(user) if isinstance(o, torch.Tensor) and o.requires_grad]
+        grad_inputs = [i for i, c in enumerate(clones) if isinstance(c, torch.Tensor) and c.requires_grad]
+        rec.backward_started = True
+        rec.strict_functional = True
+        tangents = []
+        for k, i in enumerate(diff):
+            t = torch.zeros_like(user[i], memory_format=torch.contiguous_format)
+            ph = graph.placeholder(f"tangent{k}")
+            rec.bind(t, ph)
+            tangents.append(t)
+        grads = torch.autograd.grad([user[i] for i in diff], [clones[i] for i in grad_inputs],
+                                    tangents, allow_unused=True)
+        grad_nodes = [rec.lookup(g) if g is not None else None for g in grads]
+    out_nodes = [rec.lookup(o) if isinstance(o, torch.Tensor) else o for o in outs]
+    # Partition: forward = nodes recorded before the marker; saved = forward values read by
+    # backward nodes (or returned as gradients directly).
+    fw_nodes = [n for n in graph.nodes if n.op != "placeholder" and not n.meta.get("bw")]
+    input_phs = [n for n in graph.nodes if n.op == "placeholder" and not n.name.startswith("tangent")]
+    tangent_phs = [n for n in graph.nodes if n.op == "placeholder" and n.name.startswith("tangent")]
+    # Walk back from the gradients. Backward nodes are live; views/aliases/constants of the
+    # forward are recomputed in the backward (free, and each saved tensor is one more
+    # allocation per training call); any other forward value reached is saved.
+    live_bw, needed = set(), set()
+    stack = [g for g in grad_nodes if g is not None]
+    while stack:
+        n = stack.pop()
+        if n in live_bw or n in needed:
+            continue
+        if n.op == "placeholder":
+            needed.add(n)
+        elif n.meta.get("bw") or n.op == "get_attr" or (n.op == "call_function" and n.target in _RECOMPUTE):
+            live_bw.add(n)
+            stack.extend(n.all_input_nodes)
+        else:
+            needed.add(n)
+    saved = [n for n in fw_nodes if n in needed]
+    saved_inputs = [i for i, p in enumerate(input_phs) if p in needed]
+    for n in saved:
+        if n.meta.get("tm") is None:
+            raise Unsupported(f"backward reads a non-tensor forward value {n.format_node()}")
+    fw = _subgraph(graph, input_phs, fw_nodes, out_nodes + saved, rec.constants)
+    bw_inputs = [input_phs[i] for i in saved_inputs] + saved + tangent_phs
+    bw_body = [n for n in graph.nodes if n in live_bw]
+    bw = _subgraph(graph, bw_inputs, bw_body, grad_nodes, rec.constants)
+    return Joint(fw, bw, traced.num_outputs, traced.mutated, len(saved), saved_inputs,
+                 grad_inputs, diff, dict(rec.constants))
+
+
+_RECOMPUTE = {aten.t.default, aten.permute.default, aten.view.default, aten.detach.default,
+              aten.alias.default, aten.expand.default, aten.transpose.int, aten.unsqueeze.default,
+              aten.squeeze.dim, aten.squeeze.dims, aten._unsafe_view.default}
+
+
+def _subgraph(graph, inputs, body, outputs, constants) -> fx.GraphModule:
+    g = fx.Graph()
+    env = {}
+    for i, n in enumerate(inputs):
+        env[n] = g.placeholder(f"in{i}")
+        env[n].meta.update(n.meta)
+    for n in body:
+        if n in env:
+            continue
+        env[n] = g.node_copy(n, lambda a: env[a])
+        env[n].meta.update(n.meta)
+    g.output(tuple(env[o] if isinstance(o, fx.Node) else o for o in outputs))
+    g.eliminate_dead_code()
+    root = torch.nn.Module()
+    for k, v in constants.items():
+        setattr(root, k, v)
+    return fx.GraphModule(root, g)
