@@ -176,24 +176,63 @@ def _effect(inst, jump: bool) -> int:
     return dis.stack_effect(inst.opcode, arg, jump=jump)
 
 
+# Instructions whose net pops leave no new value on top (labels below stay as they were).
+_PURE_POPS = frozenset(
+    """POP_TOP STORE_FAST STORE_NAME STORE_GLOBAL STORE_DEREF STORE_ATTR STORE_SUBSCR
+    STORE_SLICE DELETE_SUBSCR STORE_FAST_STORE_FAST STORE_FAST_MAYBE_NULL POP_JUMP_IF_TRUE
+    POP_JUMP_IF_FALSE POP_JUMP_IF_NONE POP_JUMP_IF_NOT_NONE POP_JUMP_FORWARD_IF_TRUE
+    POP_JUMP_FORWARD_IF_FALSE POP_JUMP_FORWARD_IF_NONE POP_JUMP_FORWARD_IF_NOT_NONE
+    POP_JUMP_BACKWARD_IF_TRUE POP_JUMP_BACKWARD_IF_FALSE POP_JUMP_BACKWARD_IF_NONE
+    POP_JUMP_BACKWARD_IF_NOT_NONE JUMP_IF_TRUE_OR_POP JUMP_IF_FALSE_OR_POP RETURN_VALUE
+    RETURN_CONST RAISE_VARARGS RERAISE END_FOR POP_EXCEPT LIST_APPEND SET_ADD MAP_ADD
+    LIST_EXTEND SET_UPDATE DICT_UPDATE DICT_MERGE END_ASYNC_FOR PRINT_EXPR IMPORT_STAR
+    END_SEND DELETE_FAST DELETE_NAME DELETE_GLOBAL DELETE_DEREF DELETE_ATTR""".split()
+)
+# Instructions with net effect >= 0 that consume the top of the stack (it is replaced).
+_CONSUMES_TOP = frozenset(
+    """UNARY_NEGATIVE UNARY_NOT UNARY_INVERT UNARY_POSITIVE LOAD_ATTR LOAD_METHOD TO_BOOL
+    FORMAT_SIMPLE FORMAT_VALUE CONVERT_VALUE GET_AWAITABLE GET_AITER GET_ANEXT
+    GET_YIELD_FROM_ITER CALL_INTRINSIC_1 UNPACK_SEQUENCE UNPACK_EX BUILD_LIST BUILD_TUPLE
+    BUILD_SET BUILD_STRING BUILD_MAP BUILD_CONST_KEY_MAP MAKE_FUNCTION CHECK_EXC_MATCH
+    CHECK_EG_MATCH STORE_FAST_LOAD_FAST LOAD_FROM_DICT_OR_DEREF LOAD_FROM_DICT_OR_GLOBALS
+    PRECALL CALL MATCH_CLASS""".split()
+)
+
+
 def _apply_kinds(ins, kinds, effect):
-    """Stack labels after ``ins``: a tuple of (label, producer offset) per slot."""
+    """Stack labels after ``ins``: a tuple of (label, producer offset) per slot.
+
+    Only net stack effects are known from ``dis``; pops and pushes are inferred from the
+    two tables above (best effort, exact for the common instructions)."""
     name = ins.opname
     off = ins.offset
+    val = ("value", off)
     if name == "GET_ITER":
         return kinds[:-1] + (("iter", off),)
     if name == "BEFORE_WITH":
-        return kinds[:-1] + (("with_exit", off), ("value", off))
+        return kinds[:-1] + (("with_exit", off), val)
     if name == "PUSH_EXC_INFO":
         return kinds[:-1] + (("exc_info", off), ("exc", off))
     if name == "PUSH_NULL":
         return kinds + (("null", off),)
     if name == "LOAD_GLOBAL" and ins.arg & 1:
-        pair = (("value", off), ("null", off)) if PY >= (3, 13) else (("null", off), ("value", off))
+        pair = (val, ("null", off)) if PY >= (3, 13) else (("null", off), val)
         return kinds + pair
-    if effect >= 0:
-        return kinds + (("value", off),) * effect
-    return kinds[:effect]
+    if name == "COPY":
+        return kinds + (kinds[-ins.arg],)
+    if name == "SWAP":
+        n = ins.arg
+        lst = list(kinds)
+        lst[-1], lst[-n] = lst[-n], lst[-1]
+        return tuple(lst)
+    if effect < 0:
+        kinds = kinds[:effect]
+        if name in _PURE_POPS or not kinds:
+            return kinds
+        return kinds[:-1] + (val,)
+    if name in _CONSUMES_TOP and not (name.startswith("BUILD_") and ins.arg == 0):
+        return kinds[:-1] + (val,) * (1 + effect)
+    return kinds + (val,) * effect
 
 
 class _Analysis:

@@ -76,6 +76,7 @@ implicit form reads the frame's first local slot, which in a resume function is
 
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 from dataclasses import dataclass
@@ -99,12 +100,12 @@ __all__ = [
 
 PY = sys.version_info[:2]
 
-CO_VARARGS = 0x04
-CO_VARKEYWORDS = 0x08
-CO_GENERATOR = 0x20
-CO_COROUTINE = 0x100
-CO_ITERABLE_COROUTINE = 0x100 << 1
-CO_ASYNC_GENERATOR = 0x200
+CO_VARARGS = inspect.CO_VARARGS
+CO_VARKEYWORDS = inspect.CO_VARKEYWORDS
+CO_GENERATOR = inspect.CO_GENERATOR
+CO_COROUTINE = inspect.CO_COROUTINE
+CO_ITERABLE_COROUTINE = inspect.CO_ITERABLE_COROUTINE
+CO_ASYNC_GENERATOR = inspect.CO_ASYNC_GENERATOR
 _UNSUPPORTED_FLAGS = CO_GENERATOR | CO_COROUTINE | CO_ITERABLE_COROUTINE | CO_ASYNC_GENERATOR
 
 _PROLOGUE_OPS = ("COPY_FREE_VARS", "MAKE_CELL")
