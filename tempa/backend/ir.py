@@ -50,6 +50,11 @@ class Buffer:
     def index(self, idx) -> Ix:
         return flat_index(idx, self.strides, self.offset)
 
+    @property
+    def cname(self):
+        """The C++ pointer this buffer is addressed through."""
+        return self.name
+
     def __repr__(self):
         return self.name
 
@@ -72,6 +77,10 @@ class ComputedBuffer(Buffer):
     body: object = None             # Pointwise | Reduction
     origin: str = ""                # the ATen op it came from (for reports)
     target: "Buffer" = None         # for copy-backs: the input written
+
+    @property
+    def cname(self):
+        return self.target.name if self.target is not None else self.name
 
     @property
     def is_reduction(self):

@@ -136,9 +136,9 @@ def literal(v, dt) -> str:
     if isinstance(v, float) or dt.is_floating_point:
         v = float(v)
         if math.isnan(v):
-            return f"std::numeric_limits<{t}>::quiet_NaN()"
+            return f"m::numeric_limits<{t}>::quiet_NaN()"
         if math.isinf(v):
-            return ("-" if v < 0 else "") + f"std::numeric_limits<{t}>::infinity()"
+            return ("-" if v < 0 else "") + f"m::numeric_limits<{t}>::infinity()"
         if not dt.is_floating_point:
             return f"static_cast<{t}>({v!r})"
         return f"static_cast<{t}>({v!r})"
@@ -207,23 +207,23 @@ def _unary(template, compute_float=True):
 # --- pointwise ----------------------------------------------------------------------------
 
 UNARY = {
-    aten.neg.default: "-{0}", aten.abs.default: "std::abs({0})", aten.exp.default: "std::exp({0})",
-    aten.exp2.default: "std::exp2({0})", aten.log.default: "std::log({0})",
-    aten.log2.default: "std::log2({0})", aten.log10.default: "std::log10({0})",
-    aten.log1p.default: "std::log1p({0})", aten.expm1.default: "std::expm1({0})",
-    aten.sqrt.default: "std::sqrt({0})", aten.rsqrt.default: "({T})1 / std::sqrt({0})",
-    aten.sin.default: "std::sin({0})", aten.cos.default: "std::cos({0})",
-    aten.tan.default: "std::tan({0})", aten.tanh.default: "std::tanh({0})",
-    aten.sinh.default: "std::sinh({0})", aten.cosh.default: "std::cosh({0})",
-    aten.asin.default: "std::asin({0})", aten.acos.default: "std::acos({0})",
-    aten.atan.default: "std::atan({0})", aten.asinh.default: "std::asinh({0})",
-    aten.acosh.default: "std::acosh({0})", aten.atanh.default: "std::atanh({0})",
-    aten.erf.default: "std::erf({0})", aten.erfc.default: "std::erfc({0})",
-    aten.sigmoid.default: "({T})1 / (({T})1 + std::exp(-{0}))",
-    aten.relu.default: "std::max({0}, ({T})0)", aten.floor.default: "t_floor({0})",
+    aten.neg.default: "-{0}", aten.abs.default: "m::abs({0})", aten.exp.default: "m::exp({0})",
+    aten.exp2.default: "m::exp2({0})", aten.log.default: "m::log({0})",
+    aten.log2.default: "m::log2({0})", aten.log10.default: "m::log10({0})",
+    aten.log1p.default: "m::log1p({0})", aten.expm1.default: "m::expm1({0})",
+    aten.sqrt.default: "m::sqrt({0})", aten.rsqrt.default: "({T})1 / m::sqrt({0})",
+    aten.sin.default: "m::sin({0})", aten.cos.default: "m::cos({0})",
+    aten.tan.default: "m::tan({0})", aten.tanh.default: "m::tanh({0})",
+    aten.sinh.default: "m::sinh({0})", aten.cosh.default: "m::cosh({0})",
+    aten.asin.default: "m::asin({0})", aten.acos.default: "m::acos({0})",
+    aten.atan.default: "m::atan({0})", aten.asinh.default: "m::asinh({0})",
+    aten.acosh.default: "m::acosh({0})", aten.atanh.default: "m::atanh({0})",
+    aten.erf.default: "m::erf({0})", aten.erfc.default: "m::erfc({0})",
+    aten.sigmoid.default: "({T})1 / (({T})1 + m::exp(-{0}))",
+    aten.relu.default: "m::max({0}, ({T})0)", aten.floor.default: "t_floor({0})",
     aten.ceil.default: "t_ceil({0})", aten.round.default: "t_round({0})",
     aten.trunc.default: "t_trunc({0})", aten.sign.default: "t_sign({0})",
-    aten.reciprocal.default: "({T})1 / {0}", aten.lgamma.default: "std::lgamma({0})",
+    aten.reciprocal.default: "({T})1 / {0}", aten.lgamma.default: "m::lgamma({0})",
     aten.bitwise_not.default: "t_not({0})", aten.logical_not.default: "!{0}",
 }
 FLOAT_ONLY = {aten.exp.default, aten.log.default, aten.sqrt.default, aten.rsqrt.default,
@@ -243,7 +243,7 @@ BINARY = {
     aten.mul.Tensor: "{0} * {1}", aten.mul.Scalar: "{0} * {1}",
     aten.div.Tensor: "{0} / {1}", aten.div.Scalar: "{0} / {1}",
     aten.maximum.default: "t_max({0}, {1})", aten.minimum.default: "t_min({0}, {1})",
-    aten.pow.Tensor_Tensor: "t_pow({0}, {1})", aten.atan2.default: "std::atan2({0}, {1})",
+    aten.pow.Tensor_Tensor: "t_pow({0}, {1})", aten.atan2.default: "m::atan2({0}, {1})",
     aten.fmod.Tensor: "t_fmod({0}, {1})", aten.fmod.Scalar: "t_fmod({0}, {1})",
     aten.remainder.Tensor: "t_remainder({0}, {1})", aten.remainder.Scalar: "t_remainder({0}, {1})",
     aten.bitwise_and.Tensor: "{0} & {1}", aten.bitwise_or.Tensor: "{0} | {1}",
@@ -317,7 +317,7 @@ def _pow(ctx, node, a, e):
     if e == 1:
         return pointwise(node, "{0}", [a])
     if e == 0.5 and _tm(node).dtype.is_floating_point:
-        return pointwise(node, "std::sqrt({0})", [a])
+        return pointwise(node, "m::sqrt({0})", [a])
     return pointwise(node, "t_pow({0}, {1})", [a, e])
 
 
@@ -357,12 +357,18 @@ def _where(ctx, node, c, a, b):
 def _isnan(ctx, node, x):
     if not x.dtype.is_floating_point:
         return pointwise(node, "false", [x], compute=x.dtype, result=torch.bool)
-    return pointwise(node, "std::isnan({0})", [x], compute=x.dtype, result=torch.bool)
+    return pointwise(node, "m::isnan({0})", [x], compute=x.dtype, result=torch.bool)
 
 
 @register(aten.threshold_backward.default)
 def _thr_bw(ctx, node, grad, x, threshold):
     return pointwise(node, "({1} <= {2}) ? ({T})0 : {0}", [grad, x, threshold])
+
+
+@register(aten.to.dtype, aten.to.dtype_layout, aten.to.other, aten.to.device)
+def _to(ctx, node, x, *args, **kw):
+    tm = _tm(node)
+    return pointwise(node, "{0}", [x], compute=tm.dtype)
 
 
 @register(aten._to_copy.default, prims.convert_element_type.default)
@@ -921,8 +927,10 @@ def _var_l(ctx, node, x, dims=None, unbiased=None, keepdim=False, correction=Non
     return _var(ctx, node, x, dims, correction, keepdim, False)
 
 
-@register(aten.var_mean.correction)
+@register(aten.var_mean.correction, aten.var_mean.dim)
 def _var_mean(ctx, node, x, dims=None, correction=None, keepdim=False):
+    if node.target is aten.var_mean.dim:
+        correction = 1 if correction in (None, True) else 0
     return _var(ctx, node, x, dims, 1 if correction is None else correction, keepdim, True)
 
 
@@ -1046,16 +1054,34 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list) -> LoweredG
         elif n.op == "output":
             outs = list(n.args[0])
             vals = [env[o] if isinstance(o, fx.Node) else o for o in outs]
+            # Outputs must be memory the wrapper can hand out: realize computed values.
+            vals = [ctx.realize(v, "output") if isinstance(v, TV) and v.strided is None else v
+                    for v in vals]
             g.outputs = vals[:num_outputs] + vals[num_outputs + len(mutated):]
             for inp, v in zip(mutated, vals[num_outputs:num_outputs + len(mutated)]):
                 dst = g.inputs[inp]
-                src = v
+                src = v if isinstance(v, TV) else None
+                if src is None:
+                    raise Unlowerable("non-tensor mutation")
+                if _reads_other_elements(src, dst):
+                    src = ctx.realize(src, "mutation source")
                 cb = ComputedBuffer(ctx.name("copyback"), dst.sizes, dst.strides, dst.offset, dst.dtype,
-                                    kind="alias", body=Pointwise(bcast(src, dst.sizes) if False else src.load),
+                                    kind="alias", body=Pointwise(src.load),
                                     origin="copy-back", target=dst)
                 cb.input_index = inp
                 g.copy_backs.append(cb)
     return g
+
+
+def _reads_other_elements(src: TV, dst: Buffer) -> bool:
+    """Would writing ``dst`` in place while computing ``src`` clobber values still needed?"""
+    from ..codegen.emit import Emitter
+    from ..index import Var
+    idx = [Ix.of(Var(f"_c{d}", s)) if s != 1 else Ix() for d, s in enumerate(src.sizes)]
+    k = Emitter()
+    src.load(k, idx)
+    own = dst.index(idx)
+    return any(b is dst and ix != own for b, ix in k.loads) or src.sizes != tuple(dst.sizes)
 
 
 def _has_bad_dtype(args):

@@ -1,0 +1,80 @@
+"""The autograd variant: compiled forward and backward inside one ``autograd.Function``.
+
+Why a custom Function and not AOTAutograd's runtime: its wrappers cost tens of microseconds
+per call, more than a small model's whole budget. Here a call is ``apply`` (the C-level
+``_FunctionBase.apply``, skipping the Python ``Function.apply`` shim) plus the compiled
+forward. Saved tensors that are not outputs are kept as plain ctx attributes (cheaper than
+``save_for_backward``; they are fresh buffers nobody else can modify); saved outputs go
+through ``save_for_backward`` to avoid a reference cycle through ``grad_fn``.
+"""
+from __future__ import annotations
+
+import torch
+
+from .compile_graph import compile_graph
+
+_C_APPLY = torch._C._FunctionBase.__dict__["apply"]
+
+
+def build_training(joint, n_in: int, single: bool):
+    fw_call, fw_info = compile_graph(joint.fw, joint.num_outputs, joint.mutated, n_in, "forward")
+    n_bw_in = len(joint.saved_inputs) + joint.num_saved + len(joint.diff_outputs)
+    bw_call, bw_info = compile_graph(joint.bw, len(joint.grad_inputs), [], n_bw_in, "backward")
+    n_out = joint.num_outputs
+    saved_inputs = tuple(joint.saved_inputs)
+    diff = tuple(joint.diff_outputs)
+    grad_inputs = tuple(joint.grad_inputs)
+    non_diff = tuple(i for i in range(n_out) if i not in diff)
+    all_diff = not non_diff
+    n_saved = joint.num_saved
+    # saved values that are also user outputs (same node): keep them via save_for_backward
+    out_node = next(n for n in joint.fw.graph.nodes if n.op == "output")
+    vals = list(out_node.args[0])
+    user_nodes = vals[:n_out]
+    saved_nodes = vals[len(vals) - n_saved:] if n_saved else []
+    alias = [user_nodes.index(sn) if sn in user_nodes else -1 for sn in saved_nodes]
+    has_alias = any(a >= 0 for a in alias)
+    n_si = len(saved_inputs)
+
+    def forward(ctx, *args):
+        r = fw_call(*args)
+        outs = r[:n_out]
+        saved = r[len(r) - n_saved:] if n_saved else ()
+        if has_alias:
+            ctx.save_for_backward(*[outs[a] for a in alias if a >= 0])
+            saved = tuple(None if a >= 0 else s for s, a in zip(saved, alias))
+        ctx.tempa_saved = tuple(args[i] for i in saved_inputs) + tuple(saved)
+        if not all_diff:
+            ctx.mark_non_differentiable(*[outs[i] for i in non_diff if isinstance(outs[i], torch.Tensor)])
+        return outs
+
+    def backward(ctx, *grads):
+        tangents = []
+        for i in diff:
+            g = grads[i]
+            if not g.is_contiguous():
+                g = g.contiguous()   # the backward was compiled for contiguous tangents
+            tangents.append(g)
+        saved = ctx.tempa_saved
+        if has_alias:
+            it = iter(ctx.saved_tensors)
+            saved = list(saved)
+            for k, a in enumerate(alias):
+                if a >= 0:
+                    saved[n_si + k] = next(it)
+        res = bw_call(*saved, *tangents)
+        out = [None] * n_in
+        for i, g in zip(grad_inputs, res):
+            out[i] = g
+        return tuple(out)
+
+    Fn = type("TempaCompiledFunction", (torch.autograd.Function,),
+              {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    apply = _C_APPLY.__get__(None, Fn)
+
+    if single:
+        def fn(*args):
+            return apply(*args)[0]
+    else:
+        fn = apply
+    return fn, fw_info, bw_info

@@ -1,0 +1,126 @@
+"""Render the Python wrapper: the per-call code that allocates, calls kernels and externs.
+
+The wrapper is source text exec'd once, so a call does no graph walking: it is a straight
+line of ``torch.empty`` calls, one ctypes call per C++ segment, ATen calls for externs, and
+the return. Outputs are allocated fresh on every call, so two threads can call at once.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ir import Buffer, ComputedBuffer, ExternCall, TV
+from ..schedule import Schedule
+
+_DTYPE_NAMES = {dt: str(dt).replace("torch.", "") for dt in [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+    torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]}
+
+
+class WrapperGen:
+    def __init__(self, num_inputs: int):
+        self.lines: list[str] = []
+        self.consts: list = []          # objects the source cannot spell
+        self.defined: set = set()
+        self.num_inputs = num_inputs
+        self.serializable = True
+        self.ops: dict = {}             # op -> local name bound once in make()
+
+    def const(self, v) -> str:
+        """A Python expression for a constant argument."""
+        if v is None or isinstance(v, (bool, int, str)):
+            return repr(v)
+        if isinstance(v, float):
+            if v != v or v in (float("inf"), float("-inf")):
+                return f"float({str(v)!r})"
+            return repr(v)
+        if isinstance(v, torch.dtype) and v in _DTYPE_NAMES:
+            return f"torch.{_DTYPE_NAMES[v]}"
+        if isinstance(v, torch.device):
+            return f"torch.device({str(v)!r})"
+        if isinstance(v, torch.memory_format):
+            return f"torch.{str(v).replace('torch.', '')}"
+        if isinstance(v, torch.layout):
+            return f"torch.{str(v).replace('torch.', '')}"
+        if isinstance(v, (list, tuple)):
+            inner = ", ".join(self.const(x) for x in v)
+            return f"[{inner}]" if isinstance(v, list) else f"({inner}{',' if len(v) == 1 else ''})"
+        self.serializable = False
+        self.consts.append(v)
+        return f"_K[{len(self.consts) - 1}]"
+
+    def tensor(self, tv) -> str:
+        if isinstance(tv, (list, tuple)):
+            inner = ", ".join(self.tensor(x) for x in tv)
+            return f"[{inner}]" if isinstance(tv, list) else f"({inner}{',' if len(tv) == 1 else ''})"
+        if not isinstance(tv, TV):
+            return self.const(tv)
+        b, st, off = tv.strided
+        name = self.bufname(b)
+        if tv.buffer is not None:
+            return name
+        return f"_as_strided({name}, {list(tv.sizes)}, {list(st)}, {off})"
+
+    def bufname(self, b: Buffer) -> str:
+        if b.kind == "input":
+            return f"a{b.input_index}"
+        if b.kind == "const":
+            return f"_C[{b.name!r}]"
+        return b.name
+
+
+def render_wrapper(sched: Schedule, lowered, seg_codes: dict, num_inputs: int):
+    """Returns (source, consts, serializable). ``seg_codes``: segment index -> SegmentCode."""
+    w = WrapperGen(num_inputs)
+    L = w.lines
+    args = ", ".join(f"a{i}" for i in range(num_inputs))
+    L.append(f"    def call({args}):")
+    allocated = set()
+    for si, seg in enumerate(sched.segments):
+        if isinstance(seg, ExternCall):
+            call_args = ", ".join([w.tensor(a) for a in seg.args] +
+                                  [f"{k}={w.tensor(v)}" for k, v in seg.kwargs.items()])
+            opname = _opname(seg.op, w)
+            outs = [b for b in seg.outputs]
+            allocated.update(b for b in seg.outputs if b is not None)
+            if seg.multi:
+                L.append(f"    _r = {opname}({call_args})")
+                for i, b in enumerate(outs):
+                    if b is not None:
+                        L.append(f"    {b.name} = _r[{i}]")
+            else:
+                L.append(f"    {outs[0].name} = {opname}({call_args})")
+            continue
+        code = seg_codes[si]
+        for b in code.params:
+            if b.kind == "py" and b not in allocated:
+                allocated.add(b)
+                L.append(f"    {b.name} = _empty({tuple(b.sizes)!r}, dtype=torch.{_DTYPE_NAMES[b.dtype]})")
+        ptrs = []
+        for b in code.params:
+            if b.kind == "const":
+                ptrs.append(f"_P[{b.name!r}]")
+            else:
+                ptrs.append(f"{w.bufname(b)}.data_ptr()")
+        L.append(f"    if _S{si}({', '.join(ptrs)}): _index_error()")
+    outs = []
+    for v in lowered.outputs:
+        outs.append(w.tensor(v))
+    L.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    L[1:] = ["    " + x for x in L[1:]]
+    head = ["import torch", "",
+            "def make(_S, _C, _P, _K, _empty, _as_strided, _index_error):"]
+    head += [f"    _S{si} = _S[{si}]" for si, seg in enumerate(sched.segments) if not isinstance(seg, ExternCall)]
+    head += [f"    {name} = {expr}" for expr, name in w.ops.items()]
+    return "\n".join(head + L + ["    return call"]) + "\n", w.consts, w.serializable
+
+
+def _opname(op, w: WrapperGen) -> str:
+    if isinstance(op, torch._ops.OpOverload):
+        # bound once: the C++ callable behind the OpOverload (skips its Python __call__)
+        expr = f"torch.ops.{op.namespace}.{op._opname}.{op._overloadname}._op"
+        if expr not in w.ops:
+            w.ops[expr] = f"_o{len(w.ops)}"
+        return w.ops[expr]
+    w.serializable = False
+    w.consts.append(op)
+    return f"_K[{len(w.consts) - 1}]"

@@ -1,0 +1,143 @@
+"""One functional ATen graph -> one C++ library + one generated wrapper function.
+
+The passes, in order (each a function you can call on its own):
+
+  1. lower_graph     ATen FX -> loop IR (lower/lowerings.py); uncovered ops become ATen calls
+  2. eliminate_dead  drop buffers nothing reads
+  3. schedule        group buffers into kernels, cut segments at extern calls (schedule.py)
+  4. plan_memory     wrapper-allocated vs arena vs register, arena slot reuse
+  5. render C++      one extern "C" function per segment (codegen/cpp.py)
+  6. build           gcc -> .so through the disk cache (runtime/build.py)
+  7. render wrapper  straight-line Python calling the segments and externs (codegen/wrapper.py)
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+
+import torch
+
+import importlib
+
+logs = importlib.import_module("tempa.logs")
+stats = importlib.import_module("tempa.stats")  # the module; tempa.stats is also a function
+from .codegen import cpp, wrapper
+from .ir import ComputedBuffer, ExternCall, TV
+from .lower.lowerings import lower_graph
+from .runtime import build as _build
+from .schedule import _extern_buffers, _reads, plan_memory, schedule
+
+
+@dataclass
+class GraphInfo:
+    """What the backend made of one graph: the generated code and why it looks that way."""
+    kernel_count: int = 0
+    segment_count: int = 0             # C++ calls per invocation
+    cpp_source: str = ""
+    wrapper_source: str = ""
+    aten_fallbacks: list = field(default_factory=list)
+    extern_calls: list = field(default_factory=list)
+    fusion_report: str = ""
+    used_gcc: bool = False
+    from_disk_cache: bool = False
+    so_path: str = ""
+
+    def summary(self) -> str:
+        return (f"{self.kernel_count} kernels in {self.segment_count} C++ calls, "
+                f"{len(self.extern_calls)} extern calls, {len(self.aten_fallbacks)} ATen fallbacks")
+
+
+def eliminate_dead(lowered) -> None:
+    live = set()
+    work = []
+    for v in lowered.outputs:
+        if isinstance(v, TV) and v.strided is not None:
+            work.append(v.strided[0])
+    for cb in lowered.copy_backs:
+        work.extend(_reads(cb))
+    producers = {}
+    for st in lowered.steps:
+        if isinstance(st, ExternCall):
+            for b in st.outputs:
+                if b is not None:
+                    producers[b] = st
+        else:
+            producers[st] = st
+    while work:
+        b = work.pop()
+        st = producers.get(b)
+        if st is None or st in live:
+            continue
+        live.add(st)
+        if isinstance(st, ExternCall):
+            work.extend(_extern_buffers(st.args, st.kwargs))
+        else:
+            work.extend(_reads(st))
+    lowered.steps = [s for s in lowered.steps if s in live]
+    lowered.fallbacks = [s.name for s in lowered.steps if isinstance(s, ExternCall) and s.fallback]
+    lowered.externs = [s.name for s in lowered.steps if isinstance(s, ExternCall) and not s.fallback]
+
+
+def compile_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str = "graph"):
+    """Returns (call, info): ``call(*inputs)`` -> tuple of outputs (user outputs, then saved)."""
+    lowered = lower_graph(gm, num_outputs, mutated)
+    eliminate_dead(lowered)
+    sched = schedule(lowered.steps, lowered.copy_backs, lowered.outputs)
+    plan_memory(sched, lowered.inputs, lowered.outputs, lowered.steps)
+    kernel_no = [0]
+    seg_codes = {}
+    for si, seg in enumerate(sched.segments):
+        if isinstance(seg, list):
+            seg_codes[si] = cpp.render_segment(f"seg{si}", seg, sched.local, kernel_no)
+    info = GraphInfo()
+    info.kernel_count = kernel_no[0]
+    info.segment_count = len(seg_codes)
+    info.aten_fallbacks = list(lowered.fallbacks)
+    info.extern_calls = list(lowered.externs)
+    lines = []
+    for it in sched.items:
+        if isinstance(it, ExternCall):
+            lines.append(f"  {'fallback' if it.fallback else 'extern'} {it.name}")
+        else:
+            lines.append(f"  kernel over {list(it.outer)}: " + ", ".join(
+                f"{m.name}[{m.origin or 'pointwise'}{', ' + m.kind if m.kind != 'py' else ''}]" for m in it.members))
+    info.fusion_report = "groups:\n" + "\n".join(lines) + (
+        "\nnot fused:\n  " + "\n  ".join(sched.report) if sched.report else "\nnot fused: (none)")
+    source = cpp.render_source(list(seg_codes.values())) if seg_codes else ""
+    info.cpp_source = source
+    lib = None
+    if seg_codes:
+        lib, so, cached = _build.build(source)
+        info.so_path = so
+        info.from_disk_cache = cached
+        info.used_gcc = not cached
+        stats.bump("kernels_compiled", info.kernel_count)
+    stats.bump("aten_fallbacks", len(info.aten_fallbacks))
+    wsrc, consts, serializable = wrapper.render_wrapper(sched, lowered, seg_codes, num_inputs)
+    info.wrapper_source = wsrc
+    call = instantiate(wsrc, lib, seg_codes, lowered.constants, consts)
+    log = logs.get("code")
+    if log.isEnabledFor(20):
+        log.info("%s: %s\n--- wrapper ---\n%s\n--- C++ ---\n%s\n--- fusion ---\n%s",
+                 label, info.summary(), wsrc, source, info.fusion_report)
+    return call, info
+
+
+def _index_error():
+    raise IndexError("index out of range in a tempa kernel (an embedding/gather/index read "
+                     "outside its tensor; eager would raise here too)")
+
+
+def instantiate(wsrc: str, lib, seg_codes: dict, constants: dict, consts: list):
+    seg_funcs = {}
+    for si, code in seg_codes.items():
+        f = getattr(lib, code.name)
+        f.argtypes = [ctypes.c_void_p] * len(code.params)
+        f.restype = ctypes.c_int
+        seg_funcs[si] = f
+    ptrs = {k: v.data_ptr() for k, v in constants.items()}
+    ns: dict = {}
+    exec(compile(wsrc, "<tempa wrapper>", "exec"), ns)
+    call = ns["make"](seg_funcs, constants, ptrs, consts, torch.empty, torch.as_strided, _index_error)
+    call._keepalive = (lib, constants)
+    return call

@@ -1,0 +1,214 @@
+"""``tempa_backend``: choose and build variants (inference / autograd), handle failures."""
+from __future__ import annotations
+
+import importlib
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from .compile_graph import GraphInfo, compile_graph
+from .lower.decomps import table
+from .lower.trace import Unsupported, prepare, trace_forward, trace_joint
+from .runtime.build import BuildError
+
+stats = importlib.import_module("tempa.stats")   # the module; tempa.stats is also a function
+logs = importlib.import_module("tempa.logs")
+
+
+@dataclass
+class BackendInfo:
+    """What the backend did with one graph (``compiled.tempa_info``).
+
+    The flat fields describe the variant built first (inference, or the autograd forward);
+    ``inference``, ``forward`` and ``backward`` hold each variant's GraphInfo once built.
+    """
+    kernel_count: int = 0
+    cpp_source: str = ""
+    wrapper_source: str = ""
+    aten_fallbacks: list = field(default_factory=list)
+    extern_calls: list = field(default_factory=list)
+    fusion_report: str = ""
+    used_gcc: bool = False
+    from_disk_cache: bool = False
+    fallback_reason: str | None = None     # set when the graph runs eagerly
+    compile_seconds: float = 0.0
+    inference: GraphInfo | None = None
+    forward: GraphInfo | None = None
+    backward: GraphInfo | None = None
+    notes: list = field(default_factory=list)
+
+    def _adopt(self, gi: GraphInfo):
+        if self.cpp_source or self.wrapper_source:
+            self.used_gcc = self.used_gcc or gi.used_gcc
+            return
+        self.kernel_count = gi.kernel_count
+        self.cpp_source = gi.cpp_source
+        self.wrapper_source = gi.wrapper_source
+        self.aten_fallbacks = gi.aten_fallbacks
+        self.extern_calls = gi.extern_calls
+        self.fusion_report = gi.fusion_report
+        self.used_gcc = gi.used_gcc
+        self.from_disk_cache = gi.from_disk_cache
+
+    def __str__(self):
+        parts = [f"{self.kernel_count} kernels", f"fallbacks={self.aten_fallbacks}"]
+        if self.fallback_reason:
+            parts.append(f"EAGER: {self.fallback_reason}")
+        return "BackendInfo(" + ", ".join(parts) + ")"
+
+
+_warned: set = set()
+
+
+def _warn_once(msg: str):
+    key = msg.split("\n")[0]
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def tempa_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = None,
+                  options: dict | None = None):
+    stats.bump("graphs_compiled")
+    t0 = time.perf_counter()
+    info = BackendInfo()
+    example_inputs = list(example_inputs)
+    try:
+        pgm, attrs = prepare(gm)
+    except Exception as e:  # noqa: BLE001 - any failure means: run eagerly
+        return _eager(gm, info, f"prepare failed: {e}")
+    getters = [_attr_getter(gm, a) for a in attrs]
+    full_examples = example_inputs + [g() for g in getters]
+    n_in = len(full_examples)
+    needs_grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in full_examples)
+    state = _State(pgm, full_examples, info, n_in, gm)
+
+    if needs_grad and torch.is_grad_enabled():
+        first = state.training()
+    else:
+        first = state.inference()
+    if first is None:
+        info.compile_seconds = time.perf_counter() - t0
+        return _eager(gm, info, info.fallback_reason)
+
+    if not needs_grad:
+        inner = first
+    else:
+        is_grad = torch.is_grad_enabled
+
+        def inner(*args):
+            if is_grad():
+                return (state.train_fn or state.training())(*args)
+            return (state.infer_fn or state.inference())(*args)
+
+    if getters:
+        def compiled(*args):
+            return inner(*args, *[g() for g in getters])
+    elif needs_grad:
+        compiled = inner
+    else:
+        def compiled(*args):
+            return inner(*args)
+    info.compile_seconds = time.perf_counter() - t0
+    compiled.tempa_info = info
+    return compiled
+
+
+def _attr_getter(gm, target):
+    def get():
+        obj = gm
+        for p in target.split("."):
+            obj = getattr(obj, p)
+        return obj
+    return get
+
+
+def _eager(gm, info, reason):
+    info.fallback_reason = reason
+    info.aten_fallbacks = info.aten_fallbacks or ["<whole graph>"]
+
+    def compiled(*args):
+        return gm(*args)
+    compiled.tempa_info = info
+    return compiled
+
+
+class _State:
+    """Both variants of one graph, built lazily (a lock keeps two threads from racing)."""
+
+    def __init__(self, pgm, examples, info, n_in, orig_gm):
+        self.pgm, self.examples, self.info, self.n_in = pgm, examples, info, n_in
+        self.orig = orig_gm
+        self.traced = None
+        self.infer_fn = None
+        self.train_fn = None
+        self.lock = threading.RLock()
+
+    def _trace(self):
+        if self.traced is None:
+            self.traced = trace_forward(self.pgm, self.examples, table())
+        return self.traced
+
+    def inference(self):
+        with self.lock:
+            if self.infer_fn is not None:
+                return self.infer_fn
+            try:
+                tr = self._trace()
+                call, gi = compile_graph(tr.gm, tr.num_outputs, tr.mutated, self.n_in, "inference")
+            except Exception as e:  # noqa: BLE001
+                return self._failed(e, "inference")
+            self.info.inference = gi
+            self.info._adopt(gi)
+            single = getattr(tr, "single", False)
+            if single:
+                def fn(*args):
+                    return call(*args)[0]
+                self.infer_fn = fn
+            else:
+                self.infer_fn = call
+            return self.infer_fn
+
+    def training(self):
+        with self.lock:
+            if self.train_fn is not None:
+                return self.train_fn
+            try:
+                from .autograd import build_training
+                tr = self._trace()
+                joint = trace_joint(tr, self.examples, table())
+                fn, fw_info, bw_info = build_training(joint, self.n_in, getattr(tr, "single", False))
+            except Exception as e:  # noqa: BLE001
+                return self._failed(e, "training")
+            self.info.forward, self.info.backward = fw_info, bw_info
+            self.info._adopt(fw_info)
+            self.train_fn = fn
+            return fn
+
+    def _failed(self, e, variant):
+        if isinstance(e, BuildError):
+            reason = f"C++ build failed: {e}"
+            _warn_once(f"tempa: {reason}; running this graph with eager ATen calls instead")
+        elif isinstance(e, Unsupported):
+            reason = f"unsupported graph: {e}"
+        else:
+            reason = f"{type(e).__name__}: {e}"
+            if importlib.import_module("tempa.config").config.raise_on_failure:
+                raise e
+            _warn_once(f"tempa: compiling the {variant} graph failed ({reason}); running it eagerly")
+        self.info.fallback_reason = reason
+        self.info.notes.append(f"{variant}: {reason}")
+        stats.bump("aten_fallbacks")
+        orig = self.orig
+        n_user = len([n for n in orig.graph.nodes if n.op == "placeholder"])
+
+        def fn(*args):
+            return orig(*args[:n_user])
+        if variant == "inference":
+            self.infer_fn = fn
+        else:
+            self.train_fn = fn
+        return fn

@@ -1,0 +1,98 @@
+"""Compile generated C++ into a shared library with gcc and load it with ctypes.
+
+One library per graph (all its segments), so one gcc run and one ``dlopen``. The cache key
+covers everything that changes the machine code: the source, the flags, the compiler's
+version and the CPU (``-march=native`` code is not portable across CPUs).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+
+import importlib
+
+_config_mod = importlib.import_module("tempa.config")  # the module, even if tempa.config is re-exported as the object
+_stats = importlib.import_module("tempa.stats")  # the module (tempa.stats is also a function)
+from . import diskcache
+
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
+         "-fno-math-errno", "-w"]
+
+
+class BuildError(Exception):
+    pass
+
+
+@functools.lru_cache(None)
+def compiler_id(cxx: str) -> str:
+    exe = shutil.which(cxx) if not os.path.isabs(cxx) else (cxx if os.path.exists(cxx) else None)
+    if exe is None:
+        raise BuildError(f"C++ compiler {cxx!r} not found (set tempa.config.cxx or TEMPA_CXX)")
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
+    except OSError as e:
+        raise BuildError(f"cannot run C++ compiler {cxx!r}: {e}") from e
+    return exe + "\n" + out.stdout.splitlines()[0] if out.stdout else exe
+
+
+@functools.lru_cache(None)
+def cpu_id() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            txt = f.read()
+        lines = [l for l in txt.splitlines() if l.startswith(("model name", "flags"))][:2]
+        return platform.machine() + hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+    except OSError:
+        return platform.machine() + platform.processor()
+
+
+def build(source: str):
+    """Returns (ctypes.CDLL, so_path, from_cache)."""
+    cfg = _config_mod.config
+    cxx = cfg.cxx
+    comp = compiler_id(cxx)
+    key = diskcache.key_of(source, " ".join(FLAGS), comp, cpu_id(), diskcache.VERSION)
+    if cfg.disk_cache:
+        so = diskcache.path("cpp", key, "so")
+        if diskcache.verified(so):
+            _stats.bump("disk_cache_hits")
+            return ctypes.CDLL(so), so, True
+    else:
+        so = os.path.join(tempfile.mkdtemp(prefix="tempa-"), f"{key}.so")
+    d = os.path.dirname(so)
+    fd, src = tempfile.mkstemp(dir=d, prefix=".src-", suffix=".cpp")
+    with os.fdopen(fd, "w") as f:
+        f.write(source)
+    tmp_so = src[:-4] + ".so"
+    exe = comp.split("\n")[0]
+    _stats.bump("gcc_runs")
+    try:
+        proc = subprocess.run([exe, *FLAGS, "-o", tmp_so, src], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise BuildError(f"C++ compiler {cxx!r} failed to run: {e}") from e
+    finally:
+        pass
+    if proc.returncode != 0:
+        try:
+            os.unlink(src)
+        except OSError:
+            pass
+        raise BuildError(f"C++ compiler {cxx!r} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}\n"
+                         f"source kept at {src.replace('.src-', 'failed-')}" if _keep(src) else
+                         f"C++ compiler {cxx!r} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    os.unlink(src)
+    if cfg.disk_cache:
+        diskcache.store_file(so, src_tmp=tmp_so)
+    else:
+        os.replace(tmp_so, so)
+    return ctypes.CDLL(so), so, False
+
+
+def _keep(src):
+    return False

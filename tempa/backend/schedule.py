@@ -1,0 +1,261 @@
+"""Scheduling: which computed buffers share one loop nest (a kernel), and where memory lives.
+
+A *group* is one loop nest over an outer iteration space ``O`` (a tuple of sizes). A member
+runs inside the outer loops, with its own inner loops for the rest of its dimensions (and a
+reduction loop if it is a reduction). So a softmax is one group over the rows: ``amax`` over
+the row, ``sum(exp)`` over the row, then the normalised row. A member may join a group when
+its non-unit sizes start with ``O`` and every value it reads from an earlier member is
+produced in the *same* outer iteration (checked by probing the body's loads: the index must
+equal the producer's index for the current outer position, or stay inside the producer's
+current slice). Reduction results read only inside their group stay in a register.
+
+Groups between two extern calls form one *segment*: one C++ function, one ctypes call.
+Buffers used only inside a segment live in one stack/heap arena whose slots are reused once
+a buffer's last reader has run (the buffer reuse plan).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .codegen.emit import Emitter
+from .index import Ix, Var
+from .ir import Buffer, ComputedBuffer, ExternCall, Reduction, TV
+
+
+def nonunit(sizes):
+    return tuple(s for s in sizes if s != 1)
+
+
+def member_index(buf: ComputedBuffer, outer_vars, prefix: str):
+    """Index expressions for ``buf``'s dims: leading non-unit dims bound to the outer vars."""
+    idx, inner, k = [], [], 0
+    for d, s in enumerate(buf.sizes):
+        if s == 1:
+            idx.append(Ix())
+        elif k < len(outer_vars):
+            idx.append(Ix.of(outer_vars[k]))
+            k += 1
+        else:
+            v = Var(f"{prefix}{d}", s)
+            inner.append(v)
+            idx.append(Ix.of(v))
+    return idx, inner
+
+
+def red_vars(buf: ComputedBuffer, prefix: str):
+    return [Var(f"{prefix}{d}", s) for d, s in enumerate(buf.body.rsizes)]
+
+
+def probe_loads(buf: ComputedBuffer, outer_vars, tag="p"):
+    idx, inner = member_index(buf, outer_vars, f"{tag}i")
+    k = Emitter()
+    if isinstance(buf.body, Reduction):
+        rv = red_vars(buf, f"{tag}r")
+        buf.body.fn(k, idx, [Ix.of(v) for v in rv])
+    else:
+        buf.body.fn(k, idx)
+    return k.loads, idx, inner
+
+
+@dataclass(eq=False)
+class Group:
+    outer: tuple
+    members: list = field(default_factory=list)
+    pos: int = 0                      # position in the step list
+
+    @property
+    def name(self):
+        return "kernel(" + ", ".join(m.name for m in self.members) + ")"
+
+
+@dataclass
+class Schedule:
+    items: list                        # Group | ExternCall in execution order
+    segments: list                     # [list[Group] | ExternCall]
+    report: list                       # lines for the fusion report
+    local: set                         # buffers kept in registers
+
+
+def _outer_vars(outer):
+    return [Var(f"x{d}", s) for d, s in enumerate(outer)]
+
+
+def legal(group_outer, members, cand: ComputedBuffer):
+    """None if ``cand`` may join a group with these members and outer space; else why not."""
+    nz = nonunit(cand.sizes)
+    if not group_outer:
+        return "scalar groups do not fuse"
+    if nz[:len(group_outer)] != tuple(group_outer):
+        return f"iteration spaces differ: {list(nz)} vs outer {list(group_outer)}"
+    ov = _outer_vars(group_outer)
+    produced = {m: m for m in members}
+    loads, _, _ = probe_loads(cand, ov)
+    for buf, ix in loads:
+        if buf not in produced:
+            continue
+        why = _local_read(buf, ix, ov)
+        if why:
+            return f"reads {buf.name} {why}"
+    return None
+
+
+def _local_read(buf: ComputedBuffer, ix: Ix, ov):
+    idx, inner = member_index(buf, ov, "q")
+    if not inner:
+        want = buf.index(idx)
+        return None if ix == want else f"at {ix.c()}, not the current outer element {want.c()}"
+    base_idx = [Ix() if any(isinstance(a, Var) and a in inner for a in i.vars()) else i for i in idx]
+    base = buf.index(base_idx)
+    rest = ix - base
+    outer_names = {v.name for v in ov}
+    if any(getattr(a, "name", None) in outer_names for a in rest.vars()):
+        return f"at {ix.c()}: depends on another outer element"
+    if any(not isinstance(a, Var) for a in rest.vars()):
+        return "through an indirect index"
+    lo, hi = rest.rng()
+    span = 1
+    for v in inner:
+        span *= v.size
+    if lo < 0 or hi >= span:
+        return f"at {ix.c()}: outside the current slice"
+    return None
+
+
+def _shrinkable(group: Group, cand):
+    """A shorter common outer space under which everyone still fuses (None if none)."""
+    nz = nonunit(cand.sizes)
+    o = group.outer
+    n = 0
+    while n < min(len(o), len(nz)) and o[n] == nz[n]:
+        n += 1
+    if n == 0 or n == len(o):
+        return None
+    new = o[:n]
+    # re-validate every member under the smaller outer space
+    members = []
+    for m in group.members:
+        if legal(new, members, m) is not None:
+            return None
+        members.append(m)
+    return new if legal(new, members, cand) is None else None
+
+
+def schedule(steps: list, copy_backs: list, outputs: list, max_report=60) -> Schedule:
+    items: list = []
+    where: dict = {}                   # buffer -> position in items
+    report: list = []
+    for st in steps:
+        if isinstance(st, ExternCall):
+            where_pos = len(items)
+            items.append(st)
+            for b in st.outputs:
+                if b is not None:
+                    where[b] = where_pos
+            continue
+        deps = _reads(st)
+        earliest = max([where[b] for b in deps if b in where] + [-1])
+        placed = False
+        reasons = []
+        for pos in range(len(items) - 1, max(earliest, 0) - 1, -1):
+            g = items[pos]
+            if pos < earliest:
+                break
+            if not isinstance(g, Group):
+                if pos > earliest:
+                    continue
+                break
+            why = legal(g.outer, g.members, st)
+            if why is None:
+                g.members.append(st)
+                where[st] = pos
+                placed = True
+                break
+            new = _shrinkable(g, st)
+            if new is not None:
+                g.outer = new
+                g.members.append(st)
+                where[st] = pos
+                placed = True
+                break
+            reasons.append(f"{g.name}: {why}")
+        if not placed:
+            g = Group(nonunit(st.sizes), [st], len(items))
+            where[st] = len(items)
+            items.append(g)
+            if reasons and len(report) < max_report:
+                report.append(f"{st.name} ({st.origin}) did not fuse with " + "; ".join(reasons[:2]))
+            elif earliest >= 0 and isinstance(items[earliest], ExternCall) and len(report) < max_report:
+                report.append(f"{st.name} ({st.origin}) starts a kernel after extern {items[earliest].name}")
+    for cb in copy_backs:
+        # Copy-backs write into inputs, so they run last, after every read of the old value.
+        items.append(Group(nonunit(cb.sizes), [cb], len(items)))
+    segments: list = []
+    for it in items:
+        if isinstance(it, ExternCall):
+            segments.append(it)
+        elif segments and isinstance(segments[-1], list):
+            segments[-1].append(it)
+        else:
+            segments.append([it])
+    return Schedule(items, segments, report, set())
+
+
+def _reads(st: ComputedBuffer):
+    loads, _, _ = probe_loads(st, [])
+    return {b for b, _ in loads}
+
+
+def plan_memory(sched: Schedule, inputs, outputs, lowered_steps):
+    """Decide each computed buffer's kind: py (wrapper-allocated), internal (arena), local."""
+    seg_of: dict = {}
+    group_of: dict = {}
+    for si, seg in enumerate(sched.segments):
+        if isinstance(seg, list):
+            for g in seg:
+                for m in g.members:
+                    seg_of[m] = si
+                    group_of[m] = g
+    readers: dict = {}
+    for si, seg in enumerate(sched.segments):
+        if isinstance(seg, ExternCall):
+            for b in _extern_buffers(seg.args, seg.kwargs):
+                readers.setdefault(b, set()).add(("py", si))
+            continue
+        for g in seg:
+            for m in g.members:
+                for b in _reads(m):
+                    readers.setdefault(b, set()).add((g, si))
+    for v in outputs:
+        if isinstance(v, TV) and v.strided is not None:
+            readers.setdefault(v.strided[0], set()).add(("py", -1))
+    for m, si in seg_of.items():
+        if m.kind == "alias":
+            continue
+        rs = readers.get(m, set())
+        if any(r[0] == "py" or r[1] != si for r in rs):
+            m.kind = "py"
+        elif isinstance(m.body, Reduction) and not member_index(m, _outer_vars(group_of[m].outer), "z")[1] \
+                and all(r[0] is group_of[m] for r in rs):
+            m.kind = "local"
+            sched.local.add(m)
+        else:
+            m.kind = "internal"
+    return readers
+
+
+def _extern_buffers(args, kwargs):
+    out = []
+
+    def visit(a):
+        if isinstance(a, TV):
+            if a.strided is not None:
+                out.append(a.strided[0])
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                visit(x)
+        elif isinstance(a, dict):
+            for x in a.values():
+                visit(x)
+    visit(args)
+    visit(kwargs)
+    return out
