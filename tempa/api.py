@@ -20,6 +20,7 @@ from .capture import calls
 from .capture.breaks import GraphBreakError, Unsupported, UserError
 from .capture.cache import MISS, CodeCache, build_entry, install_invalidation_hooks, clear_watchers
 from .capture.capture import capture
+from .capture.explain import ExplainOutput, has_ops
 
 _contexts: "weakref.WeakSet[CompileContext]" = weakref.WeakSet()
 _fallback_log = logs.get("fallbacks")
@@ -59,6 +60,11 @@ class CompileContext:
         self.backend_name = backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")
         self.backend = _resolve_backend(backend, mode, self.options)
         self.caches: dict = {}
+        self._dispatchers = weakref.WeakKeyDictionary()   # function -> its dispatcher
+        self.record = False        # explain(): keep every graph and break seen
+        self.graph_log: list = []  # (function, GraphModule)
+        self.break_log: list = []  # (function, BreakReason)
+        self.fallback_log: list = []  # (function, reason)
         install_invalidation_hooks()
         if config.logs:
             logs.enable(config.logs)
@@ -82,6 +88,28 @@ class CompileContext:
             return miss(cache, fn, eager, args, kwargs)
         dispatch.__tempa_cache__ = cache
         return dispatch
+
+    # -- calls made by graph-break runners ---------------------------------------------------
+    def call(self, fn, *args, **kwargs):
+        """Call ``fn`` from an entry's Python part: Python callees go through tempa, so a
+        function or submodule that broke the caller's graph gets compiled graphs of its own."""
+        if isinstance(fn, types.FunctionType):
+            dispatch = self._dispatchers.get(fn)
+            if dispatch is None:
+                dispatch = self._dispatchers[fn] = self.dispatcher(fn, fn)
+            return dispatch(*args, **kwargs)
+        if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+            return self.call(fn.__func__, fn.__self__, *args, **kwargs)
+        if isinstance(fn, torch.nn.Module) and not isinstance(fn, OptimizedModule) and \
+                "forward" not in fn.__dict__:
+            if fn._forward_hooks or fn._forward_pre_hooks:
+                return fn(*args, **kwargs)
+            forward = type(fn).forward
+            dispatch = self._dispatchers.get(forward)
+            if dispatch is None:
+                dispatch = self._dispatchers[forward] = self.dispatcher(forward, _call_module)
+            return dispatch(fn, *args, **kwargs)
+        return fn(*args, **kwargs)
 
     # -- the slow path: no entry matched --------------------------------------------------
     def _miss(self, cache: CodeCache, fn, eager, args, kwargs):
@@ -120,13 +148,16 @@ class CompileContext:
             logs.get("recompiles").info("recompiling %s: %s", _where(fn),
                                         cache.entries[0].why(*args, **kwargs))
         try:
-            captured = capture(fn, args, kwargs)
+            captured = capture(fn, args, kwargs, runtime=self, allow_breaks=not self.fullgraph)
         except Unsupported as u:
             _stats.bump("graph_breaks")
             if self.fullgraph:
                 raise GraphBreakError(u.location) from None
             cache.eager_reason = str(u)
             _stats.bump("eager_fallbacks")
+            self.fallback_log.append((fn, str(u)))
+            if self.record:
+                self.break_log.append((fn, u.location))
             _fallback_log.warning("tempa: running %s eagerly: %s", _where(fn), u)
             return None
         except UserError:
@@ -135,6 +166,14 @@ class CompileContext:
         _stats.bump("captures")
         if cache.entries:
             _stats.bump("recompiles")
+        if captured.break_reason is not None:
+            _stats.bump("graph_breaks")
+            if self.record:
+                self.break_log.append((fn, captured.break_reason))
+            if logs.on("breaks"):
+                logs.get("breaks").info("graph break in %s: %s", _where(fn), captured.break_reason)
+        if self.record:
+            self.graph_log.append((fn, captured.gm))
         if logs.on("graphs"):
             logs.get("graphs").info("graph for %s:\n%s", _where(fn), captured.gm.code)
         compiled = self._compile_graph(captured, fn)
@@ -256,6 +295,34 @@ def disable(fn=None, recursive: bool = True):
     if code is not None:
         calls.DISABLED_CODES.add(code)
     return fn
+
+
+def explain(fn_or_module):
+    """``tempa.explain(model)(*args, **kwargs)``: run once, capturing graphs (run through FX,
+    no kernels compiled) and report graphs, breaks with their places, ops and guards."""
+    def run(*args, **kwargs):
+        context = CompileContext(fullgraph=False, dynamic=None, backend="eager", mode=None,
+                                 options=None)
+        context.record = True
+        target = fn_or_module
+        if isinstance(target, OptimizedModule):
+            target = target._orig_mod
+        if isinstance(target, torch.nn.Module):
+            OptimizedModule(target, context)(*args, **kwargs)
+        else:
+            compile_target = target.__wrapped__ if hasattr(target, "__tempa_context__") else target
+            context.dispatcher(compile_target, compile_target)(*args, **kwargs)
+        guards = [[d for _, d in e.guards] for c in context.caches.values() for e in c.entries]
+        out = ExplainOutput(
+            graphs=[gm for _, gm in context.graph_log if has_ops(gm)],
+            graph_break_count=len(context.break_log),
+            break_reasons=[r for _, r in context.break_log],
+            guards=guards,
+            eager_fallbacks=[f"{_where(f)}: {r}" for f, r in context.fallback_log],
+        )
+        context.clear()
+        return out
+    return run
 
 
 def reset() -> None:

@@ -60,6 +60,8 @@ class Unsupported(Exception):
         self.break_type = type
         self.reason = reason
         self.location: BreakReason | None = None
+        self.root_count: int | None = None   # instructions the root frame ran before it
+        self.root_offset: int | None = None
 
     def at(self, filename: str, lineno: int | None, function: str) -> "Unsupported":
         if self.location is None:

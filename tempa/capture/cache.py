@@ -97,8 +97,7 @@ def build_entry(fn, captured, compiled) -> Entry:
     for expr, _ in ordered:
         lines.append(f"    if not ({expr}): return ___MISS")
     lines.append(f"    ___o = ___compiled({', '.join(call_args)})")
-    lines.extend(f"    {stmt}" for stmt in captured.replay)
-    lines.append(f"    return {captured.output_expr}")
+    lines.extend(f"    {stmt}" for stmt in captured.body)
     source = "\n".join(lines)
     why_lines = [f"def ___why({sig}):"]
     for i, (expr, _) in enumerate(ordered):

@@ -193,7 +193,8 @@ def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
     finally:
         tracer.depth -= 1
     if child.is_generator:
-        return iter(child.yielded)
+        from .values import CapturedIter
+        return CapturedIter(child.yielded)
     return result
 
 
@@ -480,7 +481,7 @@ def _to_python_number(kind):
 
 def _map(tracer, frame, args, kwargs):
     fn, *iterables = args
-    return iter([frame.call(fn, list(items), {}) for items in zip(*[frame.get_iter(i) for i in iterables])])
+    return ([frame.call(fn, list(items), {}) for items in zip(*[frame.get_iter(i) for i in iterables])])
 
 
 def _filter(tracer, frame, args, kwargs):

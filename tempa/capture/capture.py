@@ -13,6 +13,7 @@ from .guards import GuardSet
 from .interpreter import Frame, _PyException
 from .output import OutputPlan
 from .tracer import Tracer
+from .breakplan import plan_break
 from .calls import bind_arguments
 
 
@@ -23,16 +24,23 @@ class Captured:
     user_input_exprs: list[str]
     example_inputs: list[torch.Tensor]   # the real tensors of this call, in placeholder order
     attr_tensors: list[torch.Tensor]     # parameters/buffers passed after the user inputs
-    output_expr: str
-    replay: list[str]                    # statements run after the graph: outside writes
+    body: list[str]                      # statements after the graph call, ending in return
     modules: list[torch.nn.Module]
+    break_reason: object = None          # BreakReason when the frame broke
+    break_mode: str | None = None
     instructions: int = 0
     op_count: int = 0
     notes: list[str] = field(default_factory=list)
 
 
-def capture(fn, args: tuple, kwargs: dict, *, root_name: str | None = None) -> Captured:
-    """Interpret ``fn(*args, **kwargs)`` symbolically. Raises Unsupported or UserError."""
+def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool = False,
+            _stop: Unsupported | None = None) -> Captured:
+    """Interpret ``fn(*args, **kwargs)`` symbolically. Raises Unsupported or UserError.
+
+    With ``allow_breaks``, an unsupported instruction of ``fn`` itself (or a call whose
+    callee is unsupported) becomes a graph break: capture runs again, stops right before
+    that instruction, and the entry continues in Python from there (``breakplan.py``).
+    ``runtime`` supplies ``dispatcher(fn, eager)`` and ``call(fn, *a, **k)`` for that."""
     builder = GraphBuilder()
     tracer = Tracer(builder)
     guards = builder.guards
@@ -66,20 +74,41 @@ def capture(fn, args: tuple, kwargs: dict, *, root_name: str | None = None) -> C
     tracer.active_contexts = []
     try:
         frame = Frame(tracer, fn.__code__, fn.__globals__, bound, fn.__closure__,
-                      name=fn.__qualname__)
+                      name=fn.__qualname__,
+                      stop_before=_stop.root_count if _stop is not None else None)
         try:
             result = frame.run()
         except _PyException as e:
             raise UserError(e.exc) from None
-        plan = OutputPlan(guards, tracer.is_internal)
-        output_expr = plan.expr(result)
-        replay = [f"___setattr({guards.const(obj)}, {name!r}, {plan.expr(value)})"
-                  for obj, name, value in tracer.attr_writes.values()]
+        except Unsupported as u:
+            if allow_breaks and _stop is None and u.root_count is not None:
+                retry, first_break = True, u
+            else:
+                raise
+        else:
+            retry = False
+        if retry:
+            pass  # leave the finally below first: it restores grad mode and autocast
+        else:
+            plan = OutputPlan(guards, tracer.is_internal)
+            body = [f"___setattr({guards.const(obj)}, {name!r}, {plan.expr(value)})"
+                    for obj, name, value in tracer.attr_writes.values()]
+            break_plan = None
+            if frame.stopped_at is not None:
+                if frame.stopped_at.offset != _stop.root_offset:
+                    raise _stop  # the second pass took another path: give up on this frame
+                _leave_contexts(tracer, grad)
+                break_plan = plan_break(fn, frame, plan, runtime)
+                body += break_plan.lines
+            else:
+                body.append(f"return {plan.expr(result)}")
     finally:
         for ctx in reversed(tracer.active_contexts):
             ctx.autocast.__exit__(None, None, None)
         torch._C._set_grad_enabled(grad)
 
+    if retry:
+        return capture(fn, args, kwargs, runtime=runtime, allow_breaks=True, _stop=first_break)
     gm = builder.finish(plan.outputs)
     op_count = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method",
                                                            "call_module"))
@@ -88,9 +117,21 @@ def capture(fn, args: tuple, kwargs: dict, *, root_name: str | None = None) -> C
         user_input_exprs=[expr for _, expr, _ in builder.user_inputs],
         example_inputs=[t for _, _, t in builder.user_inputs] + [t for _, t in builder.attr_inputs],
         attr_tensors=[t for _, t in builder.attr_inputs],
-        output_expr=output_expr,
-        replay=replay,
+        body=body,
+        break_reason=_stop.location if _stop is not None else None,
+        break_mode=break_plan.mode if break_plan is not None else None,
         modules=list(builder.modules.values()),
         instructions=tracer.instructions_run,
         op_count=op_count,
     )
+
+
+def _leave_contexts(tracer, entry_grad: bool) -> None:
+    """The graph before a break ends with global state as it found it; the entry re-enters
+    the contexts that were active at the break (``runtime.enter_grad``/``enter_autocast``)."""
+    graph = tracer.builder.graph
+    from torch.amp import autocast_mode
+    for ctx in reversed(tracer.active_contexts):
+        graph.call_function(autocast_mode._exit_autocast, (ctx.node,))
+    if torch.is_grad_enabled() != entry_grad:
+        graph.call_function(torch._C._set_grad_enabled, (entry_grad,))

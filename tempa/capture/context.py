@@ -38,14 +38,14 @@ class CapturedContext:
             self.prev = torch.is_grad_enabled()
             _set_grad(tracer, self.target)
             self.exited = False
-            return GradModeExit(self._exit), None
+            return GradModeExit(self._exit, self), None
         a = self.autocast
         args = (a.device, a.fast_dtype, a._enabled, a._cache_enabled)
         self.node = builder.graph.call_function(autocast_mode._enter_autocast, args)
         a.__enter__()
         tracer.active_contexts.append(self)
         self.exited = False
-        return GradModeExit(self._exit), None
+        return GradModeExit(self._exit, self), None
 
     def _exit(self, tracer):
         if self.exited:
@@ -100,4 +100,4 @@ class _AlreadyEntered(CapturedContext):
 
     def enter(self, tracer):
         self.exited = False
-        return GradModeExit(self._exit), None
+        return GradModeExit(self._exit, self), None

@@ -16,7 +16,8 @@ import torch
 from .breaks import Unsupported, UserError
 from .context import CapturedContext
 from .instructions import PY, NULL_BEFORE_CALLABLE, decode
-from .values import NULL, TensorVar, TensorMethod, SuperProxy, GradModeExit, contains_tensor
+from .values import NULL, TensorVar, TensorMethod, SuperProxy, GradModeExit, CapturedIter, \
+    contains_tensor
 
 _MAX_INSTRUCTIONS = 5_000_000
 
@@ -48,7 +49,8 @@ class _PyException(Exception):
 
 class Frame:
     def __init__(self, tracer, code: types.CodeType, f_globals: dict, bound_locals: dict,
-                 closure, *, name: str, parent=None, is_generator: bool = False):
+                 closure, *, name: str, parent=None, is_generator: bool = False,
+                 stop_before: int | None = None):
         self.tracer = tracer
         self.code = code
         self.decoded = decode(code)
@@ -73,6 +75,11 @@ class Frame:
         self.current = None
         self.result = None
         self.done = False
+        # Graph breaks: the root frame counts the instructions it executes so that a second
+        # capture can stop right before the one that broke (``stop_before``).
+        self.executed = 0
+        self.stop_before = stop_before
+        self.stopped_at = None
 
     # -- the loop --------------------------------------------------------------------------
     def run(self):
@@ -80,6 +87,10 @@ class Frame:
         while not self.done:
             ins = instrs[i]
             self.current = ins
+            if self.executed == self.stop_before:
+                self.stopped_at = ins
+                return None
+            self.executed += 1
             tracer.instructions_run += 1
             try:
                 handler = getattr(self, ins.opname, None)
@@ -87,6 +98,8 @@ class Frame:
                     raise Unsupported("unsupported construct", f"opcode {ins.opname}")
                 nxt = handler(ins)
             except Unsupported as u:
+                if self.parent is None and u.root_count is None:
+                    u.root_count, u.root_offset = self.executed - 1, ins.offset
                 raise u.at(self.code.co_filename, ins.lineno, self.name)
             except UserError as e:
                 nxt = self._raise(e.exc, ins)
@@ -151,7 +164,7 @@ class Frame:
             if v.fake.dim() == 0:
                 raise UserError(TypeError("iteration over a 0-d tensor"))
             parts = self.tracer.builder.call("call_method", "unbind", (v, 0), {})
-            return iter(list(parts))
+            return CapturedIter(list(parts))
         if isinstance(v, torch.nn.Module):
             items = list(iter(v))
             out = []
@@ -161,12 +174,23 @@ class Frame:
                 if isinstance(item, torch.Tensor):
                     item = self.tracer.builder.attr_input(item, "param")
                 out.append(item)
-            return iter(out)
+            return CapturedIter(out)
+        if type(v) is CapturedIter:
+            return v
         it = getattr(type(v), "__iter__", None)
         if isinstance(it, types.FunctionType):
             return self.get_iter(self.call(it, [v], {}))
         if isinstance(v, (types.GeneratorType,)):
             raise Unsupported("generator", "iterating a generator created outside the graph")
+        if isinstance(v, (list, tuple, dict, range, str, zip, enumerate, map, filter, reversed,
+                          set, frozenset, type({}.items()), type({}.keys()),
+                          type({}.values()), torch.Size)) or hasattr(v, "__next__"):
+            items = []
+            for item in iter(v):
+                items.append(item)
+                if len(items) > 100_000:
+                    raise Unsupported("unsupported construct", "iterating a huge or endless iterable")
+            return CapturedIter(items)
         return iter(v)
 
     def zero_arg_super(self):

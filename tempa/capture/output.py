@@ -11,7 +11,10 @@ from collections import OrderedDict
 
 from .breaks import Unsupported
 from .guards import GuardSet, is_constant_type
-from .values import TensorVar, NULL
+import types
+
+from . import runtime
+from .values import TensorVar, NULL, TensorMethod, GradModeExit, CapturedIter
 
 
 def rebuild_object(cls, attrs: dict, items):
@@ -62,6 +65,30 @@ class OutputPlan:
         if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
             return f"{self.guards.const(t, 'C')}(" + ", ".join(
                 self.expr(v, depth + 1) for v in value) + ")"
+        if t is TensorMethod:
+            return f"{self.slot(value.tensor)}.{value.name}"
+        if t is CapturedIter:
+            return "iter([" + ", ".join(self.expr(v, depth + 1) for v in value.remaining()) + "])"
+        if t is GradModeExit:
+            ctx = value.context
+            if ctx.kind == "grad":
+                return f"{self.guards.const(runtime.enter_grad, 'F')}({ctx.target}, {ctx.prev})"
+            a = ctx.autocast
+            return (f"{self.guards.const(runtime.enter_autocast, 'F')}({a.device!r}, "
+                    f"{self.guards.const(a.fast_dtype, 'D')}, {a._enabled}, {a._cache_enabled})")
+        if t is types.MethodType:
+            return (f"{self.guards.const(runtime.bound_method, 'F')}("
+                    f"{self.expr(value.__func__, depth + 1)}, {self.expr(value.__self__, depth + 1)})")
+        if t is types.FunctionType and self.is_internal(value):
+            for cell in value.__closure__ or ():
+                try:
+                    contents = cell.cell_contents
+                except ValueError:
+                    continue
+                if _contains_var(contents):
+                    raise Unsupported("unsupported construct", "a closure over tensors lives "
+                                      "across the graph break")
+            return self.guards.const(value, "R")
         if is_constant_type(value) or not self.is_internal(value) and not _holds_tensor(value):
             return self.guards.const(value, "R")
         if t.__module__.startswith("torch.return_types"):
@@ -87,3 +114,15 @@ def _holds_tensor(value) -> bool:
     if isinstance(value, dict):
         return any(isinstance(v, TensorVar) for v in value.values())
     return False
+
+
+def _contains_var(value, depth=0) -> bool:
+    if isinstance(value, TensorVar):
+        return True
+    if depth > 4:
+        return False
+    if isinstance(value, (list, tuple)):
+        return any(_contains_var(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return any(_contains_var(v, depth + 1) for v in value.values())
+    return _holds_tensor(value)

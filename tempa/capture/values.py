@@ -61,10 +61,33 @@ class TensorMethod:
 
 class GradModeExit:
     """The ``__exit__`` of a grad-mode or autocast context active in the captured code."""
-    __slots__ = ("restore",)
+    __slots__ = ("restore", "context")
 
-    def __init__(self, restore):
-        self.restore = restore   # callable(builder) that records and applies the restore
+    def __init__(self, restore, context):
+        self.restore = restore   # callable(tracer) that records and applies the restore
+        self.context = context   # the CapturedContext it exits
+
+
+class CapturedIter:
+    """An iterator met during capture, materialised so a resume function can be handed
+    the items it has not yet produced (a list_iterator cannot be inspected or rebuilt)."""
+    __slots__ = ("items", "pos")
+
+    def __init__(self, items: list):
+        self.items = items
+        self.pos = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.pos >= len(self.items):
+            raise StopIteration
+        self.pos += 1
+        return self.items[self.pos - 1]
+
+    def remaining(self) -> list:
+        return self.items[self.pos:]
 
 
 class SuperProxy:

@@ -1,0 +1,178 @@
+"""What an entry does after its graph when capture broke: the graph-break runner.
+
+Capture stopped right before the root frame's breaking instruction (a second pass of the
+interpreter, so no half-executed instruction needs undoing). The entry then:
+1. calls the graph captured so far,
+2. rebuilds the frame's value stack and live locals from the graph's outputs,
+3. runs the breaking instruction in plain Python, and
+4. continues in a resume function built from the original bytecode (``resume.py``).
+
+Three shapes, by instruction:
+- ``call``: a call capture could not see into (print, numpy, a callee that itself breaks).
+  The entry makes the call (Python callees through tempa, so they get graphs of their own)
+  and resumes after it with the result on the stack.
+- ``jump``: a branch on a tensor's value. The entry tests the real tensor and resumes at the
+  branch that was taken.
+- ``rest``: anything else, or a break inside ``try``: the resume function starts AT the
+  breaking instruction and runs the rest of the frame eagerly, inside the original
+  exception table.
+Resume functions of ``call``/``jump`` are compiled in turn on their first call, unless the
+break sits in a loop (each iteration would hand them a different iterator to guard on) or
+the frame has cell variables (closures need fresh cells per call); those run eagerly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import liveness
+from .breaks import Unsupported
+from .instructions import NULL_BEFORE_CALLABLE
+from .output import OutputPlan
+from .resume import make_resume_code, ResumeUnsupported
+from .values import NULL, TensorVar
+
+_CALLS = {"CALL", "CALL_KW", "CALL_FUNCTION_EX"}
+_JUMPS = {"POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP"}
+
+
+@dataclass
+class BreakPlan:
+    mode: str                 # "call" | "jump" | "rest"
+    lines: list[str]          # statements after the graph call, ending in `return ...`
+    resume_compiled: bool
+
+
+def plan_break(fn, frame, plan: OutputPlan, runtime) -> BreakPlan:
+    code = fn.__code__
+    ins = frame.stopped_at
+    stack = list(frame.stack)
+    mode = _mode(code, frame, ins, stack)
+    compiled = mode != "rest" and not code.co_cellvars and not liveness.in_loop(code, ins.offset)
+    guards = plan.guards
+    lines: list[str] = []
+    counter = [0]
+
+    def temp(value) -> str:
+        name = f"___t{counter[0]}"
+        counter[0] += 1
+        lines.append(f"{name} = {plan.expr(value)}")
+        return name
+
+    def resume_call(offset: int, stack_values: list, indent: str = "") -> str:
+        real, nulls = [], []
+        for i, v in enumerate(stack_values):
+            (nulls.append(i) if v is NULL else real.append(v))
+        live = sorted(name for name in liveness.live_locals_at(code, offset)
+                      if name in frame.locals and frame.locals[name] is not NULL)
+        try:
+            rc = make_resume_code(code, offset, stack_size=len(real), null_positions=nulls,
+                                  live_locals=live)
+        except (ResumeUnsupported, ValueError) as e:
+            raise Unsupported("unsupported construct", f"cannot resume {fn.__qualname__} at "
+                              f"offset {offset}: {e}") from None
+        closure = rc.closure_for(fn.__closure__, {})
+        resume_fn = rc.make_function(fn.__globals__, closure)
+        resume_fn.__qualname__ = f"{fn.__qualname__}.<resume at line {_line(frame, offset)}>"
+        target = runtime.dispatcher(resume_fn, resume_fn) if compiled else resume_fn
+        args = [a if isinstance(a, str) else plan.expr(a) for a in real]
+        args += [plan.expr(frame.locals[name]) for name in live]
+        return f"{indent}return {guards.const(target, 'RESUME')}({', '.join(args)})"
+
+    if mode == "call":
+        below, fn_value, args, kwargs, _ = _split_call(frame, ins, stack)
+        below_names = [v if v is NULL else temp(v) for v in below]
+        call_fn = temp(fn_value)
+        arg_exprs = [plan.expr(a) for a in args]
+        if isinstance(kwargs, dict):
+            arg_exprs += [f"**{{{', '.join(f'{k!r}: {plan.expr(v)}' for k, v in kwargs.items())}}}"]
+        else:
+            arg_exprs.append(f"**{kwargs}")
+        lines.append(f"___r = {guards.const(runtime.call, 'F')}({call_fn}, {', '.join(arg_exprs)})")
+        after = frame.instrs[ins.index + 1].offset
+        lines.append(resume_call(after, below_names + ["___r"]))
+    elif mode == "jump":
+        jump = ins if ins.opname in _JUMPS else frame.instrs[ins.index + 1]
+        cond, below = stack[-1], stack[:-1]
+        below_names = [v if v is NULL else temp(v) for v in below]
+        cond_name = temp(cond)
+        target = jump.argval
+        fall = frame.instrs[jump.index + 1].offset
+        keep = jump.opname.endswith("_OR_POP")
+        on_true_jumps = "TRUE" in jump.opname
+        taken = resume_call(target, below_names + ([cond_name] if keep else []), "    ")
+        not_taken = resume_call(fall, below_names, "    ")
+        lines.append(f"if {cond_name}:")
+        lines.append(taken if on_true_jumps else not_taken)
+        lines.append("else:")
+        lines.append(not_taken if on_true_jumps else taken)
+    else:
+        offset = _rest_offset(frame, ins)
+        names = [v if v is NULL else temp(v) for v in stack]
+        lines.append(resume_call(offset, names))
+    return BreakPlan(mode, lines, compiled)
+
+
+def _mode(code, frame, ins, stack) -> str:
+    if _in_try(code, ins.offset):
+        return "rest"
+    if ins.opname in _CALLS:
+        return "call"
+    if ins.opname in _JUMPS and stack and isinstance(stack[-1], TensorVar):
+        return "jump"
+    if ins.opname == "TO_BOOL" and stack and isinstance(stack[-1], TensorVar):
+        nxt = frame.instrs[ins.index + 1]
+        if nxt.opname in ("POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE"):
+            return "jump"
+    return "rest"
+
+
+def _in_try(code, offset) -> bool:
+    for entry in liveness.exception_entries(code):
+        if entry.start <= offset < entry.end and liveness.handler_kind(code, entry.target) == "try":
+            return True
+    return False
+
+
+def _split_call(frame, ins, stack):
+    """(values below the call, callable, positional args, keyword args, kw names)."""
+    if ins.opname == "CALL_FUNCTION_EX":
+        has_kw = ins.arg & 1
+        kwargs = stack[-1] if has_kw else {}
+        args = stack[-1 - has_kw]
+        a, b = stack[-3 - has_kw:-1 - has_kw]
+        fn = (b if a is NULL else a) if NULL_BEFORE_CALLABLE else a
+        return stack[:-3 - has_kw], fn, list(args), dict(kwargs), None
+    n = ins.arg
+    names = frame.kw_names
+    items = stack[-(n + 2):]
+    below = stack[:-(n + 2)]
+    if ins.opname == "CALL_KW":
+        names = stack[-1]
+        items = stack[-(n + 3):-1]
+        below = stack[:-(n + 3)]
+    a, b, args = items[0], items[1], list(items[2:])
+    if NULL_BEFORE_CALLABLE:
+        fn, args = (b, args) if a is NULL else (a, [b, *args])
+    else:
+        fn, args = (a, args) if b is NULL else (a, [b, *args])
+    kwargs = {}
+    if names:
+        kwargs = dict(zip(names, args[len(args) - len(names):]))
+        args = args[:len(args) - len(names)]
+    return below, fn, args, kwargs, names
+
+
+def _rest_offset(frame, ins) -> int:
+    # A CALL with pending KW_NAMES (3.11/3.12) resumes at the KW_NAMES instruction, which
+    # sets state the resume function would otherwise lack (the stack is the same there).
+    if ins.opname in _CALLS and frame.kw_names:
+        i = ins.index - 1
+        while i > 0 and frame.instrs[i].opname != "KW_NAMES":
+            i -= 1
+        return frame.instrs[i].offset
+    return ins.offset
+
+
+def _line(frame, offset):
+    i = frame.decoded.index_of_offset.get(offset)
+    return frame.instrs[i].lineno if i is not None else "?"
