@@ -112,7 +112,7 @@ def resumed_run(case, offset):
     result = {}
 
     def local(frame, event, arg):
-        if event == "opcode" and not result and frame.f_lasti in group:
+        if event in ("opcode", "line") and not result and frame.f_lasti in group:
             f_locals = dict(frame.f_locals)
             rfn, rargs = build_resume_call(fn, code, offset, f_locals)
             try:
@@ -125,12 +125,19 @@ def resumed_run(case, offset):
 
     def tracer(frame, event, arg):
         if frame.f_code is code and not result:
+            # 3.13 turns opcode events on for a frame only if f_trace is already set.
+            frame.f_trace = local
             frame.f_trace_opcodes = True
             return local
         return None
 
     old = sys.gettrace()
+    # 3.12 enables opcode events in sys.settrace() only once some frame has asked for
+    # them: ask on this frame (which has no f_trace, so it gets none).
+    me = sys._getframe()
+    me.f_trace_opcodes = True
     sys.settrace(tracer)
+    me.f_trace_opcodes = False
     try:
         fn(*args, **kw)
     except _Abort:
