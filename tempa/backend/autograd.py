@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import torch
 
-from .compile_graph import compile_graph
+from .compile_graph import finish, plan_graph
 
 _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
 
 
 def build_training(joint, n_in: int, single: bool):
-    fw_call, fw_info = compile_graph(joint.fw, joint.num_outputs, joint.mutated, n_in, "forward")
     n_bw_in = len(joint.saved_inputs) + joint.num_saved + len(joint.diff_outputs)
-    bw_call, bw_info = compile_graph(joint.bw, len(joint.grad_inputs), [], n_bw_in, "backward")
+    fw_plan = plan_graph(joint.fw, joint.num_outputs, joint.mutated, n_in, "forward", "f_")
+    bw_plan = plan_graph(joint.bw, len(joint.grad_inputs), [], n_bw_in, "backward", "b_")
+    # one gcc run for both graphs
+    (fw_call, fw_info), (bw_call, bw_info) = finish([fw_plan, bw_plan])
     n_out = joint.num_outputs
     saved_inputs = tuple(joint.saved_inputs)
     diff = tuple(joint.diff_outputs)

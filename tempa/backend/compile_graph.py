@@ -78,8 +78,19 @@ def eliminate_dead(lowered) -> None:
     lowered.externs = [s.name for s in lowered.steps if isinstance(s, ExternCall) and not s.fallback]
 
 
-def compile_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str = "graph"):
-    """Returns (call, info): ``call(*inputs)`` -> tuple of outputs (user outputs, then saved)."""
+@dataclass
+class Plan:
+    """A graph lowered, scheduled and rendered, waiting for its C++ to be built."""
+    lowered: object
+    sched: object
+    seg_codes: dict
+    info: GraphInfo
+    num_inputs: int
+    label: str
+
+
+def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str = "graph",
+               prefix: str = "") -> Plan:
     lowered = lower_graph(gm, num_outputs, mutated)
     eliminate_dead(lowered)
     sched = schedule(lowered.steps, lowered.copy_backs, lowered.outputs)
@@ -88,7 +99,7 @@ def compile_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: s
     seg_codes = {}
     for si, seg in enumerate(sched.segments):
         if isinstance(seg, list):
-            seg_codes[si] = cpp.render_segment(f"seg{si}", seg, sched.local, kernel_no)
+            seg_codes[si] = cpp.render_segment(f"{prefix}seg{si}", seg, sched.local, kernel_no)
     info = GraphInfo()
     info.kernel_count = kernel_no[0]
     info.segment_count = len(seg_codes)
@@ -103,24 +114,41 @@ def compile_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: s
                 f"{m.name}[{m.origin or 'pointwise'}{', ' + m.kind if m.kind != 'py' else ''}]" for m in it.members))
     info.fusion_report = "groups:\n" + "\n".join(lines) + (
         "\nnot fused:\n  " + "\n  ".join(sched.report) if sched.report else "\nnot fused: (none)")
-    source = cpp.render_source(list(seg_codes.values())) if seg_codes else ""
-    info.cpp_source = source
-    lib = None
-    if seg_codes:
+    info.cpp_source = "\n\n".join(c.text for c in seg_codes.values())
+    return Plan(lowered, sched, seg_codes, info, num_inputs, label)
+
+
+def finish(plans: list) -> list:
+    """Build every plan's C++ as ONE library (one gcc run), then make each wrapper."""
+    parts = [c.text for p in plans for c in p.seg_codes.values()]
+    lib = so = None
+    cached = False
+    if parts:
+        source = cpp.PRELUDE + "\n\n" + "\n\n".join(parts) + "\n"
         lib, so, cached = _build.build(source)
-        info.so_path = so
-        info.from_disk_cache = cached
-        info.used_gcc = not cached
-        stats.bump("kernels_compiled", info.kernel_count)
-    stats.bump("aten_fallbacks", len(info.aten_fallbacks))
-    wsrc, consts, serializable = wrapper.render_wrapper(sched, lowered, seg_codes, num_inputs)
-    info.wrapper_source = wsrc
-    call = instantiate(wsrc, lib, seg_codes, lowered.constants, consts)
-    log = logs.get("code")
-    if log.isEnabledFor(20):
-        log.info("%s: %s\n--- wrapper ---\n%s\n--- C++ ---\n%s\n--- fusion ---\n%s",
-                 label, info.summary(), wsrc, source, info.fusion_report)
-    return call, info
+    out = []
+    for p in plans:
+        info = p.info
+        if p.seg_codes:
+            info.so_path = so
+            info.from_disk_cache = cached
+            info.used_gcc = not cached
+            stats.bump("kernels_compiled", info.kernel_count)
+        stats.bump("aten_fallbacks", len(info.aten_fallbacks))
+        wsrc, consts, serializable = wrapper.render_wrapper(p.sched, p.lowered, p.seg_codes, p.num_inputs)
+        info.wrapper_source = wsrc
+        call = instantiate(wsrc, lib, p.seg_codes, p.lowered.constants, consts)
+        log = logs.get("code")
+        if log.isEnabledFor(20):
+            log.info("%s: %s\n--- wrapper ---\n%s\n--- C++ ---\n%s\n--- fusion ---\n%s",
+                     p.label, info.summary(), wsrc, info.cpp_source, info.fusion_report)
+        out.append((call, info))
+    return out
+
+
+def compile_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str = "graph"):
+    """Returns (call, info): ``call(*inputs)`` -> tuple of outputs (user outputs, then saved)."""
+    return finish([plan_graph(gm, num_outputs, mutated, num_inputs, label)])[0]
 
 
 def _index_error():

@@ -90,7 +90,7 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         if retry:
             pass  # leave the finally below first: it restores grad mode and autocast
         else:
-            plan = OutputPlan(guards, tracer.is_internal)
+            plan = OutputPlan(guards, tracer.is_internal, tracer.external_copies)
             body = [f"___setattr({guards.const(obj)}, {name!r}, {plan.expr(value)})"
                     for obj, name, value in tracer.attr_writes.values()]
             break_plan = None

@@ -17,6 +17,9 @@ from . import runtime
 from .values import TensorVar, NULL, TensorMethod, GradModeExit, CapturedIter
 
 
+_BUILTIN_METHOD = type([].append)
+
+
 def rebuild_object(cls, attrs: dict, items):
     """A new ``cls`` instance with these attributes (and dict items, for dict subclasses),
     without running ``__init__``: the captured run already validated the fields."""
@@ -31,9 +34,10 @@ def rebuild_object(cls, attrs: dict, items):
 
 
 class OutputPlan:
-    def __init__(self, guards: GuardSet, is_internal):
+    def __init__(self, guards: GuardSet, is_internal, external_copies=None):
         self.guards = guards
         self.is_internal = is_internal
+        self.external_copies = external_copies or {}
         self.outputs: list[TensorVar] = []
         self._slot: dict[int, int] = {}
 
@@ -51,6 +55,14 @@ class OutputPlan:
             raise Unsupported("unsupported construct", "return value nested too deeply")
         if isinstance(value, TensorVar):
             return self.slot(value)
+        copied = self.external_copies.get(id(value))
+        if copied is not None and copied[0] is value:
+            return copied[1]   # the caller's own list/dict, not our copy of it
+        owner = getattr(value, "__self__", None)
+        if owner is not None and type(value) is _BUILTIN_METHOD:
+            copied = self.external_copies.get(id(owner))
+            if copied is not None and copied[0] is owner:
+                return f"{copied[1]}.{value.__name__}"
         if value is NULL:
             raise Unsupported("unsupported construct", "NULL in the return value")
         t = type(value)

@@ -38,7 +38,8 @@ class Tracer:
         self.guards = builder.guards
         self.fullgraph = fullgraph
         self._internal: dict[int, object] = {}      # objects created during capture
-        self.external_copies: dict[int, object] = {}  # our copies of the caller's lists/dicts
+        # Our copies of the caller's lists/dicts: id(copy) -> (copy, expression of the original)
+        self.external_copies: dict[int, tuple] = {}
         self.param_ids: set[int] = set()
         self.depth = 0
         self.instructions_run = 0
@@ -73,7 +74,7 @@ class Tracer:
             items = [self.external(v, f"{expr}[{i}]", user=user) for i, v in enumerate(value)]
             if t is tuple:
                 return tuple(items)
-            self.external_copies[id(items)] = items
+            self.external_copies[id(items)] = (items, expr)
             return items
         if t is dict:
             keys = tuple(value.keys())
@@ -82,7 +83,7 @@ class Tracer:
                                 f"tuple({expr}) == {self.guards.const(keys, 'K')}",
                                 f"{expr} is a dict with keys {keys}")
                 copy = {k: self.external(v, f"{expr}[{k!r}]", user=user) for k, v in value.items()}
-                self.external_copies[id(copy)] = copy
+                self.external_copies[id(copy)] = (copy, expr)
                 return copy
         if isinstance(value, torch.nn.Module):
             self.guards.identity(expr, value, expr)

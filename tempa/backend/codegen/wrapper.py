@@ -24,6 +24,7 @@ class WrapperGen:
         self.num_inputs = num_inputs
         self.serializable = True
         self.ops: dict = {}             # op -> local name bound once in make()
+        self.reshaped: dict = {}        # buffer -> the shape it is allocated with
 
     def const(self, v) -> str:
         """A Python expression for a constant argument."""
@@ -56,7 +57,8 @@ class WrapperGen:
             return self.const(tv)
         b, st, off = tv.strided
         name = self.bufname(b)
-        if tv.buffer is not None:
+        if tv.buffer is not None or (b in self.reshaped and tuple(tv.sizes) == tuple(self.reshaped[b])
+                                     and st == _contig(tv.sizes) and off == 0):
             return name
         return f"_as_strided({name}, {list(tv.sizes)}, {list(st)}, {off})"
 
@@ -75,6 +77,17 @@ def render_wrapper(sched: Schedule, lowered, seg_codes: dict, num_inputs: int):
     args = ", ".join(f"a{i}" for i in range(num_inputs))
     L.append(f"    def call({args}):")
     allocated = set()
+    # A graph output that is a contiguous reshape of a whole wrapper-allocated buffer: allocate
+    # the buffer in the output's shape (same memory layout) and skip an as_strided per call.
+    alloc_shape = {}
+    for i, v in enumerate(lowered.outputs):
+        if isinstance(v, TV) and v.strided is not None and v.buffer is None:
+            b, st, off = v.strided
+            if isinstance(b, ComputedBuffer) and off == 0 and v.numel == b.numel and b not in alloc_shape \
+                    and st == _contig(v.sizes) and b.strides == _contig(b.sizes):
+                alloc_shape[b] = v.sizes
+                lowered.outputs[i] = TV.view_of(b, v.sizes, st, 0)
+                w.reshaped[b] = v.sizes
     for si, seg in enumerate(sched.segments):
         if isinstance(seg, ExternCall):
             call_args = ", ".join([w.tensor(a) for a in seg.args] +
@@ -94,7 +107,7 @@ def render_wrapper(sched: Schedule, lowered, seg_codes: dict, num_inputs: int):
         for b in code.params:
             if b.kind == "py" and b not in allocated:
                 allocated.add(b)
-                L.append(f"    {b.name} = _empty({tuple(b.sizes)!r}, dtype=torch.{_DTYPE_NAMES[b.dtype]})")
+                L.append(f"    {b.name} = _empty({tuple(alloc_shape.get(b, b.sizes))!r}, dtype=torch.{_DTYPE_NAMES[b.dtype]})")
         ptrs = []
         for b in code.params:
             if b.kind == "const":
@@ -112,6 +125,11 @@ def render_wrapper(sched: Schedule, lowered, seg_codes: dict, num_inputs: int):
     head += [f"    _S{si} = _S[{si}]" for si, seg in enumerate(sched.segments) if not isinstance(seg, ExternCall)]
     head += [f"    {name} = {expr}" for expr, name in w.ops.items()]
     return "\n".join(head + L + ["    return call"]) + "\n", w.consts, w.serializable
+
+
+def _contig(sizes):
+    from ..index import contiguous_strides
+    return tuple(contiguous_strides(sizes))
 
 
 def _opname(op, w: WrapperGen) -> str:

@@ -49,6 +49,15 @@ _DATA_DEPENDENT = {torch.Tag.data_dependent_output, torch.Tag.dynamic_output_sha
 _NONDETERMINISTIC = torch.Tag.nondeterministic_seeded
 
 
+def _static_index(func, args) -> bool:
+    """Integer-tensor indexing has a static output shape (only boolean masks do not)."""
+    if func not in (aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
+                    aten._unsafe_index.Tensor, aten._unsafe_index_put.default):
+        return False
+    idx = args[1] if len(args) > 1 else []
+    return all(t is None or t.dtype not in (torch.bool, torch.uint8) for t in idx)
+
+
 class _Recorder(TorchDispatchMode):
     # Why: the base class wraps __torch_dispatch__ with torch._disable_dynamo, which imports
     # torch._dynamo (seconds) on first call. We are not under dynamo, so skip the wrapper.
@@ -95,7 +104,7 @@ class _Recorder(TorchDispatchMode):
                 r = self.decomps[func](*args, **kwargs)
             if r is not NotImplemented:
                 return r
-        if _DATA_DEPENDENT & set(func.tags):
+        if _DATA_DEPENDENT & set(func.tags) and not _static_index(func, args):
             raise Unsupported(f"data-dependent op {func}")
         if self.strict_functional and func._schema.is_mutable:
             raise Unsupported(f"mutating op {func} in the backward")
@@ -298,8 +307,12 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
             ph = graph.placeholder(f"tangent{k}")
             rec.bind(t, ph)
             tangents.append(t)
-        grads = torch.autograd.grad([user[i] for i in diff], [clones[i] for i in grad_inputs],
-                                    tangents, allow_unused=True)
+        # Why the engine directly: torch.autograd.grad's argument checks import sympy (~2 s
+        # cold) as soon as grad_outputs are given; our tangents match by construction.
+        from torch.autograd.variable import Variable
+        grads = Variable._execution_engine.run_backward(
+            tuple(user[i] for i in diff), tuple(tangents), False, False,
+            tuple(clones[i] for i in grad_inputs), True, False)
         grad_nodes = [rec.lookup(g) if g is not None else None for g in grads]
     out_nodes = [rec.lookup(o) if isinstance(o, torch.Tensor) else o for o in outs]
     # Partition: forward = nodes recorded before the marker; saved = forward values read by
