@@ -10,6 +10,7 @@ after a CALL with NULLs on the stack, unpassed locals, caching and the error pat
 Runs without torch: ``PYTHONPATH=. python3.12 -m pytest tests/capture/test_resume.py``.
 """
 
+import dis
 import os
 import subprocess
 import sys
@@ -75,6 +76,8 @@ def test_long_function_needs_extended_arg():
     code = C.long_function.__code__
     assert any(i.opname == "EXTENDED_ARG" for i in L.instructions(code))
     assert len(code.co_varnames) > 256
+    jumps = [i for i in L.instructions(code) if i.opcode in dis.hasjrel and i.arg > 255]
+    assert jumps  # a jump that needs EXTENDED_ARG
     # Resume at the last statement: locals beyond index 255 and a far jump target.
     last = L.statement_starts(code)[-1]
     assert last > 1024
@@ -184,6 +187,35 @@ def test_resume_after_call_inside_loop():
     rc = R.make_resume_code(code, after, stack_size=4, live_locals=("acc",))
     fn = rc.make_function(globals(), ())
     assert fn(it, list.append, acc, 10, acc) == [0, 10, 20, 30]
+
+
+def comp_call(xs, outer):
+    if outer:
+        x = "outer"
+    ys = [middle(x) for x in xs]
+    try:
+        return ys, x
+    except UnboundLocalError:
+        return ys, "x unbound"
+
+
+@pytest.mark.skipif(PY < (3, 12), reason="comprehensions are inlined from 3.12 (PEP 709)")
+@pytest.mark.parametrize("outer", [False, True])
+def test_resume_inside_inlined_comprehension(outer):
+    """[saved x (NULL if x was unbound), list, iterator, call result]: the saved outer x is
+    restored by the original STORE_FAST after the loop, NULL included."""
+    code = comp_call.__code__
+    after = L.offset_after(code, _first_call_to(code, "middle"))
+    assert L.stack_kinds_at(code, after) == ("value", "value", "iter", "value")
+    assert L.in_loop(code, after) and not L.in_try_block(code, after)
+    if outer:
+        stack, nulls = ("outer", [10], iter([3]), 20), ()
+    else:
+        stack, nulls = ([10], iter([3]), 20), (0,)
+    rc = R.make_resume_code(code, after, stack_size=len(stack), null_positions=nulls, live_locals=())
+    fn = rc.make_function(globals(), ())
+    expected = comp_call([1, 2, 3], outer)
+    assert fn(*stack) == expected == ([10, 20, 30], "outer" if outer else "x unbound")
 
 
 def test_stack_size_is_checked():

@@ -16,7 +16,7 @@ from tempa.capture import resume as R
 
 from . import corpus as C
 
-SUPPORTED_SLOTS = ("iter", "with_exit")
+SUPPORTED_SLOTS = ("iter", "with_exit", "exc_info")
 
 
 class _Abort(BaseException):
@@ -96,6 +96,11 @@ def build_resume_call(fn, code, offset, f_locals):
             stack.append(C.REG[("iter", code.co_name, line)])
         elif kind == "with_exit":
             stack.append(C.REG[("with", code.co_name, line)].__exit__)
+        elif kind == "exc_info":
+            # Inside an ``except`` body: the exception that was being handled before this
+            # handler was entered (none, in the corpus). NOTE: the resume function is not
+            # "handling" the exception itself, so a bare ``raise`` there would fail.
+            stack.append(None)
         else:
             raise AssertionError(kind)
     rc = R.make_resume_code(code, offset, stack_size=len(stack), live_locals=names)
