@@ -33,8 +33,10 @@ FILE (the model to look at):
 
 BENCH_HELP = CONVENTION_HELP + """
 How it measures:
-  per call     after 10 warm-up calls, eager and compiled calls are timed one by one in
-               interleaved rounds (so load on the machine hits both alike); median and IQR.
+  per call     after 10 warm-up calls, calls are timed one by one; median and IQR. Eager
+               is timed before anything is compiled in the process (generated kernels'
+               threads can slow down eager code that runs after them; the bench notes it
+               when it happens).
   first call   cold: a fresh process, empty disk cache (what the first run of your program
                pays); warm: a second fresh process finding the cache the first one filled
                (what every later start pays). --first-call in-process times the cold first

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .codegen.emit import Emitter
-from .index import Ix, Var
+from .index import Ix, Var, contiguous_strides
 from .ir import Buffer, ComputedBuffer, ExternCall, Reduction, TV
 
 
@@ -93,6 +93,8 @@ def legal(group_outer, members, cand: ComputedBuffer):
     for buf, ix in loads:
         if buf not in produced:
             continue
+        if tuple(buf.strides) != contiguous_strides(buf.sizes):
+            return f"reads {buf.name}, which has a non-contiguous layout"
         why = _local_read(buf, ix, ov)
         if why:
             return f"reads {buf.name} {why}"

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import liveness
+from . import runtime as runtime_mod
 from .breaks import Unsupported
 from .instructions import NULL_BEFORE_CALLABLE
 from .output import OutputPlan
@@ -70,12 +71,24 @@ def plan_break(fn, frame, plan: OutputPlan, runtime) -> BreakPlan:
         except (ResumeUnsupported, ValueError) as e:
             raise Unsupported("unsupported construct", f"cannot resume {fn.__qualname__} at "
                               f"offset {offset}: {e}") from None
-        closure = rc.closure_for(fn.__closure__, {})
-        resume_fn = rc.make_function(fn.__globals__, closure)
-        resume_fn.__qualname__ = f"{fn.__qualname__}.<resume at line {_line(frame, offset)}>"
-        target = runtime.dispatcher(resume_fn, resume_fn) if compiled else resume_fn
+        qualname = f"{fn.__qualname__}.<resume at line {_line(frame, offset)}>"
         args = [a if isinstance(a, str) else plan.expr(a) for a in real]
         args += [plan.expr(frame.locals[name]) for name in live]
+        if code.co_cellvars:
+            # Cell variables get fresh cells holding this call's values (runtime.make_function).
+            values = []
+            for name in code.co_cellvars:
+                try:
+                    values.append(plan.expr(frame.cells[name].cell_contents))
+                except ValueError:
+                    values.append(guards.const(runtime_mod.EMPTY_CELL, "E"))
+            make = (f"{guards.const(runtime_mod.make_function, 'F')}({guards.const(rc.code, 'CODE')}, "
+                    f"{guards.const(fn.__globals__, 'G')}, {guards.const(fn.__closure__, 'CL')}, "
+                    f"({', '.join(values)}{',' if values else ''}), {qualname!r})")
+            return f"{indent}return {make}({', '.join(args)})"
+        resume_fn = rc.make_function(fn.__globals__, fn.__closure__ or ())
+        resume_fn.__qualname__ = qualname
+        target = runtime.dispatcher(resume_fn, resume_fn) if compiled else resume_fn
         return f"{indent}return {guards.const(target, 'RESUME')}({', '.join(args)})"
 
     if mode == "call":

@@ -20,6 +20,9 @@ from .values import NULL, TensorVar, TensorMethod, SuperProxy, GradModeExit, Cap
     contains_tensor
 
 _MAX_INSTRUCTIONS = 5_000_000
+# (code, offset) pairs where capture breaks as if the instruction were unsupported: the
+# differential test of resume functions (tests/capture/test_resume_differential.py).
+FORCED_BREAKS: set = set()
 
 _BINARY = {
     "ADD": operator.add, "SUBTRACT": operator.sub, "MULTIPLY": operator.mul,
@@ -93,6 +96,8 @@ class Frame:
             self.executed += 1
             tracer.instructions_run += 1
             try:
+                if FORCED_BREAKS and (self.code, ins.offset) in FORCED_BREAKS:
+                    raise Unsupported("unsupported construct", "a break forced by a test")
                 handler = getattr(self, ins.opname, None)
                 if handler is None:
                     raise Unsupported("unsupported construct", f"opcode {ins.opname}")

@@ -35,3 +35,16 @@ def enter_autocast(device_type, dtype, enabled, cache_enabled):
 
 def bound_method(func, obj):
     return types.MethodType(func, obj)
+
+
+EMPTY_CELL = object()
+
+
+def make_function(code, globals_, base_closure, cell_values, qualname):
+    """A resume function whose cell variables hold this call's values: fresh cells on
+    every call, since the resumed code may rebind them."""
+    cells = tuple(base_closure or ()) + tuple(
+        types.CellType() if v is EMPTY_CELL else types.CellType(v) for v in cell_values)
+    fn = types.FunctionType(code, globals_, code.co_name, None, cells or None)
+    fn.__qualname__ = qualname
+    return fn

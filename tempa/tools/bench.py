@@ -2,10 +2,14 @@
 
 How each number is measured (also in `tempa bench --help` and examples/README.md):
 
-- per-call time: after warm-up (10 calls each, as the seed's pattern), eager and compiled
-  calls are timed one by one with perf_counter, in interleaved rounds (eager block,
-  compiled block, alternating which goes first) so that a load change on the machine hits
-  both sides alike. Reported: the median and the interquartile range (IQR, q3 - q1).
+- per-call time: after warm-up (10 calls, as the seed's pattern), calls are timed one by one
+  with perf_counter; reported: the median and the interquartile range (IQR, q3 - q1).
+  Eager is timed BEFORE anything is compiled in the process: generated kernels run their
+  own thread pool, and on a small machine its threads can keep spinning and slow down eager
+  code that runs after them (measured on the 2-core machine: the seed MLP's eager calls
+  went from 0.24 ms to 3.8 ms right after compiled calls). The question is "eager or
+  compiled?", so each side is timed as it would run alone; a short eager block timed after
+  the compiled calls shows that interference when it is there (``eager_after_s``).
 - first call cold: a fresh process with an empty disk cache (tempa.tools.firstcall) times
   the first compiled call; this is what a user pays the first time they run their program.
 - first call warm: the same in a second fresh process whose disk cache the first one filled;
@@ -101,6 +105,7 @@ class ModeResult:
     fallback_messages: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     verdict: str = ""
+    eager_after_s: float | None = None        # eager median right after the compiled calls
     samples_ns: list[int] = field(default_factory=list)   # for the report's chart; not in JSON
     compiled: object = None                                # for the report; not in JSON
 
@@ -275,6 +280,14 @@ def _auto_calls(per_call_s: float, budget_s: float) -> int:
     return max(20, min(20000, int(budget_s / max(per_call_s, 1e-7))))
 
 
+def _estimate(fn, args, kwargs, sync, n: int = 5) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn(*args, **kwargs)
+    sync()
+    return (time.perf_counter() - t0) / n
+
+
 def _time_block(fn, args, kwargs, n, sync, out: list[int]):
     pc = time.perf_counter_ns
     for _ in range(n):
@@ -286,7 +299,7 @@ def _time_block(fn, args, kwargs, n, sync, out: list[int]):
 
 def run(target: Target, *, modes=("default",), backend: str = "tempa", device: str = "cpu",
         no_grad: bool = False, warmup: int = 10, calls: int | None = None,
-        budget_s: float = 0.5, rounds: int = 10, first_call: str = "subprocess",
+        budget_s: float = 0.5, first_call: str = "subprocess",
         progress: bool = True, keep_compiled: bool = False, debug: bool = False) -> BenchResult:
     """Measure ``target`` eager and compiled in each mode. ``first_call`` is "subprocess"
     (cold and warm, each in a fresh process) or "in-process" (cold only, this process)."""
@@ -310,6 +323,11 @@ def run(target: Target, *, modes=("default",), backend: str = "tempa", device: s
         for _ in range(warmup):
             model(*args, **kwargs)
         sync()
+        eager_samples: list[int] = []
+        n = calls or _auto_calls(_estimate(model, args, kwargs, sync), budget_s)
+        with Progress(f"timing {n:,} eager calls", enabled=progress, after=3):
+            _time_block(model, args, kwargs, n, sync, eager_samples)
+    eager = Timing.of(eager_samples)
 
     results = []
     saved_cache_dir = tempa.config.cache_dir
@@ -334,7 +352,7 @@ def run(target: Target, *, modes=("default",), backend: str = "tempa", device: s
                     r.fallback_messages.append("first-call process: " + cold.get("error", "?"))
             tempa.config.cache_dir = cache_dir
             _measure_mode(r, target, mode, backend_obj, sync, grad, warmup, calls, budget_s,
-                          rounds, progress, debug)
+                          progress, debug)
             if r.first_call_cold_s is None and r.ok:
                 r.first_call_cold_s = r.first_call_in_process_s
                 if first_call == "subprocess":
@@ -346,21 +364,14 @@ def run(target: Target, *, modes=("default",), backend: str = "tempa", device: s
             r.compiled = None
         results.append(r)
 
-    # One eager timing for the table: all the eager samples of every mode's rounds.
-    eager_samples = [s for r in results for s in getattr(r, "_eager_samples", [])]
-    if not eager_samples:   # every mode failed: time eager on its own
-        with grad():
-            n = calls or _auto_calls(eager_first, budget_s)
-            _time_block(model, args, kwargs, n, sync, eager_samples)
-    eager = Timing.of(eager_samples)
     for r in results:
-        _conclude(r, Timing.of(r._eager_samples) if getattr(r, "_eager_samples", None) else eager)
+        _conclude(r, eager)
     return BenchResult(target.spec, target.name, target.describe_inputs(), device, no_grad,
                        backend, eager_first, eager, eager_samples, results, environment())
 
 
 def _measure_mode(r: ModeResult, target, mode, backend_obj, sync, grad, warmup, calls,
-                  budget_s, rounds, progress, debug):
+                  budget_s, progress, debug):
     import tempa
     args, kwargs, model = target.args, target.kwargs, target.model
     tempa.reset()
@@ -378,22 +389,13 @@ def _measure_mode(r: ModeResult, target, mode, backend_obj, sync, grad, warmup, 
             for _ in range(warmup):
                 compiled(*args, **kwargs)
             sync()
-            # Per-call estimate for the number of calls: the slower side decides.
-            est = []
-            for fn in (model, compiled):
-                t0 = time.perf_counter()
-                for _ in range(5):
-                    fn(*args, **kwargs)
-                sync()
-                est.append((time.perf_counter() - t0) / 5)
-            n = calls or _auto_calls(max(est), budget_s)
-            per_round = max(1, n // rounds)
-            eager_s, comp_s = [], []
-            for i in range(rounds):
-                order = ((model, eager_s), (compiled, comp_s))
-                for fn, out_list in (order if i % 2 == 0 else order[::-1]):
-                    _time_block(fn, args, kwargs, per_round, sync, out_list)
-            r._eager_samples = eager_s
+            n = calls or _auto_calls(_estimate(compiled, args, kwargs, sync), budget_s)
+            comp_s: list[int] = []
+            with Progress(f"timing {n:,} compiled calls [{mode}]", enabled=progress, after=3):
+                _time_block(compiled, args, kwargs, n, sync, comp_s)
+            after: list[int] = []
+            _time_block(model, args, kwargs, min(n, 200), sync, after)
+            r.eager_after_s = Timing.of(after).median_s
             r.samples_ns = comp_s
             r.timing = Timing.of(comp_s)
             r.compiled = compiled
@@ -450,6 +452,12 @@ def _conclude(r: ModeResult, eager: Timing):
     r.break_even_calls = break_even(r.first_call_cold_s, e, c)
     r.break_even_calls_warm = break_even(r.first_call_warm_s, e, c)
     r.reasons = _reasons(r, eager)
+    if r.eager_after_s and r.eager_after_s > 1.5 * e:
+        r.fallback_messages.append(
+            f"eager calls right after the compiled ones ran {r.eager_after_s / e:.1f}x slower "
+            f"({fmt_time(e)} -> {fmt_time(r.eager_after_s)}): either the machine got busier, "
+            "or the generated kernels' threads compete with PyTorch's here, a cost that code "
+            "mixing eager and compiled parts (graph breaks) pays on every call")
     if r.speedup is not None and r.speedup > 1 + NOISE and r.break_even_calls is not None:
         r.verdict = f"compiling pays off after {r.break_even_calls:,} calls"
         if r.break_even_calls_warm is not None:
@@ -547,7 +555,7 @@ def render_text(res: BenchResult) -> str:
     out.append("")
     if "subprocess" in methods:
         out.append("first call cold/warm: timed in a fresh process with an empty / a filled "
-                   "disk cache; per call: median of interleaved timed calls after 10 warm-up "
+                   "disk cache; per call: median of calls timed one by one after 10 warm-up "
                    "calls.")
     else:
         out.append("first call cold: timed in this process with an empty disk cache (warm not "

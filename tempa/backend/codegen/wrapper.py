@@ -107,7 +107,12 @@ def render_wrapper(sched: Schedule, lowered, seg_codes: dict, num_inputs: int):
         for b in code.params:
             if b.kind == "py" and b not in allocated:
                 allocated.add(b)
-                L.append(f"    {b.name} = _empty({tuple(alloc_shape.get(b, b.sizes))!r}, dtype=torch.{_DTYPE_NAMES[b.dtype]})")
+                if tuple(b.strides) != _contig(b.sizes):
+                    L.append(f"    {b.name} = torch.empty_strided({tuple(b.sizes)!r}, {tuple(b.strides)!r}, "
+                             f"dtype=torch.{_DTYPE_NAMES[b.dtype]})")
+                else:
+                    L.append(f"    {b.name} = _empty({tuple(alloc_shape.get(b, b.sizes))!r}, "
+                             f"dtype=torch.{_DTYPE_NAMES[b.dtype]})")
         ptrs = []
         for b in code.params:
             if b.kind == "const":

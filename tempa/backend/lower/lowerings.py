@@ -80,15 +80,32 @@ class LowerCtx:
         return TV.of_buffer(buf)
 
     def extern(self, node: fx.Node, args, kwargs, fallback: bool):
-        """Run ``node.target`` through ATen from the wrapper; tensor args become buffers."""
-        def prep(a):
+        """Run ``node.target`` through ATen from the wrapper; tensor args become buffers.
+
+        Why the traced strides: ATen picks output layouts from input layouts (attention's
+        output follows its inputs' strides), and we index outputs with the strides seen at
+        trace time, so each argument must have exactly the traced layout at run time.
+        """
+        def prep(a, meta):
             if isinstance(a, TV):
-                return self.strided_or_realize(a, f"input of {node.target}")
+                want = getattr(meta, "stride", None)
+                if a.strided is not None and (want is None or tuple(a.strided[1]) == tuple(want)
+                                              and a.strided[2] == meta.offset):
+                    return a
+                if want is None or meta.offset != 0:
+                    return self.realize(a, f"input of {node.target}")
+                buf = ComputedBuffer(self.name(), a.sizes, tuple(want), 0, a.dtype,
+                                     body=Pointwise(a.load), origin=f"input of {node.target}")
+                self.g.steps.append(buf)
+                return TV.of_buffer(buf)
             if isinstance(a, (list, tuple)):
-                return type(a)(prep(x) for x in a)
+                ms = meta if isinstance(meta, (list, tuple)) and len(meta) == len(a) else [None] * len(a)
+                return type(a)(prep(x, m) for x, m in zip(a, ms))
             return a
-        args = prep(args)
-        kwargs = {k: prep(v) for k, v in kwargs.items()}
+        arg_metas = fx.node.map_arg(node.args, lambda n: n.meta.get("tm"))
+        kw_metas = fx.node.map_arg(node.kwargs, lambda n: n.meta.get("tm"))
+        args = tuple(prep(a, m) for a, m in zip(args, arg_metas))
+        kwargs = {k: prep(v, kw_metas.get(k)) for k, v in kwargs.items()}
         tm = node.meta.get("tm")
         multi = tm is None
         if multi:
