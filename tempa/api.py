@@ -7,6 +7,7 @@ what the user sees.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 import logging
 import types
 import warnings
@@ -271,6 +272,7 @@ def compile(model=None, *, fullgraph: bool = False, dynamic: bool | None = None,
         dispatch = context.dispatcher(model.__func__, model.__func__)
         bound = functools.partial(dispatch, model.__self__)
         functools.update_wrapper(bound, model)
+        bound.__tempa_context__ = context
         return bound
     if isinstance(model, types.FunctionType):
         dispatch = context.dispatcher(model, model)
@@ -323,6 +325,50 @@ def explain(fn_or_module):
         context.clear()
         return out
     return run
+
+
+@dataclass
+class EntryInfo:
+    """One compiled cache entry, for users and tools (`tempa explain`, reports)."""
+    function: str
+    guards: list[str]
+    graph: torch.fx.GraphModule
+    graph_code: str
+    compiled: object            # the backend's callable (tempa's carries .tempa_info)
+    break_reason: object        # BreakReason, or None when the whole function is one graph
+    entry_source: str           # the generated guard + runner function
+
+    @property
+    def kernels(self):
+        return getattr(self.compiled, "tempa_info", None)
+
+
+def entries(compiled) -> list[EntryInfo]:
+    """The cache entries behind a compiled module or function, across every code object
+    compiled under it (resume functions and separately compiled callees included)."""
+    context = _context_of(compiled)
+    out = []
+    for cache in context.caches.values():
+        for e in cache.entries:
+            out.append(EntryInfo(cache.name, [d for _, d in e.guards], e.captured.gm,
+                                 e.captured.gm.code, e.compiled, e.captured.break_reason,
+                                 e.source))
+    return out
+
+
+def eager_reasons(compiled) -> list[str]:
+    """Why code under ``compiled`` runs eagerly (one line per code object), if it does."""
+    context = _context_of(compiled)
+    return [f"{c.name}: {c.eager_reason}" for c in context.caches.values() if c.eager_reason]
+
+
+def _context_of(compiled) -> "CompileContext":
+    if isinstance(compiled, OptimizedModule):
+        return compiled.__dict__["_tempa_context"]
+    context = getattr(compiled, "__tempa_context__", None)
+    if context is None:
+        raise TypeError("tempa.entries: pass what tempa.compile returned")
+    return context
 
 
 def reset() -> None:
