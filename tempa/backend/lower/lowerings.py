@@ -153,9 +153,9 @@ def literal(v, dt) -> str:
     if isinstance(v, float) or dt.is_floating_point:
         v = float(v)
         if math.isnan(v):
-            return f"m::numeric_limits<{t}>::quiet_NaN()"
+            return f'static_cast<{t}>(__builtin_nan(""))'
         if math.isinf(v):
-            return ("-" if v < 0 else "") + f"m::numeric_limits<{t}>::infinity()"
+            return f"static_cast<{t}>({'-' if v < 0 else ''}__builtin_inf())"
         if not dt.is_floating_point:
             return f"static_cast<{t}>({v!r})"
         return f"static_cast<{t}>({v!r})"
