@@ -338,6 +338,27 @@ def test_cells_become_freevars_and_closure_is_checked():
     assert f2(1, 2, g, lambda z: -z) == (1, 2, 0, 0, 5)
 
 
+def test_zero_arg_super_is_made_explicit():
+    """Zero-argument super() reads the frame's first local slot; in a resume function that
+    slot is ___stack0 or whichever live local comes first."""
+    fn = C.Child.compute
+    code = fn.__code__
+    lineno = code.co_firstlineno + 4  # s = super()
+    off = next(o for o in L.statement_starts(code) if L.instruction_at(code, o).positions.lineno == lineno)
+    live = tuple(sorted(L.live_locals_at(code, off), reverse=True))  # y, self: self not first
+    assert live[-1] == "self" and live[0] != "self"
+    rc = R.make_resume_code(code, off, stack_size=0, live_locals=live)
+    ops = [(i.opname, i.argval) for i in L.instructions(rc.code)]
+    assert ("LOAD_DEREF", "__class__") in ops
+    f2 = rc.make_function(fn.__globals__, rc.closure_for(fn.__closure__))
+    obj = C.Child()
+    obj.calls = 1
+    C.reset()
+    values = {"self": obj, "y": 6}
+    assert f2(*(values[n] for n in live)) == (14, 1)
+    assert C.LOG == [("base", 6)]
+
+
 def test_resume_code_metadata():
     code = C.fstrings.__code__
     off = L.statement_starts(code)[2]
