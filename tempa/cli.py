@@ -222,14 +222,15 @@ def cmd_report(args) -> int:
     from .tools import explain
     from .tools.bench import resolve_backend
     target, res = _bench(args, keep_compiled=True)
-    with _grad(args):
-        ex = explain.explain(target.to(args.device), backend="eager")
-    # What the backend generated, from the compiled model the bench timed (first mode).
+    # What the backend generated, from the compiled model the bench timed (first mode that
+    # compiled); read before explain, which resets tempa's caches.
     generated = []
     for m in res.modes:
         if m.compiled is not None:
             generated = explain.entries(m.compiled)
             break
+    with _grad(args):
+        ex = explain.explain(target.to(args.device), backend="eager")
     html = render.page(res, ex, generated)
     out = os.path.abspath(args.output)
     os.makedirs(os.path.dirname(out), exist_ok=True)

@@ -79,7 +79,7 @@ def _bench(res: BenchResult) -> str:
             rows.append(f"<tr><td>tempa [{escape(m.mode)}]</td><td class='failed' colspan='9'>"
                         f"failed: {escape(m.error or '?')}</td></tr>")
             continue
-        be = lambda n: f"{n:,}" if n is not None else "never"  # noqa: E731
+        be = lambda n, f: "-" if f is None else (f"{n:,}" if n is not None else "never")  # noqa: E731
         rows.append(
             f"<tr><td>tempa [{escape(m.mode)}]</td><td>{fmt_time(m.first_call_cold_s)}</td>"
             f"<td>{fmt_time(m.first_call_warm_s)}</td><td>{fmt_time(m.timing.median_s)}</td>"
@@ -87,7 +87,8 @@ def _bench(res: BenchResult) -> str:
             f"<td>{m.graphs if m.graphs is not None else '-'}</td>"
             f"<td>{m.stats.get('graph_breaks', '-')}</td>"
             f"<td>{m.kernels if m.kernels is not None else '-'}</td>"
-            f"<td>{be(m.break_even_calls)} / {be(m.break_even_calls_warm)}</td></tr>")
+            f"<td>{be(m.break_even_calls, m.first_call_cold_s)} / "
+            f"{be(m.break_even_calls_warm, m.first_call_warm_s)}</td></tr>")
     method = ("first call cold: a fresh process with an empty disk cache; warm: a second "
               "fresh process finding the cache filled by the first. "
               if any(m.first_call_method == "subprocess" for m in res.modes) else
@@ -98,14 +99,16 @@ def _bench(res: BenchResult) -> str:
             "by one after 10 warm-up calls, eager before anything was compiled in the process; "
             "median and interquartile range. Break-even: calls n until first call + (n-1) × compiled "
             "≤ n × eager.</p>")
-    stats = "".join(
-        f"<tr><td>{escape(m.mode)}</td>" + "".join(f"<td>{v}</td>" for v in m.stats.values())
-        + "</tr>" for m in res.modes if m.stats)
-    stats_head = ("<tr><th>mode</th>" + "".join(f"<th>{escape(k)}</th>" for k in
-                                                 (res.modes[0].stats if res.modes else {}))
-                  + "</tr>")
-    stats_html = (f"<h3>tempa.stats() during the compiled run</h3><table>{stats_head}{stats}"
-                  "</table>" if stats else "")
+    with_stats = [m for m in res.modes if m.stats]
+    stats_html = ""
+    if with_stats:
+        head_s = "<tr><th>counter</th>" + "".join(f"<th>{escape(m.mode)}</th>"
+                                                   for m in with_stats) + "</tr>"
+        rows_s = "".join(f"<tr><td>{escape(k)}</td>" + "".join(
+            f"<td>{m.stats.get(k, '-')}</td>" for m in with_stats) + "</tr>"
+            for k in with_stats[0].stats)
+        stats_html = (f"<details><summary>tempa.stats() during the compiled run</summary>"
+                      f"<table>{head_s}{rows_s}</table></details>")
     return _section("bench", "Timing: eager vs compiled",
                     f"<table>{head}{''.join(rows)}</table>{note}{stats_html}")
 
@@ -119,10 +122,11 @@ def _charts(res: BenchResult) -> str:
         if m.ok and m.samples_ns:
             series.append((f"tempa [{m.mode}]", colors[i % 3],
                            svg.downsample([s / 1e3 for s in m.samples_ns]), False))
-    all_ys = sorted(y for _, _, pts, _ in series for _, y in pts)
-    y_max = all_ys[int(len(all_ys) * 0.98) - 1] * 1.25 if all_ys else None
-    per_call = svg.line_chart(series, title="Per-call time, timed calls in order (98th "
-                              "percentile shown; spikes above are clipped)",
+    # Scale to the typical calls of every series: one load spike must not flatten the rest.
+    p90 = [sorted(y for _, y in pts)[int(len(pts) * 0.9)] for _, _, pts, _ in series if pts]
+    y_max = max(p90) * 1.5 if p90 else None
+    per_call = svg.line_chart(series, title="Per-call time, timed calls in order (spikes "
+                              "above the chart are clipped)",
                               x_label="timed call", y_label="µs per call",
                               x_fmt=lambda v: f"{v:,.0f}", y_fmt=us, y_max=y_max,
                               chart_id="chart-per-call")
@@ -158,8 +162,9 @@ def _graphs(ex: Explanation) -> str:
         head += f"<div class='verdict bad'>{escape(ex.error)}</div>"
     items = []
     for i, g in enumerate(ex.graphs, 1):
-        items.append(f"<div class='card' data-item><h3>Graph {i} of {len(ex.graphs)}: "
-                     f"{escape(g.function)}<span class='tag'>{g.op_count} ops</span></h3>"
+        name = "" if g.function.startswith("graph ") else f": {escape(g.function)}"
+        items.append(f"<div class='card' data-item><h3>Graph {i} of {len(ex.graphs)}{name}"
+                     f"<span class='tag'>{g.op_count} ops</span></h3>"
                      f"<details open><summary>captured FX code</summary>{_pre(g.code)}</details>"
                      "</div>")
     return _section("graphs", "Captured graphs",
@@ -170,8 +175,8 @@ def _source_block(b) -> str:
     lines = b.source(3)
     if not lines:
         return ""
-    body = "".join(f"<span class='{'hit' if mark else ''}'>{'>' if mark else ' '} {n:4d} | "
-                   f"{escape(text)}</span>\n" for n, text, mark in lines)
+    body = "".join(f"<span class='hit'>&gt; {n:4d} | {escape(text)}</span>" if mark else
+                   f"  {n:4d} | {escape(text)}\n" for n, text, mark in lines)
     return f"<pre class='src'>{body}</pre>"
 
 
@@ -191,7 +196,8 @@ def _guards(ex: Explanation) -> str:
     for i, g in enumerate(ex.graphs, 1):
         if g.guards:
             lis = "".join(f"<li>{escape(d)}</li>" for d in g.guards)
-            items.append(f"<div class='card' data-item><h3>Entry {i}: {escape(g.function)}"
+            name = "" if g.function.startswith("graph ") else f": {escape(g.function)}"
+            items.append(f"<div class='card' data-item><h3>Graph {i}{name}"
                          f"<span class='tag'>{len(g.guards)} guards</span></h3><ul>{lis}</ul>"
                          "</div>")
     return _section("guards", "Guards (what each compiled entry assumed)",

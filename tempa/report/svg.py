@@ -42,7 +42,7 @@ def line_chart(series, *, title: str, x_label: str, y_label: str, x_fmt=str, y_f
                points: list[tuple[float, float, str]] = (), width: int = 760,
                height: int = 300, chart_id: str = "") -> str:
     """``series``: list of (label, css color, [(x, y)...], dashed)."""
-    left, right, top, bottom = 78, 20, 34, 48
+    left, right, top, bottom = 78, 20, 52, 48
     pw, ph = width - left - right, height - top - bottom
     xs = [x for _, _, pts, _ in series for x, _ in pts] or [0, 1]
     ys = [y for _, _, pts, _ in series for _, y in pts] or [0, 1]
@@ -93,12 +93,12 @@ def line_chart(series, *, title: str, x_label: str, y_label: str, x_fmt=str, y_f
     for x, y, label in points:
         o.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4.5" class="dot">'
                  f'<title>{escape(label)}</title></circle>')
-    lx = left + 10
-    for i, (label, color, _pts, dashed) in enumerate(series):
-        ly = top + 12 + i * 17
+    lx = left   # the legend: one row under the title, above the plot
+    for label, color, _pts, dashed in series:
         dash = ' stroke-dasharray="6 4"' if dashed else ""
-        o.append(f'<line x1="{lx + pw - 230}" x2="{lx + pw - 206}" y1="{ly}" y2="{ly}" '
-                 f'stroke="{color}" stroke-width="2.5"{dash}/>')
-        o.append(f'<text x="{lx + pw - 200}" y="{ly + 4}" class="legend">{escape(label)}</text>')
+        o.append(f'<line x1="{lx}" x2="{lx + 22}" y1="38" y2="38" stroke="{color}" '
+                 f'stroke-width="2.5"{dash}/>')
+        o.append(f'<text x="{lx + 27}" y="42" class="legend">{escape(label)}</text>')
+        lx += 40 + 7 * len(label)
     o.append("</svg>")
     return "\n".join(o)
