@@ -1071,9 +1071,10 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list) -> LoweredG
         elif n.op == "output":
             outs = list(n.args[0])
             vals = [env[o] if isinstance(o, fx.Node) else o for o in outs]
-            # Outputs must be memory the wrapper can hand out: realize computed values.
-            vals = [ctx.realize(v, "output") if isinstance(v, TV) and v.strided is None else v
-                    for v in vals]
+            # Outputs must be memory the wrapper can hand out, in the layout seen at trace
+            # time: a backward graph indexes its saved inputs with the traced strides.
+            vals = [_as_traced(ctx, v, o.meta.get("tm") if isinstance(o, fx.Node) else None)
+                    for v, o in zip(vals, outs)]
             g.outputs = vals[:num_outputs] + vals[num_outputs + len(mutated):]
             for inp, v in zip(mutated, vals[num_outputs:num_outputs + len(mutated)]):
                 dst = g.inputs[inp]
@@ -1088,6 +1089,23 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list) -> LoweredG
                 cb.input_index = inp
                 g.copy_backs.append(cb)
     return g
+
+
+def _as_traced(ctx, v, tm):
+    if not isinstance(v, TV):
+        return v
+    if tm is not None and v.strided is not None and tuple(v.strided[1]) == tuple(tm.stride) \
+            and v.strided[2] == tm.offset:
+        return v
+    if tm is None or tm.offset != 0 or 0 in tm.stride and v.numel > 1 \
+            or tuple(tm.stride) == contiguous_strides(tm.shape):
+        if v.strided is not None and tm is None:
+            return v
+        return ctx.realize(v, "output")
+    buf = ComputedBuffer(ctx.name(), v.sizes, tuple(tm.stride), 0, v.dtype,
+                         body=Pointwise(v.load), origin="output")
+    ctx.g.steps.append(buf)
+    return TV.of_buffer(buf)
 
 
 def _reads_other_elements(src: TV, dst: Buffer) -> bool:
