@@ -478,16 +478,24 @@ class _Analysis:
 
 
 _CACHE: dict = {}
+_BY_ID: dict = {}
 _CACHE_MAX = 2048
 
 
 def _analysis(code) -> _Analysis:
+    # Fast path by identity (hashing a code object hashes its bytecode and constants);
+    # the cached analysis holds the code object, so its id cannot be reused meanwhile.
+    a = _BY_ID.get(id(code))
+    if a is not None and a.code is code:
+        return a
     key = (code, code.co_filename)
     a = _CACHE.get(key)
     if a is None:
         if len(_CACHE) >= _CACHE_MAX:
             _CACHE.clear()
+            _BY_ID.clear()
         a = _CACHE[key] = _Analysis(code)
+    _BY_ID[id(code)] = a
     return a
 
 

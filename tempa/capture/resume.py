@@ -71,7 +71,25 @@ and tracebacks show the user's file and lines. ``with`` blocks work by passing t
 the original cleanup code calls it on normal exit and WITH_EXCEPT_START on exceptions.
 Zero-argument ``super()`` is rewritten to ``super(__class__, <first arg>)`` because the
 implicit form reads the frame's first local slot, which in a resume function is
-``___stack0``.
+``___stack0`` or whichever live local comes first. Line numbers are kept everywhere
+(only the prefix has none), so no line event or traceback ever points at the prefix.
+
+Stack slots, by kind (``liveness.stack_kinds_at`` labels them):
+
+- for-loop / comprehension iterator: pass the iterator object itself.
+- with block: pass the bound ``__exit__`` of the entered context manager (for
+  ``with cm as x`` after BEFORE_WITH: ``cm.__exit__``; ``__enter__`` was already called).
+- inside an ``except`` body (``exc_info``): the exception that was being handled before
+  the handler was entered (usually ``None``). The resume function is then *not* handling
+  the exception itself: a bare ``raise`` or ``sys.exc_info()`` in the rest of that except
+  body differ from the original. Treat breaks inside except bodies as unsupported, or run
+  them eagerly.
+- NULL: not passed, listed in ``null_positions``.
+
+Known gaps: a resume function cannot reproduce the identity of the original frame's
+cells unless the caller passes the same cell objects (``closure_for`` takes them);
+``locals()``/``exec``/``eval`` in the rest of the function see only the passed locals;
+generators and coroutines are refused.
 """
 
 from __future__ import annotations
@@ -82,7 +100,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from bytecode import Bytecode, CellVar, FreeVar, Instr, Label, TryBegin, TryEnd
+from bytecode import Bytecode, CellVar, FreeVar, Instr, Label
 
 from . import liveness
 from .liveness import instruction_at, live_locals_at, offset_after, stack_depth_at
@@ -135,6 +153,12 @@ class ResumeCode:
         return types.FunctionType(self.code, globals, self.code.co_name, None, cells or None)
 
     def closure_for(self, fn_closure, cellvar_cells: Mapping[str, Any] = None) -> tuple:
+        """Cells for ``make_function``: ``fn_closure`` then one per original cellvar.
+
+        ``cellvar_cells`` maps each cell variable to its cell (reused as is) or to its
+        current value (wrapped in a fresh cell). A cell variable that is missing gets an
+        EMPTY cell: correct only if it is unbound at the break; if it is bound, the rest
+        of the function fails with NameError when it reads it."""
         cellvar_cells = cellvar_cells or {}
         cells = list(fn_closure or ())
         if len(cells) != len(self.original.co_freevars):
@@ -152,10 +176,12 @@ class ResumeCode:
 
 
 _CACHE: dict = {}
+_BY_ID: dict = {}
 
 
 def clear_resume_cache() -> None:
     _CACHE.clear()
+    _BY_ID.clear()
 
 
 def make_resume_code(
@@ -169,13 +195,17 @@ def make_resume_code(
 ) -> ResumeCode:
     null_positions = tuple(sorted(null_positions))
     live_locals = tuple(live_locals)
-    key = (code, code.co_filename, offset, stack_size, null_positions, live_locals, name)
-    hit = _CACHE.get(key)
-    if hit is not None:
+    rest = (offset, stack_size, null_positions, live_locals, name)
+    # Identity fast path: the cached ResumeCode holds ``code``, so the id stays unique.
+    hit = _BY_ID.get((id(code), rest))
+    if hit is not None and hit.original is code:
         return hit
-    rc = _build(code, offset, stack_size, null_positions, live_locals, name)
-    _CACHE[key] = rc
-    return rc
+    key = (code, code.co_filename, rest)
+    hit = _CACHE.get(key)
+    if hit is None:
+        hit = _CACHE[key] = _build(code, offset, stack_size, null_positions, live_locals, name)
+    _BY_ID[(id(code), rest)] = hit
+    return hit
 
 
 def _check_args(code, offset, stack_size, null_positions, live_locals):
