@@ -288,13 +288,23 @@ def _estimate(fn, args, kwargs, sync, n: int = 5) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def _time_block(fn, args, kwargs, n, sync, out: list[int]):
+def _time_block(fn, args, kwargs, n, sync, out: list[int], limit_s: float | None = None):
+    """Time ``n`` calls one by one into ``out`` (ns); with ``limit_s``, stop early once the
+    calls have taken that long (at least 20 calls): a machine that suddenly gets busy must
+    not turn a half-second measurement into a minute."""
     pc = time.perf_counter_ns
-    for _ in range(n):
+    limit = int(limit_s * 1e9) if limit_s else None
+    total = 0
+    for i in range(n):
         t0 = pc()
         fn(*args, **kwargs)
         sync()
-        out.append(pc() - t0)
+        dt = pc() - t0
+        out.append(dt)
+        if limit is not None:
+            total += dt
+            if total > limit and i >= 19:
+                break
 
 
 def run(target: Target, *, modes=("default",), backend: str = "tempa", device: str = "cpu",
@@ -326,7 +336,8 @@ def run(target: Target, *, modes=("default",), backend: str = "tempa", device: s
         eager_samples: list[int] = []
         n = calls or _auto_calls(_estimate(model, args, kwargs, sync), budget_s)
         with Progress(f"timing {n:,} eager calls", enabled=progress, after=3):
-            _time_block(model, args, kwargs, n, sync, eager_samples)
+            _time_block(model, args, kwargs, n, sync, eager_samples,
+                        None if calls else 4 * budget_s)
     eager = Timing.of(eager_samples)
 
     results = []
@@ -392,9 +403,10 @@ def _measure_mode(r: ModeResult, target, mode, backend_obj, sync, grad, warmup, 
             n = calls or _auto_calls(_estimate(compiled, args, kwargs, sync), budget_s)
             comp_s: list[int] = []
             with Progress(f"timing {n:,} compiled calls [{mode}]", enabled=progress, after=3):
-                _time_block(compiled, args, kwargs, n, sync, comp_s)
+                _time_block(compiled, args, kwargs, n, sync, comp_s,
+                            None if calls else 4 * budget_s)
             after: list[int] = []
-            _time_block(model, args, kwargs, min(n, 200), sync, after)
+            _time_block(model, args, kwargs, min(n, 200), sync, after, budget_s)
             r.eager_after_s = Timing.of(after).median_s
             r.samples_ns = comp_s
             r.timing = Timing.of(comp_s)

@@ -1,0 +1,111 @@
+"""`tempa bench`: the table, the verdict, the JSON schema, first-call measurement."""
+import json
+
+import pytest
+
+from tempa.tools import bench
+from tempa.tools.load import load
+
+from .conftest import example
+
+MODE_KEYS = {"mode", "ok", "error", "first_call_cold_s", "first_call_warm_s",
+             "first_call_in_process_s", "first_call_method", "median_s", "q1_s", "q3_s",
+             "iqr_s", "calls", "speedup", "graphs", "kernels", "break_even_calls",
+             "break_even_calls_warm", "eager_after_s", "stats", "fallback_messages",
+             "reasons", "verdict"}
+
+
+def test_bench_seed_mlp_table_and_json(run_tempa, tmp_path):
+    out = tmp_path / "bench.json"
+    p = run_tempa("bench", example("seed_mlp.py"), "--first-call", "in-process",
+                  "--calls", "300", "--quiet", "--json", out)
+    assert p.returncode == 0, p.stderr
+    assert "tempa bench: JaringanKecil(Tensor[8, 32] float32)" in p.stdout
+    assert "first call cold" in p.stdout and "break-even" in p.stdout
+    assert "tempa [default]" in p.stdout
+    verdict = [l for l in p.stdout.splitlines() if l.startswith("[default] ")]
+    assert verdict and any(w in verdict[0] for w in ("pays off after", "slower than eager",
+                                                     "does not pay off"))
+    data = json.loads(out.read_text())
+    assert data["schema"] == "tempa.bench/1"
+    assert set(data["target"]) == {"spec", "name", "inputs", "device", "no_grad", "backend"}
+    assert {"tempa", "torch", "python", "cpu"} <= set(data["environment"])
+    assert set(data["eager"]) == {"first_call_s", "median_s", "q1_s", "q3_s", "iqr_s", "calls"}
+    (m,) = data["modes"]
+    assert set(m) == MODE_KEYS
+    assert m["ok"] and m["mode"] == "default" and m["graphs"] == 1
+    assert m["stats"]["graph_breaks"] == 0 and m["stats"]["captures"] == 1
+    assert m["calls"] == 300 and data["eager"]["calls"] == 300
+    assert m["first_call_cold_s"] > 0 and m["first_call_warm_s"] is None
+    assert m["median_s"] > 0 and m["q1_s"] <= m["median_s"] <= m["q3_s"]
+    if m["speedup"] > 1 + bench.NOISE:
+        assert m["break_even_calls"] >= 1
+        assert f"{m['break_even_calls']:,} calls" in m["verdict"]
+
+
+def test_bench_json_stdout(run_tempa):
+    p = run_tempa("bench", example("graph_break.py"), "--first-call", "in-process",
+                  "--calls", "50", "--backend", "eager", "--json", "-")
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    (m,) = data["modes"]
+    assert data["target"]["backend"] == "eager"
+    assert m["graphs"] == 2 and m["stats"]["graph_breaks"] == 1
+
+
+def test_first_call_cold_and_warm_in_fresh_processes(cache_dir):
+    """Cold and warm first calls come from two fresh processes sharing one disk cache."""
+    res = bench.run(load(example("seed_mlp.py")), calls=50, progress=False)
+    (m,) = res.modes
+    assert m.ok and m.first_call_method == "subprocess"
+    assert m.first_call_cold_s > 0 and m.first_call_warm_s > 0
+    assert res.to_json()["modes"][0]["first_call_warm_s"] == m.first_call_warm_s
+
+
+def _mode(**kw):
+    m = bench.ModeResult("default", first_call_cold_s=2.0, first_call_warm_s=0.5,
+                         timing=bench.Timing(kw.pop("compiled"), 0, 0, 0, 100), graphs=1)
+    for k, v in kw.items():
+        setattr(m, k, v)
+    return m
+
+
+EAGER = bench.Timing(20e-6, 19e-6, 21e-6, 2e-6, 100)
+
+
+def test_break_even_and_verdict_when_compiled_is_faster():
+    m = _mode(compiled=10e-6, stats={})
+    bench._conclude(m, EAGER)
+    # 2.0 + (n - 1) * 10us <= n * 20us  ->  n >= (2.0 - 10e-6) / 10e-6 = 199,999
+    assert m.break_even_calls == 199_999
+    assert m.break_even_calls_warm == 49_999
+    assert m.verdict.startswith("compiling pays off after 199,999 calls (49,999 with a warm")
+
+
+@pytest.mark.parametrize("stats,msgs,graphs,expect", [
+    ({"graph_breaks": 1}, [], 2, "of graph breaks"),
+    ({"eager_fallbacks": 1}, ["tempa: running f eagerly: unsupported"], 0,
+     "runs the whole forward eagerly"),
+    ({}, ["tempa backend unavailable (x); running the captured graph with ATen ops"], 1,
+     "fell back to running the captured graph"),
+    ({}, [], 1, "per-call overhead"),
+])
+def test_verdict_names_why_compiled_is_slower(stats, msgs, graphs, expect):
+    m = _mode(compiled=30e-6, stats=stats, fallback_messages=msgs, graphs=graphs)
+    bench._conclude(m, EAGER)
+    assert m.break_even_calls is None
+    assert m.verdict.startswith("compiled is slower than eager here (0.67x) because ")
+    assert expect in m.verdict
+
+
+def test_about_the_same_is_not_a_win():
+    m = _mode(compiled=19.8e-6, stats={})
+    bench._conclude(m, EAGER)
+    assert m.verdict.startswith("compiling does not pay off here")
+
+
+def test_fmt_and_table():
+    assert bench.fmt_time(1.5) == "1.50 s"
+    assert bench.fmt_time(0.0025) == "2.50 ms"
+    assert bench.fmt_time(12.34e-6) == "12.3 µs"
+    assert bench.break_even(1.0, 2e-6, 3e-6) is None
