@@ -60,7 +60,7 @@ def _tone(m: ModeResult) -> str:
 def _verdict(res: BenchResult) -> str:
     out = []
     for m in res.modes:
-        reasons = "" if _tone(m) == "good" else (
+        reasons = "" if _tone(m) == "good" or not m.ok else (
             "<ul>" + "".join(f"<li>{escape(r)}</li>" for r in m.reasons) + "</ul>")
         out.append(f"<div class='verdict {_tone(m)}' data-item><span class='mode'>"
                    f"[{escape(m.mode)}]</span>{escape(m.verdict)}.{reasons}</div>")

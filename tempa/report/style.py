@@ -27,6 +27,8 @@ h3 { font-size: 15px; margin: 18px 0 6px; }
 .verdict ul { margin: 6px 0 0; padding-left: 20px; color: var(--muted); font-size: 13px; }
 table { border-collapse: collapse; font-size: 14px; margin: 8px 0; }
 th, td { border-bottom: 1px solid var(--line); padding: 5px 12px; text-align: right; }
+td { white-space: nowrap; }
+.kv td, td.failed { white-space: normal; }
 th:first-child, td:first-child { text-align: left; }
 th { background: var(--panel); font-weight: 600; }
 td.failed { color: var(--bad); font-weight: 600; }
