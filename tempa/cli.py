@@ -46,7 +46,8 @@ How it measures:
 --json PATH writes (schema "tempa.bench/1"; times in seconds, null where not measured):
   {"schema": "tempa.bench/1",
    "target": {"spec", "name", "inputs", "device", "no_grad", "backend"},
-   "environment": {"tempa", "torch", "python", "platform", "cpu", "torch_threads", "cuda"},
+   "environment": {"tempa", "torch", "load_average", "cpus", "python", "platform", "cpu",
+                   "torch_threads", "cuda"},
    "eager": {"first_call_s", "median_s", "q1_s", "q3_s", "iqr_s", "calls"},
    "modes": [{"mode", "ok", "error", "first_call_cold_s", "first_call_warm_s",
               "first_call_in_process_s", "first_call_method", "median_s", "q1_s", "q3_s",

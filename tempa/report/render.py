@@ -109,8 +109,11 @@ def _bench(res: BenchResult) -> str:
             for k in with_stats[0].stats)
         stats_html = (f"<details><summary>tempa.stats() during the compiled run</summary>"
                       f"<table>{head_s}{rows_s}</table></details>")
+    from ..tools.bench import busy_note
+    busy = busy_note(res)
+    busy_html = f"<div class='verdict warn'>{escape(busy)}</div>" if busy else ""
     return _section("bench", "Timing: eager vs compiled",
-                    f"<table>{head}{''.join(rows)}</table>{note}{stats_html}")
+                    f"<table>{head}{''.join(rows)}</table>{note}{busy_html}{stats_html}")
 
 
 def _charts(res: BenchResult) -> str:

@@ -154,7 +154,12 @@ def environment() -> dict:
                     break
     except OSError:
         pass
+    try:
+        load = round(os.getloadavg()[0], 2)
+    except OSError:
+        load = None
     return {"tempa": getattr(tempa, "__version__", "?"), "torch": torch.__version__,
+            "load_average": load, "cpus": os.cpu_count(),
             "python": platform.python_version(), "platform": platform.platform(), "cpu": cpu,
             "torch_threads": torch.get_num_threads(),
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
@@ -555,6 +560,16 @@ def table(res: BenchResult) -> str:
     return "\n".join(lines)
 
 
+def busy_note(res: BenchResult) -> str | None:
+    """Say so when other work shared the machine: the numbers are then noisy."""
+    load, cpus = res.environment.get("load_average"), res.environment.get("cpus") or 1
+    if load is not None and load > cpus * 0.9:
+        return (f"note: the machine was busy (load average {load:.1f} on {cpus} CPUs): "
+                "timings are noisy, eager ones especially (PyTorch's threads wait for a core); "
+                "rerun on an idle machine for numbers to quote.")
+    return None
+
+
 def render_text(res: BenchResult) -> str:
     out = [f"tempa bench: {res.name}({res.inputs})  device={res.device}  "
            f"{'no_grad' if res.no_grad else 'grad mode'}  backend={res.backend}", "",
@@ -562,9 +577,12 @@ def render_text(res: BenchResult) -> str:
     for m in res.modes:
         out.append(f"[{m.mode}] {m.verdict}.")
         for msg in m.fallback_messages[:3]:
-            out.append(f"    note: {_short(msg, 200)}")
+            out.append(f"    note: {_short(msg, 320)}")
     methods = {m.first_call_method for m in res.modes}
     out.append("")
+    busy = busy_note(res)
+    if busy:
+        out += [busy, ""]
     if "subprocess" in methods:
         out.append("first call cold/warm: timed in a fresh process with an empty / a filled "
                    "disk cache; per call: median of calls timed one by one after 10 warm-up "
