@@ -31,7 +31,10 @@ def _resolve_backend(backend, mode, options):
     if callable(backend):
         return backend
     if backend == "eager":
-        return lambda gm, example_inputs: gm
+        def eager_backend(gm, example_inputs):
+            return gm
+        eager_backend.supports_dynamic = True
+        return eager_backend
     if backend == "tempa":
         def tempa_backend(gm, example_inputs):
             try:
@@ -148,8 +151,10 @@ class CompileContext:
         if cache.entries and logs.on("recompiles"):
             logs.get("recompiles").info("recompiling %s: %s", _where(fn),
                                         cache.entries[0].why(*args, **kwargs))
+        dynamic = self._dynamic_for(cache, fn, args, kwargs)
         try:
-            captured = capture(fn, args, kwargs, runtime=self, allow_breaks=not self.fullgraph)
+            captured = capture(fn, args, kwargs, runtime=self, allow_breaks=not self.fullgraph,
+                               dynamic=dynamic)
         except Unsupported as u:
             _stats.bump("graph_breaks")
             if self.fullgraph:
@@ -164,6 +169,7 @@ class CompileContext:
         except UserError:
             return None  # the user's code raises: eager raises the same error, from their code
         cache.captures += 1
+        cache.last_shapes = captured.input_shapes
         _stats.bump("captures")
         if cache.entries:
             _stats.bump("recompiles")
@@ -185,10 +191,42 @@ class CompileContext:
         cache.add(entry)
         return entry
 
+    def _dynamic_for(self, cache, fn, args, kwargs):
+        """Automatic dynamic shapes: the first capture is static; when a recompile happens
+        because an input's sizes changed, every dimension of that input becomes symbolic
+        from then on, so the next graph serves all its sizes (torch.compile marks only the
+        changed dims, and a batch-then-length sweep costs it a third graph)."""
+        if self.dynamic is not None:
+            return self.dynamic
+        if not config.automatic_dynamic_shapes or not cache.last_shapes:
+            return cache.dynamic_inputs or None
+        from .capture.calls import bind_arguments
+        try:
+            scope = bind_arguments(fn, args, kwargs)
+        except Exception:
+            return cache.dynamic_inputs or None
+        for expr, shape in cache.last_shapes.items():
+            try:
+                value = eval(expr, {}, scope)  # noqa: S307 - expressions tempa generated
+            except Exception:
+                continue
+            if isinstance(value, torch.Tensor) and value.dim() == len(shape) and \
+                    tuple(value.shape) != shape:
+                changed = [d for d in range(len(shape)) if value.shape[d] != shape[d]]
+                if expr not in cache.dynamic_inputs and logs.on("recompiles"):
+                    logs.get("recompiles").info(
+                        "%s: %s changed size in dim(s) %s (%s -> %s); making %s dynamic",
+                        _where(fn), expr, changed, shape, tuple(value.shape), expr)
+                cache.dynamic_inputs[expr] = set(range(len(shape)))
+        return cache.dynamic_inputs or None
+
     def _compile_graph(self, captured, fn):
         _stats.bump("graphs_compiled")
+        backend = self.backend
+        if captured.dynamic and not getattr(backend, "supports_dynamic", False):
+            backend = _per_shape(backend)
         try:
-            compiled = self.backend(captured.gm, captured.example_inputs)
+            compiled = backend(captured.gm, captured.example_inputs)
         except Exception as e:
             if config.raise_on_failure:
                 raise
@@ -203,6 +241,23 @@ class CompileContext:
         for cache in list(self.caches.values()):
             cache.clear()
         self.caches.clear()
+
+
+def _per_shape(backend):
+    """For a backend that bakes sizes into its code: compile the graph once per concrete
+    input-shape signature (the graph itself stays shape-generic)."""
+    def compile_per_shape(gm, example_inputs):
+        compiled = {}
+
+        def run(*inputs):
+            key = tuple(t.shape if isinstance(t, torch.Tensor) else t for t in inputs)
+            fn = compiled.get(key)
+            if fn is None:
+                fn = compiled[key] = backend(gm, list(inputs))
+            return fn(*inputs)
+        run.per_shape = compiled
+        return run
+    return compile_per_shape
 
 
 def _where(fn) -> str:
@@ -369,6 +424,18 @@ def _context_of(compiled) -> "CompileContext":
     if context is None:
         raise TypeError("tempa.entries: pass what tempa.compile returned")
     return context
+
+
+def mark_dynamic(tensor: torch.Tensor, dim) -> None:
+    """Capture ``dim`` (an int or a list of them) of this tensor as a symbolic size."""
+    dims = {dim} if isinstance(dim, int) else set(dim)
+    tensor._tempa_dynamic_dims = set(getattr(tensor, "_tempa_dynamic_dims", ())) | dims
+
+
+def mark_static(tensor: torch.Tensor, dim=None) -> None:
+    """Never make ``dim`` (default: every dim) of this tensor symbolic."""
+    dims = set(range(tensor.dim())) if dim is None else ({dim} if isinstance(dim, int) else set(dim))
+    tensor._tempa_static_dims = set(getattr(tensor, "_tempa_static_dims", ())) | dims
 
 
 def reset() -> None:

@@ -49,6 +49,8 @@ class CodeCache:
         self.eager_reason = None         # set once the code runs eagerly for good
         self.captures = 0
         self.warned = False
+        self.last_shapes: dict = {}       # expression -> shape of the last capture's inputs
+        self.dynamic_inputs: dict = {}    # expression -> dims made symbolic (automatic dynamic)
 
     def add(self, entry: Entry) -> None:
         # Most recent first: a changed input (batch 9 after 8) is likely to repeat.
@@ -66,6 +68,8 @@ class CodeCache:
             self.eager_reason = None
             self.captures = 0
             self.warned = False
+            self.last_shapes = {}
+            self.dynamic_inputs = {}
 
 
 def signature_source(code, fn) -> str:

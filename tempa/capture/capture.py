@@ -27,6 +27,8 @@ class Captured:
     body: list[str]                      # statements after the graph call, ending in return
     modules: list[torch.nn.Module]
     break_reason: object = None          # BreakReason when the frame broke
+    input_shapes: dict = field(default_factory=dict)   # expression -> shape at capture
+    dynamic: bool = False                # the graph has symbolic sizes
     break_mode: str | None = None
     instructions: int = 0
     op_count: int = 0
@@ -34,15 +36,16 @@ class Captured:
 
 
 def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool = False,
-            _stop: Unsupported | None = None) -> Captured:
+            dynamic=None, _stop: Unsupported | None = None) -> Captured:
     """Interpret ``fn(*args, **kwargs)`` symbolically. Raises Unsupported or UserError.
 
     With ``allow_breaks``, an unsupported instruction of ``fn`` itself (or a call whose
     callee is unsupported) becomes a graph break: capture runs again, stops right before
     that instruction, and the entry continues in Python from there (``breakplan.py``).
     ``runtime`` supplies ``dispatcher(fn, eager)`` and ``call(fn, *a, **k)`` for that."""
-    builder = GraphBuilder()
-    tracer = Tracer(builder)
+    symbolic = dynamic is True or bool(dynamic) or _any_marked_dynamic(args, kwargs)
+    builder = GraphBuilder(symbolic=symbolic and dynamic is not False)
+    tracer = Tracer(builder, dynamic=dynamic)
     guards = builder.guards
     arguments = bind_arguments(fn, args, kwargs)
     varkw = fn.__code__.co_varnames[fn.__code__.co_argcount + fn.__code__.co_kwonlyargcount +
@@ -90,7 +93,7 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         if retry:
             pass  # leave the finally below first: it restores grad mode and autocast
         else:
-            plan = OutputPlan(guards, tracer.is_internal, tracer.external_copies)
+            plan = OutputPlan(guards, tracer.is_internal, tracer.external_copies, builder.sizes)
             body = [f"___setattr({guards.const(obj)}, {name!r}, {plan.expr(value)})"
                     for obj, name, value in tracer.attr_writes.values()]
             break_plan = None
@@ -108,7 +111,11 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         torch._C._set_grad_enabled(grad)
 
     if retry:
-        return capture(fn, args, kwargs, runtime=runtime, allow_breaks=True, _stop=first_break)
+        return capture(fn, args, kwargs, runtime=runtime, allow_breaks=True, dynamic=dynamic,
+                       _stop=first_break)
+    if builder.sizes is not None:
+        for expr, desc in builder.sizes.guard_expressions():
+            guards.add("shape", expr, desc)
     gm = builder.finish(plan.outputs)
     op_count = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method",
                                                            "call_module"))
@@ -119,6 +126,8 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         attr_tensors=[t for _, t in builder.attr_inputs],
         body=body,
         break_reason=_stop.location if _stop is not None else None,
+        input_shapes={expr: tuple(t.shape) for _, expr, t in builder.user_inputs},
+        dynamic=builder.sizes is not None and builder.sizes.active,
         break_mode=break_plan.mode if break_plan is not None else None,
         modules=list(builder.modules.values()),
         instructions=tracer.instructions_run,
@@ -135,3 +144,13 @@ def _leave_contexts(tracer, entry_grad: bool) -> None:
         graph.call_function(autocast_mode._exit_autocast, (ctx.node,))
     if torch.is_grad_enabled() != entry_grad:
         graph.call_function(torch._C._set_grad_enabled, (entry_grad,))
+
+
+def _any_marked_dynamic(args, kwargs) -> bool:
+    values = list(args) + list(kwargs.values())
+    for v in values:
+        items = v if isinstance(v, (list, tuple)) else v.values() if isinstance(v, dict) else (v,)
+        for item in items:
+            if isinstance(item, torch.Tensor) and getattr(item, "_tempa_dynamic_dims", None):
+                return True
+    return False

@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, DataDependentOutputExc
 from .breaks import Unsupported, UserError
 from .guards import GuardSet
 from .values import TensorVar
+from .shapes import SymbolicSizes, make_shape_env
 
 # Calls kept in the graph even though nothing reads their result (they change state).
 _SIDE_EFFECT_TARGETS = {torch._C._set_grad_enabled, torch.amp.autocast_mode._enter_autocast,
@@ -23,9 +24,15 @@ _SIDE_EFFECT_TARGETS = {torch._C._set_grad_enabled, torch.amp.autocast_mode._ent
 
 
 class GraphBuilder:
-    def __init__(self):
+    def __init__(self, *, symbolic: bool = False):
         self.graph = fx.Graph()
-        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        self.sizes = None
+        if symbolic:
+            env = make_shape_env()
+            self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=env)
+            self.sizes = SymbolicSizes(self.graph, env)
+        else:
+            self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
         self.guards = GuardSet()
         self.user_inputs: list[tuple[fx.Node, str, torch.Tensor]] = []  # (placeholder, expr, tensor)
         self.attr_inputs: list[tuple[fx.Node, torch.Tensor]] = []  # parameters, buffers, ...
@@ -45,19 +52,26 @@ class GraphBuilder:
         self._names.add(name)
         return self.graph.placeholder(name)
 
-    def user_input(self, tensor: torch.Tensor, expr: str) -> TensorVar:
-        """A tensor passed by the caller (argument or item of one): guarded on every call."""
+    def user_input(self, tensor: torch.Tensor, expr: str, dynamic_dims=()) -> TensorVar:
+        """A tensor passed by the caller (argument or item of one): guarded on every call.
+        ``dynamic_dims`` become symbolic sizes (contiguous inputs only: their strides follow
+        from their sizes, so the guard can check ``is_contiguous()`` instead)."""
         hit = self._input_by_id.get(id(tensor))
         if hit is not None:
             return hit
         node = self._placeholder(expr)
-        fake = self.fake_mode.from_tensor(tensor, static_shapes=True)
+        dims = set(dynamic_dims) if self.sizes is not None and tensor.is_contiguous() else set()
+        if dims:
+            fake = self.fake_mode.from_tensor(tensor, symbolic_context=self.sizes.context_for(tensor, dims))
+            self.sizes.register(fake, expr, node)
+        else:
+            fake = self.fake_mode.from_tensor(tensor, static_shapes=True)
         var = TensorVar(node, fake)
         node.meta["example_value"] = fake
         self.user_inputs.append((node, expr, tensor))
         self._input_by_id[id(tensor)] = var
         self.keepalive.append(tensor)
-        self.guards.tensor(expr, tensor)
+        self.guards.tensor(expr, tensor, dynamic_dims=tuple(sorted(dims)))
         return var
 
     def attr_input(self, tensor: torch.Tensor, hint: str) -> TensorVar:
@@ -78,8 +92,8 @@ class GraphBuilder:
     def call(self, kind: str, target, args: tuple, kwargs: dict):
         """Record ``target(*args, **kwargs)`` (kind: call_function|call_method), run it on fake
         tensors, and return the result with TensorVars in place of tensors."""
-        node_args = _map(args, _to_node)
-        node_kwargs = _map(kwargs, _to_node)
+        node_args = _map(args, self._to_node)
+        node_kwargs = _map(kwargs, self._to_node)
         fake_args = _map(args, _to_fake)
         fake_kwargs = _map(kwargs, _to_fake)
         try:
@@ -99,6 +113,13 @@ class GraphBuilder:
             raise UserError(e) from None
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
         return self.wrap(node, result, target)
+
+    def _to_node(self, v):
+        if isinstance(v, TensorVar):
+            return v.node
+        if isinstance(v, torch.SymInt):
+            return self.sizes.node_for(v) if self.sizes is not None else int(v)
+        return v
 
     def wrap(self, node: fx.Node, result, target=None):
         if isinstance(result, torch.Tensor):
@@ -156,8 +177,6 @@ def _is_impure(node: fx.Node) -> bool:
     return name.endswith("_") and not name.endswith("__")  # in-place: x.add_(1), F.relu_
 
 
-def _to_node(v):
-    return v.node if isinstance(v, TensorVar) else v
 
 
 def _to_fake(v):
@@ -174,6 +193,11 @@ def _map(value, fn):
         return {k: _map(v, fn) for k, v in value.items()}
     if t is slice:
         return slice(_map(value.start, fn), _map(value.stop, fn), _map(value.step, fn))
+    if t is torch.Size:
+        return tuple(_map(v, fn) for v in value) if any(
+            isinstance(v, torch.SymInt) for v in value) else value
+    if t is torch.SymInt:
+        return fn(value)
     if isinstance(value, tuple) and hasattr(value, "_fields"):
         return t(*(_map(v, fn) for v in value))
     return value

@@ -12,7 +12,8 @@ import torch
 
 # The order guards run in: cheap, discriminating checks first (research memo §4: a shape
 # check first makes a 4-entry cache 2x faster to search).
-_ORDER = {"identity": 0, "tensor": 1, "global": 2, "constant": 3, "length": 3, "module": 4}
+_ORDER = {"identity": 0, "tensor": 1, "shape": 2, "global": 2, "constant": 3, "length": 3,
+          "module": 4}
 
 
 class GuardSet:
@@ -70,12 +71,15 @@ class GuardSet:
             for d in range(t.dim()):
                 if d not in dynamic_dims:
                     parts.append(f"{expr}.shape[{d}] == {t.shape[d]}")
+            parts.append(f"{expr}.is_contiguous()")
         else:
             parts.append(f"{expr}.shape == {self.const(tuple(t.shape), 'S')}")
             parts.append(f"{expr}.stride() == {self.const(tuple(t.stride()), 'S')}")
         parts.append(f"{expr}.requires_grad is {t.requires_grad}")
+        shape = tuple("*" if d in dynamic_dims else n for d, n in enumerate(t.shape))
+        layout = "contiguous" if dynamic_dims else f"stride {tuple(t.stride())}"
         desc = (f"{expr} is a {type(t).__name__} {t.dtype} on {t.device} of shape "
-                f"{tuple(t.shape)}, stride {tuple(t.stride())}, requires_grad={t.requires_grad}")
+                f"{shape}, {layout}, requires_grad={t.requires_grad}")
         self.add("tensor", " and ".join(parts), desc)
 
     def global_state(self, expr: str, value, description: str) -> None:

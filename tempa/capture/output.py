@@ -13,6 +13,8 @@ from .breaks import Unsupported
 from .guards import GuardSet, is_constant_type
 import types
 
+import torch
+
 from . import runtime
 from .values import TensorVar, NULL, TensorMethod, GradModeExit, CapturedIter
 
@@ -34,8 +36,9 @@ def rebuild_object(cls, attrs: dict, items):
 
 
 class OutputPlan:
-    def __init__(self, guards: GuardSet, is_internal, external_copies=None):
+    def __init__(self, guards: GuardSet, is_internal, external_copies=None, sizes=None):
         self.guards = guards
+        self.sizes = sizes
         self.is_internal = is_internal
         self.external_copies = external_copies or {}
         self.outputs: list[TensorVar] = []
@@ -49,12 +52,21 @@ class OutputPlan:
             self.outputs.append(t)
         return f"___o[{i}]"
 
+    def _size_expr(self, value) -> str:
+        from .shapes import render
+        sizes = self.sizes
+        expr = sizes.env.replace(value.node.expr)
+        names = {sym: f"{src[0][0]}.shape[{src[0][1]}]" for sym, src in sizes.sources.items()}
+        return render(expr, names)
+
     def expr(self, value, depth: int = 0) -> str:
         """A Python expression (over ``___o`` and bound constants) that rebuilds ``value``."""
         if depth > 20:
             raise Unsupported("unsupported construct", "return value nested too deeply")
         if isinstance(value, TensorVar):
             return self.slot(value)
+        if isinstance(value, torch.SymInt):
+            return self._size_expr(value)
         copied = self.external_copies.get(id(value))
         if copied is not None and copied[0] is value:
             return copied[1]   # the caller's own list/dict, not our copy of it
@@ -77,6 +89,9 @@ class OutputPlan:
         if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
             return f"{self.guards.const(t, 'C')}(" + ", ".join(
                 self.expr(v, depth + 1) for v in value) + ")"
+        if t is torch.Size and any(isinstance(v, torch.SymInt) for v in value):
+            return f"{self.guards.const(torch.Size, 'C')}([" + ", ".join(
+                self.expr(v, depth + 1) for v in value) + "])"
         if t is TensorMethod:
             return f"{self.slot(value.tensor)}.{value.name}"
         if t is CapturedIter:

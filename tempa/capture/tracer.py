@@ -33,8 +33,11 @@ _UNGUARDED_MODULE_PREFIXES = ("torch", "math", "operator", "builtins", "functool
 
 
 class Tracer:
-    def __init__(self, builder: GraphBuilder, *, fullgraph: bool = False):
+    def __init__(self, builder: GraphBuilder, *, fullgraph: bool = False, dynamic=None):
         self.builder = builder
+        # Which input dims are symbolic: True (all), or {expression: dims}; plus any dims the
+        # user marked with tempa.mark_dynamic.
+        self.dynamic = dynamic
         self.guards = builder.guards
         self.fullgraph = fullgraph
         self._internal: dict[int, object] = {}      # objects created during capture
@@ -60,7 +63,7 @@ class Tracer:
         record what the graph assumes about it."""
         if isinstance(value, torch.Tensor):
             if user:
-                return self.builder.user_input(value, expr)
+                return self.builder.user_input(value, expr, self.dynamic_dims(value, expr))
             self.guards.identity(expr, value, expr)
             return self.builder.attr_input(value, expr)
         if is_constant_type(value):
@@ -93,6 +96,16 @@ class Tracer:
             return value
         self.guards.identity(expr, value, expr)
         return value
+
+    def dynamic_dims(self, tensor: torch.Tensor, expr: str) -> set:
+        if self.builder.sizes is None:
+            return set()
+        dims = set(getattr(tensor, "_tempa_dynamic_dims", ()))
+        if self.dynamic is True:
+            dims |= set(range(tensor.dim()))
+        elif isinstance(self.dynamic, dict):
+            dims |= set(self.dynamic.get(expr, ()))
+        return dims - set(getattr(tensor, "_tempa_static_dims", ()))
 
     def expr_of(self, obj) -> str:
         """An expression for a fixed object: the object itself, bound as a constant."""

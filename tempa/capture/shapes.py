@@ -1,0 +1,176 @@
+"""Symbolic sizes: one graph for every batch size or sequence length.
+
+A dynamic dimension enters capture as a ``torch.SymInt`` backed by PyTorch's ShapeEnv
+(part of torch.fx's symbolic-shapes layer). Shape arithmetic in the user's code (``B * T``,
+``C // n_head``) then builds sympy expressions, and every decision the code or an operator
+makes about a size (``if T > 512``, a ``view`` that needs divisibility, a broadcast that
+needs ``s0 != 1``) is recorded by the ShapeEnv as a guard. This module
+
+- chooses which dimensions are symbolic (``SymbolicInputs``),
+- turns a SymInt used by a graph op into FX nodes (``size`` of the input it came from, then
+  ``operator`` arithmetic), so the graph computes sizes from its inputs at run time, and
+- renders the ShapeEnv's guards and value ranges as Python over the entry's arguments.
+"""
+from __future__ import annotations
+
+import operator
+
+import sympy
+import torch
+import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import ShapeEnv, DimDynamic, StatelessSymbolicContext
+from torch.utils._sympy import functions as symfn
+
+from .breaks import Unsupported
+
+
+def make_shape_env() -> ShapeEnv:
+    # Sizes 0 and 1 stay static, as in torch.compile: whether a dim is 1 decides
+    # broadcasting and contiguity, so a graph for size >= 2 stays free of such cases.
+    return ShapeEnv(specialize_zero_one=True, duck_shape=False)
+
+
+class SymbolicSizes:
+    """Which symbol stands for which input dimension, and the FX nodes computing them."""
+
+    def __init__(self, graph: fx.Graph, shape_env: ShapeEnv):
+        self.graph = graph
+        self.env = shape_env
+        self.sources: dict[sympy.Symbol, list[tuple[str, int, fx.Node]]] = {}
+        self._nodes: dict[sympy.Expr, fx.Node] = {}
+
+    def context_for(self, tensor: torch.Tensor, dims) -> StatelessSymbolicContext:
+        return StatelessSymbolicContext(dynamic_sizes=[
+            DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(tensor.dim())])
+
+    def register(self, fake: torch.Tensor, expr: str, node: fx.Node) -> None:
+        for d, size in enumerate(fake.shape):
+            if isinstance(size, torch.SymInt):
+                sym = size.node.expr
+                if isinstance(sym, sympy.Symbol):
+                    self.sources.setdefault(sym, []).append((expr, d, node))
+
+    @property
+    def active(self) -> bool:
+        return bool(self.sources)
+
+    # -- sizes used by graph operations ------------------------------------------------
+    def node_for(self, value: torch.SymInt):
+        """An FX node (or int) computing ``value`` at run time."""
+        expr = self.env.replace(value.node.expr)
+        return self._build(expr)
+
+    def _build(self, expr):
+        if isinstance(expr, (int, sympy.Integer)):
+            return int(expr)
+        hit = self._nodes.get(expr)
+        if hit is not None:
+            return hit
+        if isinstance(expr, sympy.Symbol):
+            src = self.sources.get(expr)
+            if not src:
+                raise Unsupported("unsupported construct", f"a size {expr} with no input")
+            _, dim, placeholder = src[0]
+            node = self.graph.call_method("size", (placeholder, dim))
+        elif isinstance(expr, sympy.Add):
+            node = self._fold(operator.add, expr.args)
+        elif isinstance(expr, sympy.Mul):
+            node = self._fold(operator.mul, expr.args)
+        elif isinstance(expr, symfn.FloorDiv):
+            node = self.graph.call_function(operator.floordiv, tuple(self._build(a) for a in expr.args))
+        elif isinstance(expr, (symfn.Mod, symfn.PythonMod)):
+            node = self.graph.call_function(operator.mod, tuple(self._build(a) for a in expr.args))
+        elif isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0:
+            node = self.graph.call_function(operator.pow, (self._build(expr.base), int(expr.exp)))
+        elif isinstance(expr, (symfn.Max, sympy.Max)):
+            node = self.graph.call_function(max, tuple(self._build(a) for a in expr.args))
+        elif isinstance(expr, (symfn.Min, sympy.Min)):
+            node = self.graph.call_function(min, tuple(self._build(a) for a in expr.args))
+        else:
+            raise Unsupported("unsupported construct", f"size expression {expr} ({type(expr).__name__})")
+        self._nodes[expr] = node
+        return node
+
+    def _fold(self, op, args):
+        parts = [self._build(a) for a in args]
+        node = parts[0]
+        for p in parts[1:]:
+            node = self.graph.call_function(op, (node, p))
+        return node
+
+    # -- guards ----------------------------------------------------------------------
+    def guard_expressions(self) -> list[tuple[str, str]]:
+        """(Python expression, description) pairs: ranges, equalities between inputs that
+        share a symbol, and every guard the ShapeEnv recorded."""
+        names = {sym: f"{src[0][0]}.shape[{src[0][1]}]" for sym, src in self.sources.items()}
+        out = []
+        for sym, srcs in self.sources.items():
+            first = names[sym]
+            for expr, d, _ in srcs[1:]:
+                out.append((f"{expr}.shape[{d}] == {first}", f"{expr}.shape[{d}] equals {first}"))
+            vr = self.env.var_to_range.get(sym)
+            if vr is not None and sym not in self.env.replacements:
+                lo, hi = vr.lower, vr.upper
+                if lo not in (-sympy.oo, -int_oo()) and int(lo) > 0:
+                    out.append((f"{first} >= {int(lo)}", f"{first} >= {int(lo)}"))
+                if hi not in (sympy.oo, int_oo()):
+                    out.append((f"{first} <= {int(hi)}", f"{first} <= {int(hi)}"))
+        for sym, repl in self.env.replacements.items():
+            if sym in names:
+                py = render(sympy.Eq(sym, repl), names)
+                out.append((py, f"{names[sym]} == {repl} (specialized)"))
+        for g in self.env.guards:
+            if not g.expr.free_symbols <= set(names):
+                continue
+            py = render(g.expr, names)
+            out.append((py, f"size relation {g.expr} holds"))
+        return out
+
+
+def int_oo():
+    from torch.utils._sympy.numbers import int_oo as oo
+    return oo
+
+
+_REL = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">",
+        sympy.Ge: ">="}
+
+
+def render(expr, names: dict) -> str:
+    """A sympy expression over size symbols as Python source."""
+    if isinstance(expr, sympy.Symbol):
+        return names[expr]
+    if isinstance(expr, (sympy.Integer, int)):
+        return str(int(expr))
+    if expr is sympy.true:
+        return "True"
+    if expr is sympy.false:
+        return "False"
+    for rel, op in _REL.items():
+        if isinstance(expr, rel):
+            return f"({render(expr.lhs, names)} {op} {render(expr.rhs, names)})"
+    if isinstance(expr, sympy.Add):
+        return "(" + " + ".join(render(a, names) for a in expr.args) + ")"
+    if isinstance(expr, sympy.Mul):
+        return "(" + " * ".join(render(a, names) for a in expr.args) + ")"
+    if isinstance(expr, symfn.FloorDiv):
+        return f"({render(expr.args[0], names)} // {render(expr.args[1], names)})"
+    if isinstance(expr, (symfn.Mod, symfn.PythonMod)):
+        return f"({render(expr.args[0], names)} % {render(expr.args[1], names)})"
+    if isinstance(expr, sympy.Pow) and expr.exp.is_Integer:
+        return f"({render(expr.base, names)} ** {int(expr.exp)})"
+    if isinstance(expr, (symfn.PowByNatural,)):
+        return f"({render(expr.args[0], names)} ** {render(expr.args[1], names)})"
+    if isinstance(expr, sympy.And):
+        return "(" + " and ".join(render(a, names) for a in expr.args) + ")"
+    if isinstance(expr, sympy.Or):
+        return "(" + " or ".join(render(a, names) for a in expr.args) + ")"
+    if isinstance(expr, sympy.Not):
+        return f"(not {render(expr.args[0], names)})"
+    if isinstance(expr, (symfn.Max, sympy.Max)):
+        return "max(" + ", ".join(render(a, names) for a in expr.args) + ")"
+    if isinstance(expr, (symfn.Min, sympy.Min)):
+        return "min(" + ", ".join(render(a, names) for a in expr.args) + ")"
+    if isinstance(expr, symfn.CleanDiv):
+        return f"({render(expr.args[0], names)} // {render(expr.args[1], names)})"
+    raise Unsupported("unsupported construct", f"cannot guard on size expression {expr}")
