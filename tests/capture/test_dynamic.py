@@ -1,0 +1,145 @@
+"""Dynamic shapes (issue 7): a changing batch size or sequence length costs at most one
+recompile, and the guards follow what the code branched on."""
+import logging
+
+import pytest
+import torch
+
+import tempa
+from tests.models import zoo, gpt as gpt_mod
+from tests.models.compare import assert_same
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    tempa.reset()
+    yield
+    tempa.reset()
+
+
+def test_seed_mlp_batch_8_to_64_at_most_two_captures():
+    model = zoo.make("mlp_seed").model
+    fast = tempa.compile(model, backend="eager")
+    for b in range(8, 65):
+        x = torch.randn(b, 32)
+        assert_same(fast(x), model(x))
+    assert tempa.stats().captures == 2
+    dynamic_entry = tempa.entries(fast)[0]
+    assert "x.shape[0] >= 2" in dynamic_entry.guards
+
+
+def test_gpt_sequence_and_batch_sweep_at_most_two_captures():
+    cfg = gpt_mod.small_config()
+    cfg.block_size = 256
+    torch.manual_seed(0)
+    model = gpt_mod.GPT(cfg).eval()
+    fast = tempa.compile(model, backend="eager")
+    for t, b in [(16, 2), (17, 3), (40, 8), (128, 5), (64, 2), (100, 7), (33, 4)]:
+        idx = torch.randint(0, cfg.vocab_size, (b, t))
+        assert_same(fast(idx), model(idx), rtol=1e-4, atol=1e-4)
+    assert tempa.stats().captures == 2
+
+
+@pytest.mark.parametrize("name", ["hf_gpt2", "hf_bert"])
+def test_hf_models_sequence_and_batch_sweep(name):
+    case = zoo.make(name)
+    model = case.model
+    fast = tempa.compile(model, backend="eager")
+    vocab = model.config.vocab_size
+    for b, t in [(2, 8), (3, 11), (4, 16), (2, 5), (5, 9)]:
+        torch.manual_seed(b * 100 + t)
+        kwargs = {"input_ids": torch.randint(0, vocab, (b, t)),
+                  "attention_mask": torch.ones(b, t, dtype=torch.long)}
+        kwargs["attention_mask"][0, -2:] = 0
+        assert_same(fast(**kwargs), model(**kwargs), *case.tolerance)
+    assert tempa.stats().captures == 2
+
+
+def test_shape_dependent_branch_recompiles_exactly_when_it_flips():
+    def f(x):
+        if x.shape[0] > 32:
+            return x * 2
+        return x - 1
+
+    fast = tempa.compile(f, backend="eager")
+    sizes = [8, 9, 10, 20, 31, 32, 33, 40, 64, 12]
+    for n in sizes:
+        x = torch.randn(n, 4)
+        assert_same(fast(x), f(x))
+    # 8 (static), 9 (dynamic, n <= 32), 33 (dynamic, n > 32): the branch flipped once.
+    assert tempa.stats().captures == 3
+
+
+def test_dynamic_true_and_false():
+    def f(x):
+        return (x * 2).sum(dim=0)
+
+    fast = tempa.compile(f, backend="eager", dynamic=True)
+    for n in (3, 4, 5, 6):
+        assert_same(fast(torch.ones(n, 2)), f(torch.ones(n, 2)))
+    assert tempa.stats().captures == 1
+    tempa.reset()
+    fast = tempa.compile(f, backend="eager", dynamic=False)
+    for n in (3, 4, 5, 6):
+        assert_same(fast(torch.ones(n, 2)), f(torch.ones(n, 2)))
+    assert tempa.stats().captures == 4
+
+
+def test_mark_dynamic_and_mark_static():
+    def f(x):
+        return x.view(x.shape[0] * x.shape[1]) + 1
+
+    fast = tempa.compile(f, backend="eager")
+    x = torch.randn(6, 4)
+    tempa.mark_dynamic(x, 0)
+    fast(x)
+    for n in (7, 8, 9):
+        y = torch.randn(n, 4)
+        assert_same(fast(y), f(y))
+    assert tempa.stats().captures == 1
+    tempa.reset()
+    fast = tempa.compile(f, backend="eager")
+    for n in (6, 7, 8):
+        y = torch.randn(n, 4)
+        tempa.mark_static(y)
+        assert_same(fast(y), f(y))
+    assert tempa.stats().captures == 3
+
+
+def test_view_divisibility_is_guarded():
+    def f(x):
+        n = x.shape[0]
+        return x.view(n // 2, 2, -1).sum(dim=1)
+
+    fast = tempa.compile(f, backend="eager", dynamic=True)
+    for n in (4, 6, 8):
+        x = torch.randn(n, 3)
+        assert_same(fast(x), f(x))
+    with pytest.raises(RuntimeError):
+        fast(torch.randn(5, 3))          # eager raises too: 5 rows do not split into pairs
+    with pytest.raises(RuntimeError):
+        f(torch.randn(5, 3))
+
+
+def test_recompile_log_names_the_dynamic_dimension(caplog):
+    def f(x):
+        return x.relu()
+
+    tempa.logs.enable("recompiles")
+    fast = tempa.compile(f, backend="eager")
+    with caplog.at_level(logging.INFO, logger="tempa.recompiles"):
+        fast(torch.randn(4, 3))
+        fast(torch.randn(5, 3))
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "x changed size in dim(s) [0]" in text and "making x dynamic" in text
+
+
+def test_returned_sizes_are_computed_per_call():
+    def f(x):
+        b, t = x.shape
+        return x.sum(), b * t, x.shape
+
+    fast = tempa.compile(f, backend="eager", dynamic=True)
+    for n in (3, 5):
+        out = fast(torch.ones(n, 4))
+        assert out[1] == n * 4 and out[2] == torch.Size([n, 4])
