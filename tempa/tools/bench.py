@@ -590,4 +590,8 @@ def render_text(res: BenchResult) -> str:
     else:
         out.append("first call cold: timed in this process with an empty disk cache (warm not "
                    "measured: --first-call in-process); per call: median after warm-up.")
+        if len(res.modes) > 1:
+            out.append("(modes after the first reuse this process's imports and in-memory "
+                       "caches, so their first call is an underestimate; the default "
+                       "--first-call subprocess measures each mode in fresh processes.)")
     return "\n".join(out)
