@@ -47,6 +47,11 @@ def plan_break(fn, frame, plan: OutputPlan, runtime) -> BreakPlan:
     code = fn.__code__
     ins = frame.stopped_at
     stack = list(frame.stack)
+    if frame.exc_stack or any(k in ("exc", "exc_info", "lasti")
+                              for k in liveness.stack_kinds_at(code, ins.offset)):
+        # Inside an `except` body a resume function could not re-raise the active
+        # exception (a bare `raise`, sys.exc_info()): run the whole frame eagerly instead.
+        raise Unsupported("try block", "a graph break inside an except/finally body")
     mode = _mode(code, frame, ins, stack)
     compiled = mode != "rest" and not code.co_cellvars and not liveness.in_loop(code, ins.offset)
     guards = plan.guards

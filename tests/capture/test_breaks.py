@@ -304,3 +304,16 @@ def test_breaks_are_logged_once_with_reason(caplog):
         both(f, torch.ones(2))
     msgs = [r.getMessage() for r in caplog.records if r.name == "tempa.breaks"]
     assert len(msgs) == 1 and "print / side effect" in msgs[0]
+
+
+def test_break_inside_except_body_runs_the_frame_eagerly():
+    def f(x):
+        try:
+            raise ValueError("x")
+        except ValueError:
+            print("handling")
+            y = x + 1
+        return y * 2
+
+    both(f, torch.ones(2))
+    assert tempa.stats().eager_fallbacks == 1
