@@ -94,8 +94,9 @@ def _bench(res: BenchResult) -> str:
               if any(m.first_call_method == "subprocess" for m in res.modes) else
               "first call cold: timed in the bench's process with an empty disk cache; warm "
               "not measured. ")
-    calls = res.modes[0].timing.calls if res.modes and res.modes[0].timing else res.eager.calls
-    note = (f"<p class='muted'>{escape(method)}Per call: {calls:,} calls per side timed one "
+    counts = ", ".join([f"{res.eager.calls:,} eager"] + [
+        f"{m.timing.calls:,} compiled [{m.mode}]" for m in res.modes if m.timing])
+    note = (f"<p class='muted'>{escape(method)}Per call: {escape(counts)} calls timed one "
             "by one after 10 warm-up calls, eager before anything was compiled in the process; "
             "median and interquartile range. Break-even: calls n until first call + (n-1) × compiled "
             "≤ n × eager.</p>")
@@ -118,20 +119,24 @@ def _bench(res: BenchResult) -> str:
 
 def _charts(res: BenchResult) -> str:
     us = lambda v: f"{v:,.0f} µs" if v >= 10 else f"{v:.1f} µs"  # noqa: E731
-    series = [("eager", "#d9822b",
-               svg.downsample([s / 1e3 for s in res.eager_samples_ns]), False)]
+    def pct(samples):   # x = how far through its own timed calls: the sides' counts differ
+        pts = svg.downsample([v / 1e3 for v in samples])
+        return [(x * 100 / max(len(samples) - 1, 1), y) for x, y in pts]
+    series = [(f"eager ({len(res.eager_samples_ns):,} calls)", "#d9822b",
+               pct(res.eager_samples_ns), False)]
     colors = ["#2f6fde", "#7b3fbf", "#1a9e8f"]
     for i, m in enumerate(res.modes):
         if m.ok and m.samples_ns:
-            series.append((f"tempa [{m.mode}]", colors[i % 3],
-                           svg.downsample([s / 1e3 for s in m.samples_ns]), False))
+            series.append((f"tempa [{m.mode}] ({len(m.samples_ns):,} calls)", colors[i % 3],
+                           pct(m.samples_ns), False))
     # Scale to the typical calls of every series: one load spike must not flatten the rest.
     p90 = [sorted(y for _, y in pts)[int(len(pts) * 0.9)] for _, _, pts, _ in series if pts]
     y_max = max(p90) * 1.5 if p90 else None
     per_call = svg.line_chart(series, title="Per-call time, timed calls in order (spikes "
                               "above the chart are clipped)",
-                              x_label="timed call", y_label="µs per call",
-                              x_fmt=lambda v: f"{v:,.0f}", y_fmt=us, y_max=y_max,
+                              x_label="progress through the timed calls (%)",
+                              y_label="µs per call", x_fmt=lambda v: f"{v:.0f}%", y_fmt=us,
+                              y_max=y_max,
                               chart_id="chart-per-call")
     charts = [per_call]
     m = next((m for m in res.modes if m.ok and m.timing), None)
