@@ -4,9 +4,9 @@
     fast(x)                          # capture + compile on the first call, then cached
 """
 from .config import config
-from .api import OptimizedModule, compile, disable, entries, eager_reasons, explain, mark_dynamic, mark_static, reset, stats
+from .api import OptimizedModule, compile, disable, entries, eager_reasons, explain, mark_dynamic, mark_static, recompile_reasons, reset, stats
 from .capture.breaks import GraphBreakError
 
-__all__ = ["compile", "OptimizedModule", "disable", "entries", "eager_reasons", "explain", "mark_dynamic", "mark_static", "reset", "stats", "config",
+__all__ = ["compile", "OptimizedModule", "disable", "entries", "eager_reasons", "explain", "mark_dynamic", "mark_static", "recompile_reasons", "reset", "stats", "config",
            "GraphBreakError"]
 __version__ = "0.1.0"

@@ -69,6 +69,7 @@ class CompileContext:
         self.graph_log: list = []  # (function, GraphModule)
         self.break_log: list = []  # (function, BreakReason)
         self.fallback_log: list = []  # (function, reason)
+        self.recompile_log: list = []  # (function name, the guard that failed)
         install_invalidation_hooks()
         if config.logs:
             logs.enable(config.logs)
@@ -148,9 +149,11 @@ class CompileContext:
                           "tempa.config.recompile_limit, or mark the changing dimension "
                           "dynamic.", stacklevel=4)
             return None
-        if cache.entries and logs.on("recompiles"):
-            logs.get("recompiles").info("recompiling %s: %s", _where(fn),
-                                        cache.entries[0].why(*args, **kwargs))
+        if cache.entries:
+            why = cache.entries[0].why(*args, **kwargs)
+            self.recompile_log.append((fn.__qualname__, why))
+            if logs.on("recompiles"):
+                logs.get("recompiles").info("recompiling %s: %s", _where(fn), why)
         dynamic = self._dynamic_for(cache, fn, args, kwargs)
         try:
             captured = capture(fn, args, kwargs, runtime=self, allow_breaks=not self.fullgraph,
@@ -372,6 +375,8 @@ def explain(fn_or_module):
         guards = [[d for _, d in e.guards] for c in context.caches.values() for e in c.entries]
         out = ExplainOutput(
             graphs=[gm for _, gm in context.graph_log if has_ops(gm)],
+            graph_functions=[f.__qualname__ for f, gm in context.graph_log if has_ops(gm)],
+            recompile_reasons=list(context.recompile_log),
             graph_break_count=len(context.break_log),
             break_reasons=[r for _, r in context.break_log],
             guards=guards,
@@ -409,6 +414,11 @@ def entries(compiled) -> list[EntryInfo]:
                                  e.captured.gm.code, e.compiled, e.captured.break_reason,
                                  e.source))
     return out
+
+
+def recompile_reasons(compiled) -> list[tuple[str, str]]:
+    """(function, the guard that failed) for every recompile under ``compiled`` so far."""
+    return list(_context_of(compiled).recompile_log)
 
 
 def eager_reasons(compiled) -> list[str]:

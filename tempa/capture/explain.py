@@ -28,6 +28,8 @@ class ExplainOutput:
     guards: list[list[str]] = field(default_factory=list)   # per entry
     eager_fallbacks: list[str] = field(default_factory=list)
     compile_times: list[float] = field(default_factory=list)
+    graph_functions: list[str] = field(default_factory=list)   # the function of each graph
+    recompile_reasons: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def graph_count(self) -> int:
@@ -57,7 +59,8 @@ class ExplainOutput:
                     lines.append(f"     hint: {r.hint}")
         for i, ops in enumerate(self.ops_per_graph, 1):
             names = [getattr(o, "__name__", str(o)) for o in ops]
-            lines.append(f"Graph {i}: {len(ops)} ops: {', '.join(names)}")
+            where = f" ({self.graph_functions[i - 1]})" if i <= len(self.graph_functions) else ""
+            lines.append(f"Graph {i}{where}: {len(ops)} ops: {', '.join(names)}")
         if self.eager_fallbacks:
             lines.append("Eager fallbacks:")
             lines.extend(f"  {r}" for r in self.eager_fallbacks)
