@@ -16,12 +16,13 @@ from .compile_graph import finish, plan_graph
 _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
 
 
-def build_training(joint, n_in: int, single: bool):
+def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn=finish):
+    """``plan_fn``/``finish_fn``: the renderer's passes (C++ here; the GPU path passes its own)."""
     n_bw_in = len(joint.saved_inputs) + joint.num_saved + len(joint.diff_outputs)
-    fw_plan = plan_graph(joint.fw, joint.num_outputs, joint.mutated, n_in, "forward", "f_")
-    bw_plan = plan_graph(joint.bw, len(joint.grad_inputs), [], n_bw_in, "backward", "b_")
+    fw_plan = plan_fn(joint.fw, joint.num_outputs, joint.mutated, n_in, "forward", "f_")
+    bw_plan = plan_fn(joint.bw, len(joint.grad_inputs), [], n_bw_in, "backward", "b_")
     # one gcc run for both graphs
-    (fw_call, fw_info), (bw_call, bw_info) = finish([fw_plan, bw_plan])
+    (fw_call, fw_info), (bw_call, bw_info) = finish_fn([fw_plan, bw_plan])
     n_out = joint.num_outputs
     saved_inputs = tuple(joint.saved_inputs)
     diff = tuple(joint.diff_outputs)

@@ -70,8 +70,35 @@ def _warn_once(msg: str):
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
+class CpuTarget:
+    """What ``_State`` compiles with: the C++ renderer (the GPU one is gpu.backend.GpuTarget)."""
+    name = "cpu"
+
+    @staticmethod
+    def compile_graph(gm, num_outputs, mutated, n_in, label):
+        return compile_graph(gm, num_outputs, mutated, n_in, label)
+
+    @staticmethod
+    def build_training(joint, n_in, single):
+        from .autograd import build_training
+        return build_training(joint, n_in, single)
+
+
+def _on_cuda(example_inputs) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
+
+
 def tempa_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = None,
                   options: dict | None = None):
+    if _on_cuda(example_inputs):
+        # CUDA inputs: Triton kernels, CUDA graphs, autotuning (tempa/backend/gpu)
+        from .gpu import gpu_backend
+        return gpu_backend(gm, list(example_inputs), mode=mode, options=options)
+    return build(gm, example_inputs, CpuTarget)
+
+
+def build(gm: torch.fx.GraphModule, example_inputs, target):
+    """The variants of one graph compiled with ``target``'s renderer."""
     stats.bump("graphs_compiled")
     t0 = time.perf_counter()
     info = BackendInfo()
@@ -84,7 +111,7 @@ def tempa_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None 
     full_examples = example_inputs + [g() for g in getters]
     n_in = len(full_examples)
     needs_grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in full_examples)
-    state = _State(pgm, full_examples, info, n_in, gm)
+    state = _State(pgm, full_examples, info, n_in, gm, target)
 
     if needs_grad and torch.is_grad_enabled():
         first = state.training()
@@ -139,8 +166,9 @@ def _eager(gm, info, reason):
 class _State:
     """Both variants of one graph, built lazily (a lock keeps two threads from racing)."""
 
-    def __init__(self, pgm, examples, info, n_in, orig_gm):
+    def __init__(self, pgm, examples, info, n_in, orig_gm, target=CpuTarget):
         self.pgm, self.examples, self.info, self.n_in = pgm, examples, info, n_in
+        self.target = target
         self.orig = orig_gm
         self.traced = None
         self.infer_fn = None
@@ -158,7 +186,7 @@ class _State:
                 return self.infer_fn
             try:
                 tr = self._trace()
-                call, gi = compile_graph(tr.gm, tr.num_outputs, tr.mutated, self.n_in, "inference")
+                call, gi = self.target.compile_graph(tr.gm, tr.num_outputs, tr.mutated, self.n_in, "inference")
             except Exception as e:  # noqa: BLE001
                 return self._failed(e, "inference")
             self.info.inference = gi
@@ -177,10 +205,9 @@ class _State:
             if self.train_fn is not None:
                 return self.train_fn
             try:
-                from .autograd import build_training
                 tr = self._trace()
                 joint = trace_joint(tr, self.examples, table())
-                fn, fw_info, bw_info = build_training(joint, self.n_in, getattr(tr, "single", False))
+                fn, fw_info, bw_info = self.target.build_training(joint, self.n_in, getattr(tr, "single", False))
             except Exception as e:  # noqa: BLE001
                 return self._failed(e, "training")
             self.info.forward, self.info.backward = fw_info, bw_info

@@ -194,7 +194,7 @@ def _clone(t):
     if isinstance(t, torch.Tensor):
         c = t.detach().clone(memory_format=torch.preserve_format)
         if c.stride() != t.stride():
-            c = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).copy_(t)
+            c = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
         return c
     return t
 
