@@ -1,0 +1,12 @@
+"""tempa's GPU backend: the same lowering and scheduling as the CPU, rendered as Triton.
+
+  gpu_backend     (backend.py)   attention rewrite, build with GpuTarget, modes
+  compile.py                     lower -> schedule -> partition -> memory -> Triton -> wrapper
+  kernels.py                     generated modules on disk, parallel compile, direct launch
+  wrapper.py                     the per-call Python (allocations, launches, extern calls)
+  attention.py                   softmax(QK^T)V with a causal mask -> scaled_dot_product_attention
+The Triton renderer itself is codegen/triton.py; CUDA graphs and autotuning live in runtime/.
+"""
+from .backend import GpuTarget, gpu_backend
+
+__all__ = ["gpu_backend", "GpuTarget"]

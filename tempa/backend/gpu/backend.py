@@ -1,0 +1,75 @@
+"""``gpu_backend``: the CUDA side of ``tempa_backend``.
+
+  attention     rewrite softmax(QK^T * s + causal mask) V into scaled_dot_product_attention
+                (attention.py), guarded by a cheap per-call check of the mask buffer
+  build         entry.build with GpuTarget: trace, lower (shared with the CPU), schedule,
+                Triton kernels, wrapper (compile.py); training through the same
+                autograd.Function as the CPU path
+  mode          "reduce-overhead": replay as CUDA graphs (runtime/cudagraphs.py);
+                "max-autotune": GEMM epilogue templates vs cuBLAS (runtime/autotune.py)
+"""
+from __future__ import annotations
+
+import importlib
+import warnings
+
+import torch
+
+from . import compile as gc
+
+stats = importlib.import_module("tempa.stats")
+
+
+class GpuTarget:
+    """The renderer ``entry._State`` compiles with on CUDA."""
+    name = "cuda"
+
+    def __init__(self, examples, mode=None, options=None):
+        self.params = frozenset(i for i, t in enumerate(examples) if isinstance(t, torch.nn.Parameter))
+        self.mode = mode
+        self.options = options or {}
+        self.autotune = None
+        if mode == "max-autotune":
+            from ..runtime.autotune import Autotuner
+            self.autotune = Autotuner(self.options)
+
+    def _plan(self, gm, num_outputs, mutated, n_in, label, prefix=""):
+        params = self.params if label in ("inference", "forward") else frozenset()
+        return gc.plan_graph(gm, num_outputs, mutated, n_in, label, prefix, params, self.autotune)
+
+    def compile_graph(self, gm, num_outputs, mutated, n_in, label):
+        return gc.finish([self._plan(gm, num_outputs, mutated, n_in, label)])[0]
+
+    def build_training(self, joint, n_in, single):
+        from ..autograd import build_training
+        return build_training(joint, n_in, single, plan_fn=self._plan, finish_fn=gc.finish)
+
+
+def _full_examples(gm, example_inputs):
+    return list(example_inputs)
+
+
+def gpu_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = None,
+                options: dict | None = None):
+    from ..entry import build
+    from . import attention
+    options = dict(options or {})
+    example_inputs = list(example_inputs)
+
+    def make(graph):
+        target = GpuTarget(example_inputs, mode, options)
+        compiled = build(graph, example_inputs, target)
+        info = compiled.tempa_info
+        info.notes.append(f"device: cuda, mode: {mode or 'default'}")
+        if mode == "reduce-overhead":
+            from ..runtime.cudagraphs import wrap
+            compiled = wrap(compiled, example_inputs, info, options)
+        return compiled
+
+    rewritten, guard = attention.rewrite(gm, example_inputs)
+    if guard is None:
+        return make(gm)
+    fast = make(rewritten)
+    info = fast.tempa_info
+    info.notes.append(guard.describe())
+    return guard.wrap(fast, lambda: make(gm), info)

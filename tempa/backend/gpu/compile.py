@@ -1,0 +1,262 @@
+"""One functional ATen graph on CUDA -> Triton kernels + one generated wrapper function.
+
+The passes, in order (the first three are the CPU backend's, unchanged):
+
+  1. lower_graph     ATen FX -> loop IR (lower/lowerings.py), with bf16/fp16 admitted
+  2. eliminate_dead  drop buffers nothing reads
+  3. schedule        group buffers into loop nests, cut at extern calls (schedule.py)
+  4. partition       each group -> one Triton kernel (or one per member where a group mixes
+                     shapes a single program cannot hold: a reduction with inner dims)
+  5. plan_memory     register (x-level, read only in its kernel) vs global memory
+  6. render          codegen/triton.py: one kernel per partition, identical ones shared
+  7. compile         every kernel of every plan at once, in parallel (kernels.py)
+  8. wrapper         straight-line Python: allocate, launch, call externs (wrapper.py)
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+import torch
+
+from ..codegen import triton as tr
+from ..compile_graph import GraphInfo, eliminate_dead
+from ..ir import ComputedBuffer, ExternCall, Reduction, TV, extra_dtypes
+from ..lower.lowerings import lower_graph
+from ..schedule import _extern_buffers, _reads, nonunit, probe_loads, schedule
+from ..index import Var
+from . import kernels as K
+from . import wrapper as W
+
+logs = importlib.import_module("tempa.logs")
+stats = importlib.import_module("tempa.stats")
+aten = torch.ops.aten
+
+# Library calls (not gaps in the IR): reported as extern, not as ATen fallbacks.
+GPU_EXTERNS = {
+    aten._scaled_dot_product_flash_attention.default,
+    aten._scaled_dot_product_flash_attention_backward.default,
+    aten._scaled_dot_product_efficient_attention.default,
+    aten._scaled_dot_product_efficient_attention_backward.default,
+    aten._scaled_dot_product_cudnn_attention.default,
+    aten._scaled_dot_product_cudnn_attention_backward.default,
+    aten._flash_attention_forward.default, aten._flash_attention_backward.default,
+    aten._efficient_attention_forward.default, aten._efficient_attention_backward.default,
+    aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
+    aten.convolution.default, aten.convolution_backward.default,
+    aten.embedding_dense_backward.default,
+}
+
+
+@dataclass
+class GpuGraphInfo(GraphInfo):
+    triton_source: str = ""
+    kernels: list = field(default_factory=list)     # one summary line per launch
+    unique_kernels: int = 0
+    launch: str = ""                                # "direct" | "jit"
+    autotune: list = field(default_factory=list)
+
+    def summary(self) -> str:
+        return (f"{len(self.kernels)} Triton launches ({self.unique_kernels} distinct kernels), "
+                f"{len(self.extern_calls)} extern calls, {len(self.aten_fallbacks)} ATen fallbacks")
+
+
+@dataclass
+class GpuPlan:
+    lowered: object
+    items: list                    # ExternCall | (KernelPlan, KernelCode)
+    info: GpuGraphInfo
+    num_inputs: int
+    label: str
+    param_inputs: set              # input indices that were nn.Parameters at trace time
+    autotune: object = None
+
+
+def partition(sched) -> list:
+    out = []
+    for it in sched.items:
+        if isinstance(it, ExternCall):
+            out.append(it)
+            continue
+        ov = [Var(f"x{d}", s) for d, s in enumerate(it.outer)]
+        exts = []
+        split = False
+        for m in it.members:
+            inner, rs = tr.member_extent(m, ov)
+            if inner and rs:
+                split = True
+            exts.append((bool(inner), bool(rs)))
+        if not any(r for _, r in exts) and any(i for i, _ in exts):
+            split = True            # pointwise group of mixed ranks: flat 1-D kernels are simpler
+        if split:
+            for m in it.members:
+                out.append(tr.KernelPlan(nonunit(m.sizes), [m]))
+        else:
+            out.append(tr.KernelPlan(it.outer, it.members))
+    return out
+
+
+def plan_memory(items, lowered):
+    kernel_of = {}
+    for i, it in enumerate(items):
+        if isinstance(it, tr.KernelPlan):
+            for m in it.members:
+                kernel_of[m] = i
+    readers: dict = {}
+    for i, it in enumerate(items):
+        if isinstance(it, ExternCall):
+            for b in _extern_buffers(it.args, it.kwargs):
+                readers.setdefault(b, set()).add("py")
+        else:
+            for m in it.members:
+                for b in _reads(m):
+                    readers.setdefault(b, set()).add(i)
+    for v in lowered.outputs:
+        if isinstance(v, TV) and v.strided is not None:
+            readers.setdefault(v.strided[0], set()).add("py")
+    for i, it in enumerate(items):
+        if not isinstance(it, tr.KernelPlan):
+            continue
+        ov = [Var(f"x{d}", s) for d, s in enumerate(it.outer)]
+        for m in it.members:
+            if m.kind == "alias":
+                continue
+            rs = readers.get(m, set())
+            ext = tr.r_extent(m, ov)
+            if any(r != i for r in rs):
+                m.kind = "py"
+            elif ext == 0:
+                m.kind = "local"
+                it.local.add(m)
+            else:
+                m.kind = "py"          # scratch for a later member of this kernel
+            if ext and i in rs:
+                it.barrier_after.add(m)
+
+
+def _r_contiguous(kp) -> bool:
+    ov = [Var(f"x{d}", s) for d, s in enumerate(kp.outer)]
+    for m in kp.members:
+        if tr.r_extent(m, ov) == 0:
+            continue
+        loads, idx, inner = probe_loads(m, ov, "q")
+        if isinstance(m.body, Reduction):
+            last = f"qr{len(m.body.rsizes) - 1}"
+        elif inner:
+            last = inner[-1].name
+        else:
+            continue
+        for _, ix in loads:
+            for a, c in ix.terms:
+                if isinstance(a, Var) and a.name == last and abs(c) == 1:
+                    return True
+        return False
+    return True
+
+
+def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str = "graph",
+               prefix: str = "", param_inputs=frozenset(), autotune=None) -> GpuPlan:
+    with extra_dtypes(tr.EXTRA_DTYPES):
+        lowered = lower_graph(gm, num_outputs, mutated)
+        for cb in lowered.copy_backs:
+            cb.target._mutated = True      # written in place: no alignment assumption
+        for st in lowered.steps:
+            if isinstance(st, ExternCall) and st.op in GPU_EXTERNS:
+                st.fallback = False
+        eliminate_dead(lowered)
+        sched = schedule(lowered.steps, lowered.copy_backs, lowered.outputs)
+        parts = partition(sched)
+        plan_memory(parts, lowered)
+        items = []
+        for it in parts:
+            if isinstance(it, ExternCall):
+                items.append(it)
+            else:
+                items.append((it, tr.render_kernel(it, _r_contiguous(it))))
+    info = GpuGraphInfo()
+    info.aten_fallbacks = list(lowered.fallbacks)
+    info.extern_calls = list(lowered.externs)
+    lines = []
+    for it in items:
+        if isinstance(it, ExternCall):
+            lines.append(f"  {'fallback' if it.fallback else 'extern'} {it.name}")
+        else:
+            kp, kc = it
+            mode = ("persistent" if kc.persistent else "looped") if kc.rblock else "pointwise"
+            lines.append(f"  triton {mode} x{list(kp.outer)} XBLOCK={kc.xblock}"
+                         + (f" RBLOCK={kc.rblock}" if kc.rblock else "") + f" warps={kc.num_warps}: {kc.summary}")
+    info.fusion_report = "launches:\n" + "\n".join(lines) + (
+        "\nnot fused:\n  " + "\n  ".join(sched.report) if sched.report else "\nnot fused: (none)")
+    info.kernel_count = sum(1 for it in items if not isinstance(it, ExternCall))
+    info.segment_count = info.kernel_count
+    plan = GpuPlan(lowered, items, info, num_inputs, label, set(param_inputs), autotune)
+    return plan
+
+
+def finish(plans: list) -> list:
+    """Compile every plan's kernels as ONE module (deduplicated, in parallel), then wrappers."""
+    from ..codegen.triton import PRELUDE, INTERPRET_SHIM
+    interp = K.interpret_mode()
+    names: dict = {}               # kernel body -> name
+    for p in plans:
+        for it in p.items:
+            if isinstance(it, tuple):
+                body = it[1].body
+                if body not in names:
+                    names[body] = f"k{len(names)}_" + ("red" if it[1].rblock else "pw")
+                it[1].name = names[body]
+    src = PRELUDE + (INTERPRET_SHIM if interp else "") + "\n\n" + "\n\n".join(
+        body.replace("KERNEL_NAME", name) for body, name in names.items())
+    path = K.write_module(src)
+    mod = K.load_module(path)
+    compiled = {}
+    if not interp:
+        codes = {}
+        for p in plans:
+            for it in p.items:
+                if isinstance(it, tuple):
+                    codes[it[1].name] = it[1]
+        jobs = [K.Job(n, _signature(kc), _aligned(kc), kc.num_warps) for n, kc in codes.items()]
+        compiled = K.compile_jobs(path, jobs)
+    out = []
+    for p in plans:
+        info = p.info
+        info.triton_source = src
+        info.unique_kernels = len({it[1].name for it in p.items if isinstance(it, tuple)})
+        info.kernels = [it[1].name + ": " + it[1].summary for it in p.items if isinstance(it, tuple)]
+        info.launch = "jit" if interp else "direct"
+        stats.bump("kernels_compiled", info.unique_kernels)
+        stats.bump("aten_fallbacks", len(info.aten_fallbacks))
+        call, wsrc = W.build(p, mod, compiled, interp)
+        info.wrapper_source = wsrc
+        log = logs.get("code")
+        if log.isEnabledFor(20):
+            log.info("%s: %s\n--- wrapper ---\n%s\n--- triton ---\n%s\n--- fusion ---\n%s",
+                     p.label, info.summary(), wsrc, src, info.fusion_report)
+        out.append((call, info))
+    return out
+
+
+def _signature(kc) -> dict:
+    sig = {}
+    import re
+    for b in kc.params:
+        sig["p_" + re.sub(r"\W", "_", b.name)] = "*" + tr.SIG[b.dtype]
+    return sig
+
+
+def _aligned(kc) -> list:
+    """Parameters the kernel may assume 16-byte aligned (the wrapper makes sure of it)."""
+    out = []
+    for i, b in enumerate(kc.params):
+        item = b.dtype.itemsize
+        if b.kind == "input" and getattr(b, "_mutated", False):
+            continue
+        if (b.offset * item) % 16:
+            continue
+        out.append(i)
+    return out
+
+
+def compile_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str = "graph", **kw):
+    return finish([plan_graph(gm, num_outputs, mutated, num_inputs, label, **kw)])[0]

@@ -1,0 +1,147 @@
+"""Triton kernels on disk: one generated module per compiled graph set, compiled in parallel.
+
+Why files: Triton reads a kernel's source with ``inspect``, so generated code must live in a
+real file. Files are named by the hash of their text under ``<cache_dir>/triton_src`` and
+Triton's own binary cache is pointed at ``<cache_dir>/triton`` (set before Triton is
+imported), so a second process finds every kernel compiled and loads the cubins.
+
+Why subprocesses: ``triton.compile`` holds the GIL for most of its work, so threads do not
+overlap. Kernels not in Triton's cache are compiled by up to one worker process per core
+(``_worker.py``, a plain script that imports only Triton: no re-import of the user's main
+module, no CUDA); the parent then calls ``triton.compile`` itself and hits the cache.
+
+Why our own launch: ``kernel[grid](...)`` re-derives its specialization key from every
+argument on every call (tens of microseconds for a graph of kernels). We compile each kernel
+once for a known signature (pointer dtypes, 16-byte alignment) and call the compiled
+launcher directly; the wrapper guarantees the alignment it was compiled for.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import importlib
+
+_config = importlib.import_module("tempa.config").config
+logs = importlib.import_module("tempa.logs")
+
+os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(_config.cache_dir, "triton"))
+
+
+def interpret_mode() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
+def write_module(source: str) -> str:
+    digest = hashlib.sha256(source.encode()).hexdigest()[:24]
+    d = os.path.join(_config.cache_dir, "triton_src")
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, f"k_{digest}.py")
+    try:
+        with open(path) as f:
+            if f.read() == source:
+                return path
+    except OSError:
+        pass
+    fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(source)
+    os.replace(tmp, path)          # atomic: a reader never sees half a file
+    return path
+
+
+def load_module(path: str):
+    name = "tempa_triton_" + os.path.basename(path)[:-3]
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def target():
+    from triton.backends.compiler import GPUTarget
+    import torch
+    major, minor = torch.cuda.get_device_capability()
+    return GPUTarget("cuda", major * 10 + minor, 32)
+
+
+class Job:
+    """One kernel to compile: its name in the module, pointer signature, alignment, warps."""
+
+    def __init__(self, name, signature: dict, aligned: list, num_warps: int, num_stages: int = 1):
+        self.name, self.signature, self.aligned = name, signature, aligned
+        self.num_warps, self.num_stages = num_warps, num_stages
+
+    def as_json(self):
+        return {"name": self.name, "signature": self.signature, "aligned": self.aligned,
+                "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+
+def _source(mod, job: Job):
+    from triton.compiler.compiler import ASTSource
+    fn = getattr(mod, job.name)
+    attrs = {(i,): [["tt.divisibility", 16]] for i in job.aligned}
+    return ASTSource(fn, dict(job.signature), None, attrs)
+
+
+def compile_jobs(path: str, jobs: list, parallel_min: int = 3) -> dict:
+    """name -> CompiledKernel for every job (from Triton's cache when it has them)."""
+    import triton
+    if not jobs:
+        return {}
+    mod = load_module(path)
+    tgt = target()
+    log = logs.get("perf")
+    t0 = time.perf_counter()
+    if len(jobs) >= parallel_min:
+        _prefill(path, jobs, tgt)
+    out = {}
+    for j in jobs:
+        out[j.name] = triton.compile(_source(mod, j), target=tgt,
+                                     options={"num_warps": j.num_warps, "num_stages": j.num_stages})
+    log.info("triton: %d kernels ready in %.2f s", len(jobs), time.perf_counter() - t0)
+    return out
+
+
+def _prefill(path, jobs, tgt):
+    """Compile ``jobs`` in worker processes so that the parent's compiles are cache hits."""
+    n = max(1, min(len(jobs), os.cpu_count() or 1, 16))
+    slices = [jobs[i::n] for i in range(n)]
+    worker = os.path.join(os.path.dirname(__file__), "_worker.py")
+    env = dict(os.environ)
+    procs = []
+    for sl in slices:
+        spec = json.dumps({"path": path, "target": [tgt.backend, tgt.arch, tgt.warp_size],
+                           "jobs": [j.as_json() for j in sl]})
+        try:
+            p = subprocess.Popen([sys.executable, worker], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            p.stdin.write(spec.encode())
+            p.stdin.close()
+            procs.append(p)
+        except OSError:
+            return                 # no subprocesses here: the parent compiles them itself
+    for p in procs:
+        try:
+            p.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+class Launcher:
+    """The compiled launcher of one kernel, bound for the wrapper's direct calls."""
+
+    def __init__(self, ck):
+        self.ck = ck
+        self.run = ck.run              # loads the cubin into the current context
+        self.function = ck.function
+        self.meta = ck.packed_metadata

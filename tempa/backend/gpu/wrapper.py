@@ -1,0 +1,118 @@
+"""The per-call Python of a GPU graph: allocate outputs, launch kernels, call externs.
+
+Rendered once as source text and exec'd, so a call does no graph walking: a straight line of
+``torch.empty`` calls, one direct launcher call per kernel (``_R3(grid, 1, 1, stream,
+function, metadata, None, None, None, *tensors)``, Triton's compiled launcher without the
+JIT's per-call specialization), ATen calls for externs, and the return. The current stream is
+read once per call, so the same wrapper can be captured into a CUDA graph (captures run on
+a side stream).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..codegen.wrapper import WrapperGen, _DTYPE_NAMES, _contig, _opname
+from ..ir import ComputedBuffer, ExternCall, TV
+
+
+def render(plan, interp: bool):
+    lowered = plan.lowered
+    w = WrapperGen(plan.num_inputs)
+    L = w.lines
+    args = ", ".join(f"a{i}" for i in range(plan.num_inputs))
+    L.append(f"def call({args}):")
+    if not interp:
+        L.append("    _s = _stream(_di)")
+    allocated = set()
+    alloc_shape = {}
+    for i, v in enumerate(lowered.outputs):
+        if isinstance(v, TV) and v.strided is not None and v.buffer is None:
+            b, st, off = v.strided
+            if isinstance(b, ComputedBuffer) and off == 0 and v.numel == b.numel and b not in alloc_shape \
+                    and st == _contig(v.sizes) and b.strides == _contig(b.sizes):
+                alloc_shape[b] = v.sizes
+                lowered.outputs[i] = TV.view_of(b, v.sizes, st, 0)
+                w.reshaped[b] = v.sizes
+    # inputs a kernel reads through a pointer it assumes 16-byte aligned: nn.Parameters are
+    # (the caching allocator's blocks are), anything else is checked per call
+    checked = set()
+    for it in plan.items:
+        if isinstance(it, tuple):
+            for b in it[1].params:
+                if b.kind == "input" and b.input_index not in plan.param_inputs \
+                        and not getattr(b, "_mutated", False) and b.input_index not in checked:
+                    checked.add(b.input_index)
+                    L.append(f"    if a{b.input_index}.data_ptr() & 15: a{b.input_index} = _realign(a{b.input_index})")
+    launches = {}
+    for it in plan.items:
+        if isinstance(it, ExternCall):
+            call_args = ", ".join([w.tensor(a) for a in it.args] +
+                                  [f"{k}={w.tensor(v)}" for k, v in it.kwargs.items()])
+            opname = _opname(it.op, w)
+            allocated.update(b for b in it.outputs if b is not None)
+            if it.multi:
+                L.append(f"    _r = {opname}({call_args})")
+                for i, b in enumerate(it.outputs):
+                    if b is not None:
+                        L.append(f"    {b.name} = _r[{i}]")
+            else:
+                L.append(f"    {it.outputs[0].name} = {opname}({call_args})")
+            continue
+        kp, kc = it
+        for b in kc.params:
+            if b.kind == "py" and b not in allocated:
+                allocated.add(b)
+                dt = _DTYPE_NAMES[b.dtype]
+                if tuple(b.strides) != _contig(b.sizes):
+                    L.append(f"    {b.name} = _empty_strided({tuple(b.sizes)!r}, {tuple(b.strides)!r}, "
+                             f"dtype=torch.{dt}, device=_dev)")
+                else:
+                    L.append(f"    {b.name} = _empty({tuple(alloc_shape.get(b, b.sizes))!r}, dtype=torch.{dt}, device=_dev)")
+        ptrs = ", ".join(w.bufname(b) for b in kc.params)
+        launches[kc.name] = True
+        if interp:
+            L.append(f"    _K_{kc.name}[({kc.grid},)]({ptrs})")
+        else:
+            L.append(f"    _R_{kc.name}({kc.grid}, 1, 1, _s, _F_{kc.name}, _M_{kc.name}, None, None, None, {ptrs})")
+    outs = [w.tensor(v) for v in lowered.outputs]
+    L.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    head = ["import torch", "", "def make(_KS, _C, _K, _dev, _di, _stream, _realign):",
+            "    _empty = torch.empty", "    _empty_strided = torch.empty_strided",
+            "    _as_strided = torch.as_strided"]
+    for name in launches:
+        if interp:
+            head.append(f"    _K_{name} = _KS[{name!r}]")
+        else:
+            head += [f"    _R_{name} = _KS[{name!r}].run", f"    _F_{name} = _KS[{name!r}].function",
+                     f"    _M_{name} = _KS[{name!r}].meta"]
+    head += [f"    {name} = {expr}" for expr, name in w.ops.items()]
+    body = ["    " + x for x in L]
+    return "\n".join(head + body + ["    return call"]) + "\n", w.consts
+
+
+def _stream_fn():
+    f = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if f is not None:
+        return f
+    return lambda i: torch.cuda.current_stream(i).cuda_stream
+
+
+def _realign(t):
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+
+
+def build(plan, mod, compiled: dict, interp: bool):
+    from .kernels import Launcher
+    src, consts = render(plan, interp)
+    ns: dict = {}
+    exec(compile(src, f"<tempa gpu wrapper {plan.label}>", "exec"), ns)
+    if interp:
+        ks = {name: getattr(mod, name) for name in {it[1].name for it in plan.items if isinstance(it, tuple)}}
+        dev, di = torch.device("cpu"), 0
+    else:
+        ks = {name: Launcher(ck) for name, ck in compiled.items()}
+        dev = torch.device("cuda", torch.cuda.current_device())
+        di = dev.index
+    call = ns["make"](ks, plan.lowered.constants, consts, dev, di, _stream_fn(), _realign)
+    call._keepalive = (mod, plan.lowered.constants, ks)
+    return call, src
