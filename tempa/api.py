@@ -32,7 +32,7 @@ def _resolve_backend(backend, mode, options):
         return backend
     if backend == "eager":
         def eager_backend(gm, example_inputs):
-            return gm
+            return gm.forward   # skips nn.Module.__call__: ~3 µs a call on small graphs
         eager_backend.supports_dynamic = True
         return eager_backend
     if backend == "tempa":
