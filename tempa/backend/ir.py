@@ -68,6 +68,9 @@ class Buffer:
     # (writes straight into an input: a mutation copy-back). Decided by the scheduler.
     kind: str = "py"
     input_index: int = -1
+    # storage offset of the real tensor behind an input/extern buffer. Indexing uses offset
+    # 0 because data_ptr() already points at the tensor's first element.
+    base_offset: int = 0
 
     @property
     def numel(self):

@@ -60,6 +60,8 @@ class WrapperGen:
         if tv.buffer is not None or (b in self.reshaped and tuple(tv.sizes) == tuple(self.reshaped[b])
                                      and st == _contig(tv.sizes) and off == 0):
             return name
+        if b.base_offset or b.kind == "input":   # as_strided takes an absolute storage offset
+            return f"_as_strided({name}, {list(tv.sizes)}, {list(st)}, {name}.storage_offset() + {off})"
         return f"_as_strided({name}, {list(tv.sizes)}, {list(st)}, {off})"
 
     def bufname(self, b: Buffer) -> str:

@@ -118,7 +118,7 @@ class LowerCtx:
             if m is None:
                 outs.append(None)
                 continue
-            outs.append(Buffer(self.name(), m.shape, m.stride, m.offset, m.dtype))
+            outs.append(Buffer(self.name(), m.shape, m.stride, 0, m.dtype, base_offset=m.offset))
         name = str(node.target)
         call = ExternCall(name, node.target, args, kwargs, outs, fallback, multi)
         self.g.steps.append(call)
@@ -1049,13 +1049,15 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list) -> LoweredG
             env[n] = n.meta.get("value")
             g.inputs.append(None)
             continue
-        b = Buffer(f"in{i}", tm.shape, tm.stride, tm.offset, tm.dtype, kind="input", input_index=i)
+        b = Buffer(f"in{i}", tm.shape, tm.stride, 0, tm.dtype, kind="input", input_index=i,
+                   base_offset=tm.offset)
         g.inputs.append(b)
         env[n] = TV.of_buffer(b)
     for n in gm.graph.nodes:
         if n.op == "get_attr":
             t = getattr(gm, n.target)
-            b = Buffer(n.target, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, kind="const")
+            b = Buffer(n.target, tuple(t.shape), tuple(t.stride()), 0, t.dtype, kind="const",
+                       base_offset=t.storage_offset())
             g.constants[n.target] = t
             env[n] = TV.of_buffer(b)
         elif n.op == "call_function":
