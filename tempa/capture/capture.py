@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
+from torch.amp import autocast_mode
 
 from .breaks import Unsupported, UserError
 from .graph import GraphBuilder
@@ -67,14 +68,16 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
     autocast = torch._C._is_any_autocast_enabled()
     guards.add("global", f"{guards.const(torch._C._is_any_autocast_enabled, 'F')}() is {autocast}",
                f"autocast is {'on' if autocast else 'off'}")
-    if autocast:
-        raise Unsupported("unsupported construct", "calling a compiled function inside an "
-                          "outer autocast region")
+    outer_autocast = _outer_autocast(guards) if autocast else []
     dtype = torch.get_default_dtype()
     guards.add("global", f"{guards.const(torch.get_default_dtype, 'F')}() is {guards.const(dtype, 'D')}",
                f"default dtype is {dtype}")
 
     tracer.active_contexts = []
+    # Called inside `with torch.autocast(...)`: the graph enters the same autocast state
+    # first and leaves it last, so a backend sees where autocast applies.
+    entered = [builder.graph.call_function(autocast_mode._enter_autocast, args)
+               for args in outer_autocast]
     try:
         frame = Frame(tracer, fn.__code__, fn.__globals__, bound, fn.__closure__,
                       name=fn.__qualname__,
@@ -113,6 +116,16 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
     if retry:
         return capture(fn, args, kwargs, runtime=runtime, allow_breaks=True, dynamic=dynamic,
                        _stop=first_break)
+    if builder.attr_inputs:
+        # model.half() / model.to(device) change parameters in place (same objects, new
+        # .data): one cheap check on the first parameter catches such whole-model moves.
+        first = builder.attr_inputs[0][1]
+        c = guards.const(first, "P")
+        guards.add("module", f"{c}.dtype is {guards.const(first.dtype, 'D')} and "
+                   f"{c}.device == {guards.const(first.device, 'DEV')}",
+                   f"parameters are still {first.dtype} on {first.device}")
+    for node in reversed(entered):
+        builder.graph.call_function(autocast_mode._exit_autocast, (node,))
     if builder.sizes is not None:
         for expr, desc in builder.sizes.guard_expressions():
             guards.add("shape", expr, desc)
@@ -154,3 +167,21 @@ def _any_marked_dynamic(args, kwargs) -> bool:
             if isinstance(item, torch.Tensor) and getattr(item, "_tempa_dynamic_dims", None):
                 return True
     return False
+
+
+def _outer_autocast(guards) -> list[tuple]:
+    """The autocast regions active around the call, guarded by device and dtype."""
+    regions = []
+    for device in ("cpu", "cuda"):
+        if device == "cuda" and not torch.cuda.is_available():
+            continue
+        enabled = torch.is_autocast_enabled(device)
+        fn = guards.const(torch.is_autocast_enabled, "F")
+        guards.add("global", f"{fn}({device!r}) is {enabled}",
+                   f"autocast on {device} is {'on' if enabled else 'off'}")
+        if enabled:
+            dtype = torch.get_autocast_dtype(device)
+            guards.add("global", f"{guards.const(torch.get_autocast_dtype, 'F')}({device!r}) is "
+                       f"{guards.const(dtype, 'D')}", f"autocast dtype on {device} is {dtype}")
+            regions.append((device, dtype, True, torch.is_autocast_cache_enabled()))
+    return regions

@@ -173,9 +173,10 @@ class Frame:
         if isinstance(v, torch.nn.Module):
             items = list(iter(v))
             out = []
-            for item in items:
+            for i, item in enumerate(items):
                 if isinstance(item, torch.nn.Module):
                     self.tracer.builder.modules[id(item)] = item
+                    self.tracer.paths.setdefault(id(item), f"{self.tracer.path_of(v)}.{i}")
                 if isinstance(item, torch.Tensor):
                     item = self.tracer.builder.attr_input(item, "param")
                 out.append(item)

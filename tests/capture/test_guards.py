@@ -155,3 +155,26 @@ def test_grad_mode_is_guarded():
         out2 = fast(x)
     assert not out2.requires_grad
     assert tempa.stats().captures == 2
+
+
+def test_outer_autocast_is_captured_and_guarded():
+    model = Mlp().eval()
+    fast = tempa.compile(model, backend="eager")
+    x = torch.randn(4, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, ref = fast(x), model(x)
+    assert out.dtype == torch.bfloat16 and ref.dtype == torch.bfloat16
+    assert_same(out, ref)
+    assert_same(fast(x), model(x))          # outside autocast: a second entry, fp32
+    assert fast(x).dtype == torch.float32
+    assert tempa.stats().captures == 2
+
+
+def test_model_half_and_double_after_compile():
+    model = Mlp().eval()
+    fast = tempa.compile(model, backend="eager")
+    x = torch.randn(4, 32)
+    assert_same(fast(x), model(x))
+    model.double()                            # parameters change dtype in place
+    assert_same(fast(x.double()), model(x.double()))
+    assert fast(x.double()).dtype == torch.float64
