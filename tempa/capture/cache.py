@@ -11,7 +11,6 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
-import torch
 from torch.nn.modules import module as _nn_module
 
 from .guards import GuardSet

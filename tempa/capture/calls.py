@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import builtins
 import functools
-import inspect
 import logging
 import math
-import operator
 import types
 
 import torch

@@ -1,7 +1,6 @@
 """Capture one call of a Python function: bytecode -> FX graph + guards + output plan."""
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 
 import torch

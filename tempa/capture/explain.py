@@ -1,6 +1,6 @@
 """explain(): what capture made of a function, without compiling kernels.
 
-Counts follow the convention of torch._dynamo.explain's printed output, which the seed
+Counts follow the convention of PyTorch's own explain() output, which the seed
 shows: ``op_count`` is the number of ``call_function`` nodes over all graphs (tensor
 methods such as ``y.sum()`` are ``call_method`` nodes and are not counted).
 """

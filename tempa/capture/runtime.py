@@ -4,7 +4,6 @@ from __future__ import annotations
 import types
 
 import torch
-from torch.amp import autocast_mode
 
 
 class RestoreGradMode:

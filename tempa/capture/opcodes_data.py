@@ -1,0 +1,268 @@
+"""Opcode handlers for data: stack shuffling, building containers, operators, subscripts
+and string formatting. Mixed into ``interpreter.Frame``, whose services (``push``, ``pop``,
+``truth``, ``get_iter``, ``call``, ``binary_op``) they use."""
+from __future__ import annotations
+
+import operator
+import types
+
+import torch
+
+from .breaks import Unsupported
+from .values import NULL, TensorVar
+
+_COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+            ">": operator.gt, ">=": operator.ge}
+
+
+class DataOpcodes:
+    # -- stack shuffling ---------------------------------------------------------------------
+    def POP_TOP(self, ins):
+        self.pop()
+
+    def PUSH_NULL(self, ins):
+        self.push(NULL)
+
+    def COPY(self, ins):
+        self.push(self.stack[-ins.arg])
+
+    def SWAP(self, ins):
+        s = self.stack
+        s[-1], s[-ins.arg] = s[-ins.arg], s[-1]
+
+    def KW_NAMES(self, ins):
+        self.kw_names = ins.argval
+
+    # -- building containers -----------------------------------------------------------------
+    def BUILD_TUPLE(self, ins):
+        self.push(tuple(self.popn(ins.arg)))
+
+    def BUILD_LIST(self, ins):
+        self.push(self.popn(ins.arg))
+
+    def BUILD_SET(self, ins):
+        self.push(set(self.popn(ins.arg)))
+
+    def BUILD_MAP(self, ins):
+        items = self.popn(2 * ins.arg)
+        self.push({items[i]: items[i + 1] for i in range(0, len(items), 2)})
+
+    def BUILD_CONST_KEY_MAP(self, ins):
+        keys = self.pop()
+        values = self.popn(ins.arg)
+        self.push(dict(zip(keys, values)))
+
+    def BUILD_STRING(self, ins):
+        self.push("".join(self.popn(ins.arg)))
+
+    def BUILD_SLICE(self, ins):
+        self.push(slice(*self.popn(ins.arg)))
+
+    def LIST_APPEND(self, ins):
+        v = self.pop()
+        self.stack[-ins.arg].append(v)
+
+    def SET_ADD(self, ins):
+        v = self.pop()
+        self.stack[-ins.arg].add(v)
+
+    def MAP_ADD(self, ins):
+        value = self.pop()
+        key = self.pop()
+        self.stack[-ins.arg][key] = value
+
+    def LIST_EXTEND(self, ins):
+        seq = self.pop()
+        self.stack[-ins.arg].extend(self.get_iter(seq))
+
+    def SET_UPDATE(self, ins):
+        seq = self.pop()
+        self.stack[-ins.arg].update(self.get_iter(seq))
+
+    def DICT_UPDATE(self, ins):
+        d = self.pop()
+        self.stack[-ins.arg].update(self._as_mapping(d))
+
+    def DICT_MERGE(self, ins):
+        d = self.pop()
+        target = self.stack[-ins.arg]
+        for k, v in self._as_mapping(d).items():
+            if k in target:
+                raise TypeError(f"got multiple values for keyword argument '{k}'")
+            target[k] = v
+
+    def _as_mapping(self, d):
+        if isinstance(d, dict):
+            return d
+        if hasattr(d, "keys"):
+            return {k: self._subscr(d, k) for k in self.call(self.tracer.load_attr(d, "keys", self), [], {})}
+        raise TypeError(f"'{type(d).__name__}' object is not a mapping")
+
+    def LIST_TO_TUPLE(self, ins):  # 3.11
+        self.push(tuple(self.pop()))
+
+    def CALL_INTRINSIC_1(self, ins):  # 3.12+
+        v = self.pop()
+        if ins.arg == 6:      # INTRINSIC_LIST_TO_TUPLE
+            self.push(tuple(v))
+        elif ins.arg == 5:    # INTRINSIC_UNARY_POSITIVE
+            self.push(self._unary(operator.pos, v))
+        elif ins.arg == 3:    # INTRINSIC_STOPITERATION_ERROR
+            raise RuntimeError("generator raised StopIteration")
+        else:
+            raise Unsupported("unsupported construct", f"CALL_INTRINSIC_1 {ins.argval}")
+
+    def UNPACK_SEQUENCE(self, ins):
+        v = self.pop()
+        items = list(self.get_iter(v)) if not isinstance(v, (list, tuple)) else list(v)
+        if len(items) != ins.arg:
+            raise ValueError(f"expected {ins.arg} values to unpack, got {len(items)}")
+        for item in reversed(items):
+            self.push(item)
+
+    def UNPACK_EX(self, ins):
+        v = self.pop()
+        items = list(self.get_iter(v))
+        before, after = ins.arg & 0xFF, ins.arg >> 8
+        if len(items) < before + after:
+            raise ValueError("not enough values to unpack")
+        rest = items[before:len(items) - after]
+        for item in reversed(items[len(items) - after:]):
+            self.push(item)
+        self.push(rest)
+        for item in reversed(items[:before]):
+            self.push(item)
+
+    # -- operators ---------------------------------------------------------------------------
+    def BINARY_OP(self, ins):
+        b = self.pop()
+        a = self.pop()
+        self.push(self.binary_op(ins.argval, a, b))
+
+    def COMPARE_OP(self, ins):
+        b = self.pop()
+        a = self.pop()
+        fn = _COMPARE[ins.argval]
+        if isinstance(a, TensorVar) or isinstance(b, TensorVar):
+            self.push(self.tracer.builder.call("call_function", fn, (a, b), {}))
+        else:
+            self.push(fn(a, b))
+
+    def IS_OP(self, ins):
+        b = self.pop()
+        a = self.pop()
+        self.push((a is not b) if ins.arg else (a is b))
+
+    def CONTAINS_OP(self, ins):
+        container = self.pop()
+        item = self.pop()
+        if isinstance(container, TensorVar) or isinstance(item, TensorVar) and \
+                not isinstance(container, (list, tuple, dict, set)):
+            raise Unsupported("data-dependent value", "`in` on a tensor")
+        if isinstance(container, torch.nn.Module):
+            r = item in container
+        else:
+            r = item in container
+        self.push((not r) if ins.arg else r)
+
+    def _unary(self, fn, v):
+        if isinstance(v, TensorVar):
+            return self.tracer.builder.call("call_function", fn, (v,), {})
+        return fn(v)
+
+    def UNARY_NEGATIVE(self, ins):
+        self.push(self._unary(operator.neg, self.pop()))
+
+    def UNARY_INVERT(self, ins):
+        self.push(self._unary(operator.invert, self.pop()))
+
+    def UNARY_POSITIVE(self, ins):
+        self.push(self._unary(operator.pos, self.pop()))
+
+    def UNARY_NOT(self, ins):
+        self.push(not self.truth(self.pop()))
+
+    def TO_BOOL(self, ins):  # 3.13
+        self.push(self.truth(self.pop()))
+
+    def BINARY_SUBSCR(self, ins):
+        key = self.pop()
+        container = self.pop()
+        self.push(self._subscr(container, key))
+
+    def _subscr(self, container, key):
+        tracer = self.tracer
+        if isinstance(container, TensorVar):
+            return tracer.builder.call("call_function", operator.getitem, (container, key), {})
+        if isinstance(key, TensorVar):
+            raise Unsupported("data-dependent value", "indexing a Python container with a tensor")
+        if isinstance(container, torch.nn.Module):
+            item = container[key]
+            if isinstance(item, torch.nn.Module):
+                tracer.builder.modules[id(item)] = item
+                if not isinstance(key, slice):
+                    tracer.paths.setdefault(id(item), f"{tracer.path_of(container)}[{key!r}]")
+                else:
+                    tracer.mark_internal(item)
+            elif isinstance(item, torch.Tensor):
+                item = tracer.builder.attr_input(item, f"{tracer.path_of(container)}[{key!r}]")
+            return item
+        getitem = getattr(type(container), "__getitem__", None)
+        if isinstance(getitem, types.FunctionType):
+            return self.call(getitem, [container, key], {})
+        if isinstance(container, type):  # typing generics: Tuple[int], list[str]
+            return container[key]
+        return container[key]
+
+    def STORE_SUBSCR(self, ins):
+        key = self.pop()
+        container = self.pop()
+        value = self.pop()
+        tracer = self.tracer
+        if isinstance(container, TensorVar):
+            tracer.builder.call("call_function", operator.setitem, (container, key, value), {})
+            return
+        if id(container) in tracer.external_copies:
+            raise Unsupported("mutation of outside state", "item assignment on a caller's "
+                              f"{type(container).__name__}")
+        setitem = getattr(type(container), "__setitem__", None)
+        if isinstance(setitem, types.FunctionType):
+            self.call(setitem, [container, key, value], {})
+        elif isinstance(container, (list, dict)) or tracer.is_internal(container):
+            container[key] = value
+        else:
+            raise Unsupported("mutation of outside state",
+                              f"item assignment on a {type(container).__name__}")
+
+    def DELETE_SUBSCR(self, ins):
+        key = self.pop()
+        container = self.pop()
+        if id(container) in self.tracer.external_copies or not isinstance(container, (list, dict)):
+            raise Unsupported("mutation of outside state", "del container[key]")
+        del container[key]
+
+    # -- formatting --------------------------------------------------------------------------
+    def FORMAT_VALUE(self, ins):  # 3.11/3.12
+        spec = self.pop() if (ins.arg & 0x04) else ""
+        v = self.pop()
+        conv = ins.arg & 0x03
+        self.push(self._format(v, conv, spec))
+
+    def CONVERT_VALUE(self, ins):  # 3.13
+        v = self.pop()
+        self.push(self._convert(v, ins.arg))
+
+    def FORMAT_SIMPLE(self, ins):  # 3.13
+        self.push(self._format(self.pop(), 0, ""))
+
+    def FORMAT_WITH_SPEC(self, ins):  # 3.13
+        spec = self.pop()
+        self.push(self._format(self.pop(), 0, spec))
+
+    def _convert(self, v, conv):
+        if isinstance(v, TensorVar):
+            raise Unsupported("data-dependent value", "formatting a tensor into a string")
+        return {0: lambda x: x, 1: str, 2: repr, 3: ascii}[conv](v)
+
+    def _format(self, v, conv, spec):
+        return format(self._convert(v, conv), spec)
