@@ -45,10 +45,6 @@ class GpuTarget:
         return build_training(joint, n_in, single, plan_fn=self._plan, finish_fn=gc.finish)
 
 
-def _full_examples(gm, example_inputs):
-    return list(example_inputs)
-
-
 def gpu_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = None,
                 options: dict | None = None):
     from ..entry import build
@@ -61,9 +57,11 @@ def gpu_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = 
         compiled = build(graph, example_inputs, target)
         info = compiled.tempa_info
         info.notes.append(f"device: cuda, mode: {mode or 'default'}")
-        if mode == "reduce-overhead":
+        if mode in ("reduce-overhead", "max-autotune"):
+            # as torch.compile's max-autotune, the tuned graph also replays as a CUDA graph
             from ..runtime.cudagraphs import wrap
-            compiled = wrap(compiled, example_inputs, info, options)
+            used = [bool(n.users) for n in graph.graph.nodes if n.op == "placeholder"]
+            compiled = wrap(compiled, example_inputs, info, options, used)
         return compiled
 
     rewritten, guard = attention.rewrite(gm, example_inputs)

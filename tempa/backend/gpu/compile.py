@@ -54,6 +54,7 @@ class GpuGraphInfo(GraphInfo):
     kernels: list = field(default_factory=list)     # one summary line per launch
     unique_kernels: int = 0
     launch: str = ""                                # "direct" | "jit"
+    mutated_inputs: list = field(default_factory=list)
     autotune: list = field(default_factory=list)
 
     def summary(self) -> str:
@@ -188,6 +189,7 @@ def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str 
     info.fusion_report = "launches:\n" + "\n".join(lines) + (
         "\nnot fused:\n  " + "\n  ".join(sched.report) if sched.report else "\nnot fused: (none)")
     info.kernel_count = sum(1 for it in items if not isinstance(it, ExternCall))
+    info.mutated_inputs = list(mutated)
     info.segment_count = info.kernel_count
     plan = GpuPlan(lowered, items, info, num_inputs, label, set(param_inputs), autotune)
     return plan
@@ -252,7 +254,7 @@ def _aligned(kc) -> list:
         item = b.dtype.itemsize
         if b.kind == "input" and getattr(b, "_mutated", False):
             continue
-        if (b.offset * item) % 16:
+        if ((b.offset + getattr(b, "base_offset", 0)) * item) % 16:
             continue
         out.append(i)
     return out
