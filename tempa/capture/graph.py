@@ -14,7 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, DataDependentOutputExc
     DynamicOutputShapeException, UnsupportedOperatorException
 
 from .breaks import Unsupported, UserError
-from .guards import GuardSet
+from .guards import GuardSet, is_numpy_scalar
 from .values import TensorVar
 from .shapes import SymbolicSizes, make_shape_env
 
@@ -119,6 +119,8 @@ class GraphBuilder:
             return v.node
         if isinstance(v, torch.SymInt):
             return self.sizes.node_for(v) if self.sizes is not None else int(v)
+        if is_numpy_scalar(v):
+            return v.item()   # FX prints constants as source; numpy's repr is not valid there
         return v
 
     def wrap(self, node: fx.Node, result, target=None):
@@ -196,7 +198,7 @@ def _map(value, fn):
     if t is torch.Size:
         return tuple(_map(v, fn) for v in value) if any(
             isinstance(v, torch.SymInt) for v in value) else value
-    if t is torch.SymInt:
+    if t is torch.SymInt or is_numpy_scalar(value):
         return fn(value)
     if isinstance(value, tuple) and hasattr(value, "_fields"):
         return t(*(_map(v, fn) for v in value))

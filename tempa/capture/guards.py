@@ -49,7 +49,7 @@ class GuardSet:
             self.add("constant", f"{expr} is {value!r}", f"{expr} is {value!r}")
         elif isinstance(value, (torch.dtype, type)) or callable(value):
             self.add("constant", f"{expr} is {self.const(value)}", f"{expr} is {value!r}")
-        elif isinstance(value, (int, float, str, bytes, torch.device)):
+        elif isinstance(value, (int, float, str, bytes, torch.device)) or is_numpy_scalar(value):
             t = self.const(type(value), "T")
             self.add("constant", f"({expr}).__class__ is {t} and {expr} == {self.const(value, 'V')}",
                      f"{expr} == {value!r}")
@@ -95,7 +95,12 @@ def _is_plain_constant(v) -> bool:
         isinstance(v, tuple) and all(_is_plain_constant(x) for x in v))
 
 
+def is_numpy_scalar(value) -> bool:
+    return type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0 and \
+        hasattr(value, "item")
+
+
 def is_constant_type(value) -> bool:
     """Values that are guarded by value (equality) rather than by identity."""
     return _is_plain_constant(value) or isinstance(value, (torch.device, torch.Size, slice,
-                                                          type(Ellipsis)))
+                                                          type(Ellipsis))) or is_numpy_scalar(value)
