@@ -12,6 +12,7 @@ Four outcomes, decided by what the callable is:
 from __future__ import annotations
 
 import builtins
+import copy
 import functools
 import logging
 import math
@@ -83,6 +84,8 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
     if isinstance(fn, types.FunctionType):
         if is_torch_op(fn):
             return tracer.builder.call("call_function", fn, tuple(args), kwargs)
+        if fn is copy.copy or fn is copy.deepcopy:
+            return _copy(tracer, fn, args, kwargs)
         if fn.__module__ in _EVALUATED_PY_MODULES and not fn.__code__.co_flags & _CO_GENERATOR \
                 and (fn.__module__ in ("inspect", "dataclasses") and fn.__name__ in _REFLECTIVE
                      or not (contains_tensor(args) or contains_tensor(kwargs))):
@@ -333,6 +336,22 @@ def call_c(tracer, frame, fn, args, kwargs):
     return fn(*args, **kwargs)
 
 
+def _copy(tracer, fn, args, kwargs):
+    """copy.copy / copy.deepcopy: evaluated, and the copy is an object of this capture.
+    A shallow copy may hold tensors (it only copies references); a deep one may not."""
+    if fn is copy.deepcopy and (contains_tensor(args) or _has_tensor_attrs(args[0])):
+        raise Unsupported("unsupported call", "copy.deepcopy of tensors inside a graph")
+    result = fn(*args, **kwargs)
+    if not isinstance(result, (int, float, str, bool, tuple, type(None))):
+        tracer.mark_internal(result)
+    return result
+
+
+def _has_tensor_attrs(obj) -> bool:
+    d = getattr(obj, "__dict__", None)
+    return bool(d) and any(isinstance(v, TensorVar) for v in d.values())
+
+
 def _check_method_owner(tracer, owner, name):
     if id(owner) in tracer.external_copies and name in _MUTATING_METHODS:
         raise Unsupported("mutation of outside state", f"{type(owner).__name__}.{name} on an "
@@ -410,6 +429,14 @@ def _hasattr(tracer, frame, args, kwargs):
 def _setattr(tracer, frame, args, kwargs):
     obj, name, value = args
     frame.store_attr(obj, name, value)
+    return None
+
+
+def _delattr(tracer, frame, args, kwargs):
+    obj, name = args
+    if not tracer.is_internal(obj):
+        raise Unsupported("mutation of outside state", f"delattr({type(obj).__name__}, {name!r})")
+    delattr(obj, name)
     return None
 
 
@@ -601,6 +628,7 @@ _SPECIAL = {
     builtins.getattr: _getattr,
     builtins.hasattr: _hasattr,
     builtins.setattr: _setattr,
+    builtins.delattr: _delattr,
     builtins.iter: _iter,
     builtins.next: _next,
     builtins.sum: _sum,
