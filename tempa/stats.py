@@ -15,7 +15,6 @@ class Stats:
     recompiles: int = 0        # captures made because every existing entry's guards failed
     graph_breaks: int = 0      # breaks met while capturing
     eager_fallbacks: int = 0   # calls sent to eager because capture/compile could not help
-    cache_hits: int = 0        # calls served by an existing entry (guards passed)
     graphs_compiled: int = 0   # graphs handed to a backend
     kernels_compiled: int = 0  # generated kernels (C++ or Triton) built
     aten_fallbacks: int = 0    # ATen ops a backend ran as library calls instead of generating code
