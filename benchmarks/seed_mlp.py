@@ -3,7 +3,7 @@
 The seed's timing pattern: 10 warm-up calls, then 200 timed calls; median over ROUNDS rounds;
 reported per call and as a ratio vs eager, under no_grad and with grad. Also the cold
 compile time (empty cache dir, fresh process) and warm (fresh process, cache filled).
-Run: python benchmarks/seed_mlp.py [--no-torch-compile]
+Run: python benchmarks/seed_mlp.py [--no-torch-compile] [--backend-only]
 """
 from __future__ import annotations
 
@@ -88,14 +88,16 @@ def main():
     torch.manual_seed(0)
     model = MLP()
     x = torch.randn(8, 32)
-    fast, how = tempa_compiled(model, x)
+    import copy
+    eager_model = copy.deepcopy(model)   # eager timings never see anything tempa installed
+    fast, how = tempa_compiled(model, x, "--backend-only" in sys.argv)
     rows = []
     use_tc = "--no-torch-compile" not in sys.argv
     tc = torch.compile(model) if use_tc else None
     for mode in ("no_grad", "grad"):
         ctx = torch.no_grad() if mode == "no_grad" else torch.enable_grad()
         with ctx:
-            e = per_call_us(model, x)
+            e = per_call_us(eager_model, x)
             t = per_call_us(fast, x)
             c = per_call_us(tc, x) if tc is not None else float("nan")
         rows.append((mode, e, t, c))

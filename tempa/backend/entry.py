@@ -107,8 +107,11 @@ def build(gm: torch.fx.GraphModule, example_inputs, target):
         pgm, attrs = prepare(gm)
     except Exception as e:  # noqa: BLE001 - any failure means: run eagerly
         return _eager(gm, info, f"prepare failed: {e}")
-    getters = [_attr_getter(gm, a) for a in attrs]
-    full_examples = example_inputs + [g() for g in getters]
+    # get_attr tensors (FX graphs made by torch.fx tracing) are bound once, by identity:
+    # in-place updates (optimizers, BatchNorm stats) are visible, values are never baked.
+    # The frontend passes parameters as inputs instead, so this costs it nothing.
+    attr_vals = tuple(_attr_getter(gm, a)() for a in attrs)
+    full_examples = example_inputs + list(attr_vals)
     n_in = len(full_examples)
     needs_grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in full_examples)
     state = _State(pgm, full_examples, info, n_in, gm, target)
@@ -131,9 +134,9 @@ def build(gm: torch.fx.GraphModule, example_inputs, target):
                 return (state.train_fn or state.training())(*args)
             return (state.infer_fn or state.inference())(*args)
 
-    if getters:
+    if attr_vals:
         def compiled(*args):
-            return inner(*args, *[g() for g in getters])
+            return inner(*args, *attr_vals)
     elif needs_grad:
         compiled = inner
     else:

@@ -9,6 +9,8 @@ a side stream).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ..codegen.wrapper import WrapperGen, _DTYPE_NAMES, _contig, _opname
@@ -16,6 +18,9 @@ from ..ir import ComputedBuffer, ExternCall, TV
 
 
 def render(plan, interp: bool):
+    # TEMPA_GPU_CHECK=1: after every launch and extern call, report the first non-finite
+    # value (a debugging aid; synchronises after every step)
+    check = bool(os.environ.get("TEMPA_GPU_CHECK"))
     lowered = plan.lowered
     w = WrapperGen(plan.num_inputs)
     L = w.lines
@@ -57,6 +62,9 @@ def render(plan, interp: bool):
                         L.append(f"    {b.name} = _r[{i}]")
             else:
                 L.append(f"    {it.outputs[0].name} = {opname}({call_args})")
+            if check:
+                outs_ = [b.name for b in it.outputs if b is not None]
+                L.append(f"    _chk({it.name!r}, {', '.join(outs_)})")
             continue
         kp, kc = it
         for b in kc.params:
@@ -74,9 +82,12 @@ def render(plan, interp: bool):
             L.append(f"    _K_{kc.name}[({kc.grid},)]({ptrs})")
         else:
             L.append(f"    _R_{kc.name}({kc.grid}, 1, 1, _s, _F_{kc.name}, _M_{kc.name}, None, None, None, {ptrs})")
+        if check:
+            written = [w.bufname(m.target if m.kind == "alias" else m) for m in kp.members if m.kind in ("py", "alias")]
+            L.append(f"    _chk({kc.name + ': ' + kc.summary[:80]!r}, {', '.join(written)})")
     outs = [w.tensor(v) for v in lowered.outputs]
     L.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
-    head = ["import torch", "", "def make(_KS, _C, _K, _dev, _di, _stream, _realign):",
+    head = ["import torch", "", "def make(_KS, _C, _K, _dev, _di, _stream, _realign, _chk=None):",
             "    _empty = torch.empty", "    _empty_strided = torch.empty_strided",
             "    _as_strided = torch.as_strided"]
     for name in launches:
@@ -97,6 +108,29 @@ def _stream_fn():
     return lambda i: torch.cuda.current_stream(i).cuda_stream
 
 
+def _poison_empty(*a, **k):
+    t = torch.empty(*a, **k)
+    return t.fill_(float("nan") if t.is_floating_point() else -1)
+
+
+def _poison_empty_strided(*a, **k):
+    t = torch.empty_strided(*a, **k)
+    return t.fill_(float("nan") if t.is_floating_point() else -1)
+
+
+_reported: set = set()
+
+
+def _check(what, *ts):
+    for t in ts:
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+            if what not in _reported:
+                _reported.add(what)
+                print(f"TEMPA_GPU_CHECK: non-finite output after {what}: shape {tuple(t.shape)} "
+                      f"{t.dtype} nan={int(torch.isnan(t).sum())} inf={int(torch.isinf(t).sum())}", flush=True)
+            return
+
+
 def _realign(t):
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
 
@@ -113,6 +147,17 @@ def build(plan, mod, compiled: dict, interp: bool):
         ks = {name: Launcher(ck) for name, ck in compiled.items()}
         dev = torch.device("cuda", torch.cuda.current_device())
         di = dev.index
-    call = ns["make"](ks, plan.lowered.constants, consts, dev, di, _stream_fn(), _realign)
+    call = ns["make"](ks, plan.lowered.constants, consts, dev, di, _stream_fn(), _realign, _check)
+    if os.environ.get("TEMPA_POISON"):
+        # debugging aid: every buffer the wrapper allocates starts as NaN (or -1), so a kernel
+        # that reads an element nothing wrote shows up as a wrong result
+        ns2: dict = {}
+        exec(compile(src.replace("_empty = torch.empty\n", "_empty = _poison_empty\n")
+                     .replace("_empty_strided = torch.empty_strided\n", "_empty_strided = _poison_empty_strided\n"),
+                     f"<tempa gpu wrapper {plan.label}>", "exec"), ns2)
+        ns2["_poison_empty"] = _poison_empty
+        ns2["_poison_empty_strided"] = _poison_empty_strided
+        ns2["make"].__globals__.update(ns2)
+        call = ns2["make"](ks, plan.lowered.constants, consts, dev, di, _stream_fn(), _realign, _check)
     call._keepalive = (mod, plan.lowered.constants, ks)
     return call, src

@@ -136,7 +136,6 @@ class CudaGraphRunner:
         rec.outs, rec.single = _flat(out)
         rec.base = [(_use_count(o.untyped_storage()._cdata) if isinstance(o, torch.Tensor) and _use_count else 0)
                     for o in rec.outs]
-        stats.bump("cudagraphs_recorded")
         return rec
 
     # -- calling -------------------------------------------------------------------------
