@@ -1,6 +1,6 @@
 """Torch-level FX graph -> functional ATen FX graph, and the joint forward/backward graph.
 
-Why not ``make_fx``: it imports ``torch._dynamo`` and ``torch._inductor`` on first use (3-4 s
+Why not ``make_fx``: it imports the dynamo and inductor packages on first use (3-4 s
 of cold start on this machine), and so does anything that runs meta/fake kernels
 (``torch._disable_dynamo``). This module records ATen calls with a small
 ``TorchDispatchMode`` while running the graph on *real* tensors (private clones, so user
@@ -60,7 +60,7 @@ def _static_index(func, args) -> bool:
 
 class _Recorder(TorchDispatchMode):
     # Why: the base class wraps __torch_dispatch__ with torch._disable_dynamo, which imports
-    # torch._dynamo (seconds) on first call. We are not under dynamo, so skip the wrapper.
+    # the dynamo package (seconds) on first call. We are not under dynamo, so skip the wrapper.
     @classmethod
     def _should_skip_dynamo(cls):
         return False
