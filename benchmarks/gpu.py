@@ -98,8 +98,8 @@ def run_cell(row, system, mode, log):
     if system == "eager":
         fn = model
     elif system == "torch.compile":
-        import torch._dynamo
-        torch._dynamo.reset()
+        import importlib
+        importlib.import_module("torch._dynamo").reset()
         fn = torch.compile(model, mode=mode)
     else:
         tempa.reset() if hasattr(tempa, "reset") else None
@@ -128,6 +128,13 @@ def run_cell(row, system, mode, log):
     for x in w:
         log.write(f"  warning [{system} {mode}]: {x.message}\n")
     ms = median_ms(call, reps=row["reps"])
+    # host time per call: launches queue asynchronously, so this is the Python/launch cost
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    for _ in range(10):
+        call()
+    host_us = (time.perf_counter() - t1) / 10 * 1e6
+    torch.cuda.synchronize()
     notes = ""
     if system == "tempa":
         try:
@@ -138,9 +145,11 @@ def run_cell(row, system, mode, log):
                 if gi is not None and os.environ.get("TEMPA_BENCH_DUMP"):
                     log.write(gi.fusion_report + "\n")
             notes = f"{sum(len(getattr(i.inference or i.forward, 'kernels', [])) for i in infos)} launches"
+            guards = [getattr(e.compiled, "__closure__", None) for e in tempa.entries(fn)]
+            del guards
         except Exception as e:  # noqa: BLE001
             notes = f"(info: {e})"
-    return ms, compile_s, out, notes
+    return ms, compile_s, out, f"host {host_us:.0f} us/call; " + notes
 
 
 def main():

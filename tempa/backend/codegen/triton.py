@@ -526,7 +526,7 @@ def render_kernel(plan: KernelPlan, r_contiguous: bool = True) -> KernelCode:
     def pname(buf):
         target = buf.target if isinstance(buf, ComputedBuffer) and buf.kind == "alias" else buf
         if target not in params:
-            params[target] = "p_" + re.sub(r"\W", "_", target.name)
+            params[target] = f"p{len(params)}"    # positional: identical kernels dedupe
         return params[target]
     k.param = pname
     big = _needs_int64(plan)
@@ -602,8 +602,9 @@ def render_kernel(plan: KernelPlan, r_contiguous: bool = True) -> KernelCode:
         k.line("rindex = rbase")
         k.rlevel.add("rindex")
     summary = []
-    for m in plan.members:
-        idx, inner = member_index(m, ov, f"i_{m.name}_")
+    for j, m in enumerate(plan.members):
+        tag = f"m{j}"
+        idx, inner = member_index(m, ov, f"i_{tag}_")
         red = m.body if isinstance(m.body, Reduction) else None
         t_store = TL[m.dtype]
         ext = r_extent(m, ov)
@@ -612,7 +613,7 @@ def render_kernel(plan: KernelPlan, r_contiguous: bool = True) -> KernelCode:
             # x level: one value per outer position
             k.rmask = None
             v = k.cast(m.body.fn(k, idx), m.dtype)
-            _finish_x(k, m, idx, v, plan, locals_here, pname)
+            _finish_x(k, m, idx, v, plan, locals_here, pname, tag=tag)
             continue
         looped = not persistent
         if looped:
@@ -627,7 +628,7 @@ def render_kernel(plan: KernelPlan, r_contiguous: bool = True) -> KernelCode:
             v = k.cast(m.body.fn(k, idx), m.dtype)
             _store(k, m, idx, v, pname, True)
         else:
-            rv = [Var(f"r_{m.name}_{d}", s) for d, s in enumerate(red.rsizes)]
+            rv = [Var(f"r_{tag}_{d}", s) for d, s in enumerate(red.rsizes)]
             r_vars(list(red.rsizes), [x.name for x in rv], None)
             acc_dt = _acc_dtype(red)
             init = _init(red.rtype, acc_dt)
@@ -642,7 +643,7 @@ def render_kernel(plan: KernelPlan, r_contiguous: bool = True) -> KernelCode:
                     flat = flat + Ix.of(x) * mul
                     mul *= x.size
                 iexpr = k._shaped(k.ix(flat), False, True, True)
-            acc = f"acc_{m.name}"
+            acc = f"acc_{tag}"
             if not looped:
                 masked = f"tl.where({full}, {vexpr}, {init})"
                 if arg:
@@ -669,7 +670,7 @@ def render_kernel(plan: KernelPlan, r_contiguous: bool = True) -> KernelCode:
                 k.pop()
                 k.depth -= 1
                 k.rmask = None
-            name = f"v_{m.name}"
+            name = f"v_{tag}"
             k.line(f"{name} = {res}")
             out_dt = m.dtype
             if out_dt == torch.bool:
@@ -679,7 +680,7 @@ def render_kernel(plan: KernelPlan, r_contiguous: bool = True) -> KernelCode:
             if out_dt in HALF:
                 k.line(f"{name} = {name}.to({TL[out_dt]}).to(tl.float32)")
             k.rmask = None
-            _finish_x(k, m, idx, CVal(name, m.dtype), plan, locals_here, pname, named=True)
+            _finish_x(k, m, idx, CVal(name, m.dtype), plan, locals_here, pname, named=True, tag=tag)
             continue
         if looped:
             k.pop()
@@ -706,16 +707,16 @@ def _insert_before_loop(k: TritonEmitter, lines):
     raise AssertionError("no loop open")
 
 
-def _finish_x(k, m, idx, v: CVal, plan, locals_here, pname, named=False):
+def _finish_x(k, m, idx, v: CVal, plan, locals_here, pname, named=False, tag="m"):
     """An x-level member value: keep it in a register for later members, store it if needed."""
     name = v.expr
     if not named:
         if v.expr in k.consts:
             shape = f"[{k.xb}, 1]" if k.two_d else f"[{k.xb}]"
-            name = f"v_{m.name}"
+            name = f"v_{tag}"
             k.line(f"{name} = tl.full({shape}, {v.expr}, {TL[phys(m.dtype)]})")
         elif not re.fullmatch(r"[A-Za-z_]\w*", v.expr):
-            name = f"v_{m.name}"
+            name = f"v_{tag}"
             k.line(f"{name} = {v.expr}")
     locals_here[m] = CVal(name, m.dtype)
     if m not in plan.local:

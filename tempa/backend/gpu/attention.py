@@ -165,16 +165,20 @@ class CausalGuard:
                 f"-> scaled_dot_product_attention(is_causal=True), guarded on the buffers")
 
     def wrap(self, fast, make_slow, info):
-        entries = [list(e) for e in self.entries]
+        # (arg index, slices, data_ptr, version counter): an alias of the same unmodified
+        # buffer passes (views and detach() share the version counter)
+        entries = [[i, sl, t.data_ptr(), t._version] for i, sl, t, _ in self.entries]
         state = {"slow": None}
+        self.rechecks = 0
 
         def check(args):
             for e in entries:
                 t = args[e[0]]
-                if t is e[2] and t._version == e[3]:
+                if t.data_ptr() == e[2] and t._version == e[3]:
                     continue
+                self.rechecks += 1
                 if isinstance(t, torch.Tensor) and _causal(t, e[1]):
-                    e[2], e[3] = t, t._version
+                    e[2], e[3] = t.data_ptr(), t._version
                     continue
                 return False
             return True

@@ -33,6 +33,10 @@ class GpuTarget:
             from ..runtime.autotune import Autotuner
             self.autotune = Autotuner(self.options)
 
+    @staticmethod
+    def decomps():
+        return gpu_decomps()
+
     def _plan(self, gm, num_outputs, mutated, n_in, label, prefix=""):
         params = self.params if label in ("inference", "forward") else frozenset()
         return gc.plan_graph(gm, num_outputs, mutated, n_in, label, prefix, params, self.autotune)
@@ -43,6 +47,39 @@ class GpuTarget:
     def build_training(self, joint, n_in, single):
         from ..autograd import build_training
         return build_training(joint, n_in, single, plan_fn=self._plan, finish_fn=gc.finish)
+
+
+_DECOMPS = None
+
+
+def gpu_decomps() -> dict:
+    """The CPU's decomposition table plus: fused attention always computes its logsumexp.
+
+    Why: the forward is traced on inputs that do not require grad, so SDPA picks
+    ``compute_log_sumexp=False``; the joint trace then replays that call with grad and the
+    backward reads a logsumexp that was never written (NaN, or an illegal address)."""
+    global _DECOMPS
+    if _DECOMPS is None:
+        from ..lower.decomps import table
+        aten = torch.ops.aten
+        d = dict(table())
+
+        def with_lse(op, pos):
+            def dec(*args, **kwargs):
+                if len(args) > pos and args[pos] is False:
+                    args = args[:pos] + (True,) + args[pos + 1:]
+                    return op(*args, **kwargs)
+                if kwargs.get("compute_log_sumexp") is False:
+                    kwargs = dict(kwargs, compute_log_sumexp=True)
+                    return op(*args, **kwargs)
+                return NotImplemented
+            return dec
+        for name in ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"):
+            op = getattr(aten, name, None)
+            if op is not None:
+                d[op.default] = with_lse(op.default, 4)
+        _DECOMPS = d
+    return _DECOMPS
 
 
 def gpu_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = None,

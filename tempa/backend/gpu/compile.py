@@ -240,11 +240,7 @@ def finish(plans: list) -> list:
 
 
 def _signature(kc) -> dict:
-    sig = {}
-    import re
-    for b in kc.params:
-        sig["p_" + re.sub(r"\W", "_", b.name)] = "*" + tr.SIG[b.dtype]
-    return sig
+    return {f"p{i}": "*" + tr.SIG[b.dtype] for i, b in enumerate(kc.params)}
 
 
 def _aligned(kc) -> list:

@@ -124,7 +124,7 @@ def _prefill(path, jobs, tgt):
                            "jobs": [j.as_json() for j in sl]})
         try:
             p = subprocess.Popen([sys.executable, worker], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
             p.stdin.write(spec.encode())
             p.stdin.close()
             procs.append(p)
