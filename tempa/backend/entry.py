@@ -73,6 +73,7 @@ def _warn_once(msg: str):
 class CpuTarget:
     """What ``_State`` compiles with: the C++ renderer (the GPU one is gpu.backend.GpuTarget)."""
     name = "cpu"
+    decomps = staticmethod(table)
 
     @staticmethod
     def compile_graph(gm, num_outputs, mutated, n_in, label):
@@ -180,7 +181,7 @@ class _State:
 
     def _trace(self):
         if self.traced is None:
-            self.traced = trace_forward(self.pgm, self.examples, table())
+            self.traced = trace_forward(self.pgm, self.examples, self.target.decomps())
         return self.traced
 
     def inference(self):
@@ -209,7 +210,7 @@ class _State:
                 return self.train_fn
             try:
                 tr = self._trace()
-                joint = trace_joint(tr, self.examples, table())
+                joint = trace_joint(tr, self.examples, self.target.decomps())
                 fn, fw_info, bw_info = self.target.build_training(joint, self.n_in, getattr(tr, "single", False))
             except Exception as e:  # noqa: BLE001
                 return self._failed(e, "training")
