@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, DataDependentOutputExc
 from .breaks import Unsupported, UserError
 from .guards import GuardSet, is_numpy_scalar
 from .values import TensorVar
+from .meta import MetaInfo, infer
 from .shapes import SymbolicSizes, make_shape_env
 
 # Calls kept in the graph even though nothing reads their result (they change state).
@@ -27,12 +28,13 @@ class GraphBuilder:
     def __init__(self, *, symbolic: bool = False):
         self.graph = fx.Graph()
         self.sizes = None
+        # Static captures start on metadata rules (meta.py) and create fake tensors only
+        # when an operation has no rule; symbolic sizes need fake tensors from the start.
+        self.fake_mode = None
         if symbolic:
             env = make_shape_env()
             self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=env)
             self.sizes = SymbolicSizes(self.graph, env)
-        else:
-            self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
         self.guards = GuardSet()
         self.user_inputs: list[tuple[fx.Node, str, torch.Tensor]] = []  # (placeholder, expr, tensor)
         self.attr_inputs: list[tuple[fx.Node, torch.Tensor]] = []  # parameters, buffers, ...
@@ -65,7 +67,7 @@ class GraphBuilder:
             fake = self.fake_mode.from_tensor(tensor, symbolic_context=self.sizes.context_for(tensor, dims))
             self.sizes.register(fake, expr, node)
         else:
-            fake = self.fake_mode.from_tensor(tensor, static_shapes=True)
+            fake = self._example_of(tensor)
         var = TensorVar(node, fake)
         node.meta["example_value"] = fake
         self.user_inputs.append((node, expr, tensor))
@@ -81,19 +83,46 @@ class GraphBuilder:
         if hit is not None:
             return hit
         node = self._placeholder(hint)
-        fake = self.fake_mode.from_tensor(tensor, static_shapes=True)
+        fake = self._example_of(tensor)
         var = TensorVar(node, fake)
         node.meta["example_value"] = fake
         self.attr_inputs.append((node, tensor))
         self._input_by_id[id(tensor)] = var
         return var
 
+    def _example_of(self, tensor: torch.Tensor):
+        if self.fake_mode is None:
+            return MetaInfo.of(tensor)
+        return self.fake_mode.from_tensor(tensor, static_shapes=True)
+
+    def _use_fake_tensors(self, values) -> None:
+        """Switch this capture to fake tensors: every TensorVar in ``values`` gets one."""
+        if self.fake_mode is None:
+            self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        for var in _vars_in(values):
+            m = var.fake
+            if isinstance(m, MetaInfo):
+                with self.fake_mode:
+                    var.fake = torch.empty_strided(m.shape, m.stride(), dtype=m.dtype,
+                                                   device=m.device, requires_grad=m.requires_grad)
+                var.node.meta["example_value"] = var.fake
+
     # -- operations --------------------------------------------------------------------
     def call(self, kind: str, target, args: tuple, kwargs: dict):
-        """Record ``target(*args, **kwargs)`` (kind: call_function|call_method), run it on fake
-        tensors, and return the result with TensorVars in place of tensors."""
+        """Record ``target(*args, **kwargs)`` (kind: call_function|call_method), work out its
+        result's metadata (rules, else fake tensors) and return the result with TensorVars
+        in place of tensors."""
         node_args = _map(args, self._to_node)
         node_kwargs = _map(kwargs, self._to_node)
+        if self.sizes is None:
+            try:
+                result = infer(kind, target, _map(args, _to_fake), _map(kwargs, _to_fake))
+            except Exception:  # NoRule, or a rule's error: fake tensors give the exact answer
+                pass
+            else:
+                node = self.graph.create_node(kind, target, node_args, node_kwargs)
+                return self.wrap(node, result, target)
+            self._use_fake_tensors((args, kwargs))
         fake_args = _map(args, _to_fake)
         fake_kwargs = _map(kwargs, _to_fake)
         try:
@@ -124,14 +153,14 @@ class GraphBuilder:
         return v
 
     def wrap(self, node: fx.Node, result, target=None):
-        if isinstance(result, torch.Tensor):
+        if isinstance(result, (torch.Tensor, MetaInfo)):
             node.meta["example_value"] = result
             return TensorVar(node, result)
-        if isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result):
+        if isinstance(result, (tuple, list)) and any(isinstance(r, (torch.Tensor, MetaInfo)) for r in result):
             node.meta["example_value"] = result
             items = []
             for i, r in enumerate(result):
-                if isinstance(r, torch.Tensor):
+                if isinstance(r, (torch.Tensor, MetaInfo)):
                     item = self.graph.call_function(operator.getitem, (node, i))
                     item.meta["example_value"] = r
                     items.append(TensorVar(item, r))
@@ -205,8 +234,22 @@ def _map(value, fn):
     return value
 
 
+def _vars_in(value, depth=0):
+    if isinstance(value, TensorVar):
+        yield value
+    elif depth < 6 and isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _vars_in(v, depth + 1)
+    elif depth < 6 and isinstance(value, dict):
+        for v in value.values():
+            yield from _vars_in(v, depth + 1)
+    elif isinstance(value, slice):
+        for v in (value.start, value.stop, value.step):
+            yield from _vars_in(v, depth + 1)
+
+
 def _has_tensor(value) -> bool:
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, (torch.Tensor, MetaInfo)):
         return True
     if isinstance(value, (list, tuple)):
         return any(_has_tensor(v) for v in value)
