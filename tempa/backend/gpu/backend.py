@@ -74,10 +74,25 @@ def gpu_decomps() -> dict:
                     return op(*args, **kwargs)
                 return NotImplemented
             return dec
-        for name in ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"):
-            op = getattr(aten, name, None)
-            if op is not None:
-                d[op.default] = with_lse(op.default, 4)
+        eff = getattr(aten, "_scaled_dot_product_efficient_attention", None)
+        if eff is not None:
+            d[eff.default] = with_lse(eff.default, 4)
+        cudnn = getattr(aten, "_scaled_dot_product_cudnn_attention", None)
+        flash = getattr(aten, "_scaled_dot_product_flash_attention", None)
+        if cudnn is not None:
+            cudnn_lse = with_lse(cudnn.default, 4)
+
+            def cudnn_to_flash(q, k, v, attn_bias=None, compute_lse=False, dropout_p=0.0, is_causal=False,
+                               return_debug_mask=False, *, scale=None):
+                # Why not cuDNN: its backward, called with the forward's q view but k/v in other
+                # layouts (as a compiled graph may pass them), returned wrong gradients and
+                # faulted on the H200 (torch 2.11). Flash has the same outputs, any layout.
+                if attn_bias is None and q.dtype in (torch.float16, torch.bfloat16) and flash is not None \
+                        and q.shape[-1] <= 256:
+                    return flash.default(q, k, v, dropout_p, is_causal, return_debug_mask, scale=scale)
+                return cudnn_lse(q, k, v, attn_bias, compute_lse, dropout_p, is_causal, return_debug_mask,
+                                 scale=scale)
+            d[cudnn.default] = cudnn_to_flash
         _DECOMPS = d
     return _DECOMPS
 
