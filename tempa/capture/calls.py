@@ -44,6 +44,13 @@ _TORCH_SIDE_EFFECTS = {"manual_seed", "seed", "set_default_dtype", "set_default_
                        "set_printoptions", "use_deterministic_algorithms", "save", "load",
                        "set_num_threads", "synchronize", "_set_grad_enabled", "set_rng_state"}
 
+# torch C functions that only look at Python types or global state (guarded): evaluated.
+_PURE_TORCH_QUERIES = {torch._C._has_torch_function, torch._C._has_torch_function_unary,
+                       torch._C._has_torch_function_variadic, torch.is_autocast_enabled,
+                       torch.get_autocast_dtype, torch.get_default_dtype,
+                       torch.is_autocast_cache_enabled, torch._C._get_cudnn_enabled,
+                       torch.are_deterministic_algorithms_enabled}
+
 # Modules whose C functions are pure enough to evaluate on constants during capture.
 _PURE_C_MODULES = {"builtins", "math", "_operator", "operator", "itertools", "_functools",
                    "functools", "_collections", "collections", "_abc", "posixpath", "_string",
@@ -99,6 +106,8 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
         name = getattr(fn, "__name__", "")
         if name in _TORCH_SIDE_EFFECTS or name.startswith("set_"):
             raise Unsupported("unsupported call", f"torch.{name} changes global state")
+        if fn in _PURE_TORCH_QUERIES:
+            return fn(*args, **kwargs)   # type/state queries: no graph node needed
         return tracer.builder.call("call_function", fn, tuple(args), kwargs)
     return call_c(tracer, frame, fn, args, kwargs)
 
@@ -125,6 +134,8 @@ def is_torch_op(fn) -> bool:
         return owner is not None and issubclass(owner, torch._C.TensorBase)
     if t is types.FunctionType:
         mod = fn.__module__ or ""
+        if fn.__name__.startswith("_"):
+            return False   # F._canonical_mask, F._none_or_dtype: helpers to inline, not ops
         return mod in ("torch.nn.functional", "torch.functional") or \
             (mod == "torch._tensor" and fn.__name__ in _PY_TENSOR_METHOD_OPS)
     return False

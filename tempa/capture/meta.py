@@ -446,9 +446,78 @@ def _view(x, *size, _grad_fn=None):
 
 
 def _view_method(x, *size):
-    if not x.is_contiguous():
-        raise NoRule()   # view legality depends on strides: let fake tensors decide
-    return _view(x, *size)
+    out = _view(x, *size)
+    strides = view_strides(x.shape, x.stride(), out.shape)
+    if strides is None:
+        raise NoRule()   # not viewable: fake tensors raise eager's exact error
+    return MetaInfo(out.shape, x.dtype, x.device, _vgrad(x), strides)
+
+
+def view_strides(old_shape, old_strides, new_shape):
+    """The strides of ``view(new_shape)`` of a tensor with these sizes and strides, or None
+    when no view is possible (the algorithm of ATen's computeStride)."""
+    if math.prod(old_shape) == 0 or not old_shape:
+        return contiguous_strides(new_shape)
+    new_strides = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    chunk_base_stride = old_strides[-1]
+    tensor_numel = view_numel = 1
+    for tensor_d in range(len(old_shape) - 1, -1, -1):
+        tensor_numel *= old_shape[tensor_d]
+        if tensor_d == 0 or (old_shape[tensor_d - 1] != 1 and
+                             old_strides[tensor_d - 1] != tensor_numel * chunk_base_stride):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new_strides[view_d] = view_numel * chunk_base_stride
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if tensor_d > 0:
+                chunk_base_stride = old_strides[tensor_d - 1]
+                tensor_numel = view_numel = 1
+    if view_d != -1:
+        return None
+    return tuple(new_strides)
+
+
+def _conv(n):
+    def rule(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        if x.dim() not in (n + 1, n + 2) or weight.dim() != n + 2:
+            raise NoRule()
+        batched = x.dim() == n + 2
+        spatial = list(x.shape[-n:])
+        k = list(weight.shape[2:])
+        st, dl = _tuple(stride, n), _tuple(dilation, n)
+        if padding == "valid":
+            pd = [0] * n
+        elif padding == "same":
+            pd = None
+        else:
+            pd = _tuple(padding, n)
+        if x.shape[-n - 1] != weight.shape[1] * groups:
+            raise RuntimeError("conv: input channels do not match weight")
+        out = spatial[:] if pd is None else [
+            (spatial[i] + 2 * pd[i] - dl[i] * (k[i] - 1) - 1) // st[i] + 1 for i in range(n)]
+        if any(o <= 0 for o in out):
+            raise RuntimeError("conv: output size is too small")
+        shape = ([x.shape[0]] if batched else []) + [weight.shape[0]] + out
+        return MetaInfo(shape, _promote(x, weight), x.device, _grad(x, weight, bias))
+    return rule
+
+
+def _tuple(v, n):
+    return list(v) if isinstance(v, (tuple, list)) else [v] * n
+
+
+def _cross_entropy(x, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                   reduction="mean", label_smoothing=0.0):
+    if size_average is not None or reduce is not None:
+        raise NoRule()
+    if reduction == "none":
+        shape = target.shape if target.dtype in (torch.int64, torch.int32) else x.shape[:1] + x.shape[2:]
+    else:
+        shape = ()
+    return MetaInfo(shape, x.dtype, x.device, _grad(x, weight))
 
 
 def _permute(x, *dims):
@@ -814,6 +883,9 @@ def _register():
     fr[torch.bmm] = mr["bmm"] = _bmm
     fr[torch.addmm] = mr["addmm"] = _addmm
     fr[F.linear] = _linear
+    fr[F.conv1d] = fr[torch.conv1d] = _conv(1)
+    fr[F.conv2d] = fr[torch.conv2d] = _conv(2)
+    fr[F.cross_entropy] = _cross_entropy
     fr[F.scaled_dot_product_attention] = _sdpa
     fr[F.layer_norm] = _layer_norm
     fr[F.embedding] = _embedding
