@@ -609,20 +609,9 @@ def _builtin_type(tracer, frame, cls, args, kwargs):
         return frame.truth(args[0])
     if cls is str and args and isinstance(args[0], TensorVar):
         raise Unsupported("data-dependent value", "str(tensor) needs its value")
-    if cls is type:
-        return _type(tracer, frame, args, kwargs)
-    if cls is super:
-        return _super(tracer, frame, args, kwargs)
-    if cls is enumerate:
-        return _enumerate(tracer, frame, args, kwargs)
-    if cls is zip:
-        return _zip(tracer, frame, args, kwargs)
-    if cls is map:
-        return _map(tracer, frame, args, kwargs)
-    if cls is filter:
-        return _filter(tracer, frame, args, kwargs)
-    if cls is reversed:
-        return _reversed(tracer, frame, args, kwargs)
+    handler = _ITERATING_TYPES.get(cls)
+    if handler is not None:
+        return handler(tracer, frame, args, kwargs)
     if contains_tensor(args) or contains_tensor(kwargs):
         if cls is slice:
             return slice(*args)
@@ -630,6 +619,9 @@ def _builtin_type(tracer, frame, cls, args, kwargs):
     return cls(*args, **kwargs)
 
 
+# Builtin types whose construction walks an iterable or needs the frame.
+_ITERATING_TYPES = {type: _type, super: _super, enumerate: _enumerate, zip: _zip, map: _map,
+                    filter: _filter, reversed: _reversed}
 _BUILTIN_TYPES = {list, tuple, dict, set, frozenset, int, float, bool, str, complex, type,
                   super, enumerate, zip, map, filter, reversed, slice, range, object, bytes}
 

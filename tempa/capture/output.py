@@ -16,7 +16,7 @@ import types
 import torch
 
 from . import runtime
-from .values import TensorVar, NULL, TensorMethod, GradModeExit, CapturedIter
+from .values import TensorVar, NULL, TensorMethod, GradModeExit, CapturedIter, contains_tensor
 
 
 _BUILTIN_METHOD = type([].append)
@@ -143,13 +143,5 @@ def _holds_tensor(value) -> bool:
     return False
 
 
-def _contains_var(value, depth=0) -> bool:
-    if isinstance(value, TensorVar):
-        return True
-    if depth > 4:
-        return False
-    if isinstance(value, (list, tuple)):
-        return any(_contains_var(v, depth + 1) for v in value)
-    if isinstance(value, dict):
-        return any(_contains_var(v, depth + 1) for v in value.values())
-    return _holds_tensor(value)
+def _contains_var(value) -> bool:
+    return contains_tensor(value) or _holds_tensor(value)
