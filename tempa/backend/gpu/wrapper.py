@@ -62,6 +62,14 @@ def render(plan, interp: bool):
                         L.append(f"    {b.name} = _r[{i}]")
             else:
                 L.append(f"    {it.outputs[0].name} = {opname}({call_args})")
+            if it.op not in _FRESH_CONTIGUOUS:
+                # ATen picks an output's layout from its inputs' layouts, and an argument may
+                # reach the op in another layout than at trace time (lowering materialises
+                # some views): kernels index outputs with the traced strides, so restore them
+                for b in it.outputs:
+                    if b is not None and b.numel > 1:
+                        st = tuple(b.strides)
+                        L.append(f"    if {b.name}.stride() != {st!r}: {b.name} = _restride({b.name}, {st!r})")
             if check:
                 outs_ = [b.name for b in it.outputs if b is not None]
                 L.append(f"    _chk({it.name!r}, {', '.join(outs_)})")
@@ -87,7 +95,7 @@ def render(plan, interp: bool):
             L.append(f"    _chk({kc.name + ': ' + kc.summary[:80]!r}, {', '.join(written)})")
     outs = [w.tensor(v) for v in lowered.outputs]
     L.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
-    head = ["import torch", "", "def make(_KS, _C, _K, _dev, _di, _stream, _realign, _chk=None):",
+    head = ["import torch", "", "def make(_KS, _C, _K, _dev, _di, _stream, _realign, _chk=None, _restride=None):",
             "    _empty = torch.empty", "    _empty_strided = torch.empty_strided",
             "    _as_strided = torch.as_strided"]
     for name in launches:
@@ -131,6 +139,14 @@ def _check(what, *ts):
             return
 
 
+aten = torch.ops.aten
+_FRESH_CONTIGUOUS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
+
+
+def _restride(t, stride):
+    return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+
+
 def _realign(t):
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
 
@@ -147,7 +163,7 @@ def build(plan, mod, compiled: dict, interp: bool):
         ks = {name: Launcher(ck) for name, ck in compiled.items()}
         dev = torch.device("cuda", torch.cuda.current_device())
         di = dev.index
-    call = ns["make"](ks, plan.lowered.constants, consts, dev, di, _stream_fn(), _realign, _check)
+    call = ns["make"](ks, plan.lowered.constants, consts, dev, di, _stream_fn(), _realign, _check, _restride)
     if os.environ.get("TEMPA_POISON"):
         # debugging aid: every buffer the wrapper allocates starts as NaN (or -1), so a kernel
         # that reads an element nothing wrote shows up as a wrong result
@@ -158,6 +174,6 @@ def build(plan, mod, compiled: dict, interp: bool):
         ns2["_poison_empty"] = _poison_empty
         ns2["_poison_empty_strided"] = _poison_empty_strided
         ns2["make"].__globals__.update(ns2)
-        call = ns2["make"](ks, plan.lowered.constants, consts, dev, di, _stream_fn(), _realign, _check)
+        call = ns2["make"](ks, plan.lowered.constants, consts, dev, di, _stream_fn(), _realign, _check, _restride)
     call._keepalive = (mod, plan.lowered.constants, ks)
     return call, src
