@@ -125,6 +125,9 @@ def run_cell(row, system, mode, log):
         out = call()
         torch.cuda.synchronize()
     compile_s = time.perf_counter() - t0
+    # keep a copy: CUDA-graph outputs are overwritten by later calls (torch.compile raises
+    # when an overwritten output is read)
+    out = tuple(o.detach().clone() for o in out) if isinstance(out, tuple) else out.detach().clone()
     for x in w:
         log.write(f"  warning [{system} {mode}]: {x.message}\n")
     ms = median_ms(call, reps=row["reps"])

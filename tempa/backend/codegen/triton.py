@@ -544,10 +544,11 @@ def render_kernel(plan: KernelPlan, r_contiguous: bool = True) -> KernelCode:
     k.xvars = {"xindex", "xz"}
     stride = 1
     defs = []
-    for d in range(len(ov) - 1, -1, -1):
-        v = ov[d]
+    order = _x_order(plan, ov) if not two_d else list(range(len(ov)))
+    for pos in range(len(order) - 1, -1, -1):
+        v = ov[order[pos]]
         e = "xindex" if stride == 1 else f"(xindex // {stride})"
-        if d > 0:
+        if pos > 0:
             e = f"{e} % {v.size}"
         defs.append(f"{v.name} = {e}")
         k.xvars.add(v.name)
@@ -695,6 +696,25 @@ def render_kernel(plan: KernelPlan, r_contiguous: bool = True) -> KernelCode:
     kc.summary = ", ".join(summary)
     del t_store
     return kc
+
+
+def _x_order(plan: KernelPlan, ov) -> list:
+    """Outer dims from slowest to fastest varying along xindex: the memory order of the
+    first buffer the kernel writes. Why: a cast into a transposed layout (a weight for a
+    matmul) iterated in logical order writes (and reads) with a stride of a whole row."""
+    from ..schedule import member_index
+    for m in plan.members:
+        if m.kind not in ("py", "alias"):
+            continue
+        idx, _ = member_index(m, ov, "o")
+        st = {}
+        for i, s in zip(idx, m.strides):
+            for a, c in i.terms:
+                if isinstance(a, Var) and a.name.startswith("x"):
+                    st[a.name] = abs(s)
+        d_stride = [st.get(v.name, 0) for v in ov]
+        return sorted(range(len(ov)), key=lambda d: (-d_stride[d], d))
+    return list(range(len(ov)))
 
 
 def _insert_before_loop(k: TritonEmitter, lines):
