@@ -1,5 +1,6 @@
 """`tempa explain` and `tempa cache`."""
 import json
+import re
 import os
 
 from tempa import cli
@@ -16,7 +17,7 @@ def test_explain_graph_break_shows_counts_source_and_hint(run_tempa):
     assert "Break 1: data-dependent branch at " in out and "graph_break.py:20" in out
     assert ">   20 |         if y.sum() > 0:" in out          # the user's line, marked
     assert "hint: " in out and "torch.where" in out
-    assert "guards (5):" in out and "x is a Tensor" in out
+    assert re.search(r"guards \(\d+\):", out) and "x is a Tensor" in out
 
 
 def test_explain_seed_shows_recompile_from_extra_inputs(capsys, cache_dir):
