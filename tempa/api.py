@@ -43,6 +43,7 @@ def _resolve_backend(backend, mode, options):
                                       "graph with ATen ops", e)
                 return gm
             return compile_graph(gm, example_inputs, mode=mode, options=options)
+        tempa_backend.supports_dynamic = True   # shape-generic code, or per shape inside
         return tempa_backend
     raise ValueError(f"tempa.compile: unknown backend {backend!r}; use 'tempa', 'eager' or a "
                      "callable (gm, example_inputs) -> callable")

@@ -23,9 +23,14 @@ logs = importlib.import_module("tempa.logs")
 stats = importlib.import_module("tempa.stats")  # the module; tempa.stats is also a function
 from .codegen import cpp, wrapper
 from .ir import ComputedBuffer, ExternCall, TV
-from .lower.lowerings import lower_graph
+from .lower.lowerings import DYN_SCALE, SIZE_CHOICES, lower_graph
 from .runtime import build as _build
 from .schedule import _extern_buffers, _reads, plan_memory, schedule
+
+
+# Shape-generic graphs: lowering thresholds assume run-time sizes up to this many times the
+# sizes seen while compiling (see DYN_SCALE in lower/lowerings.py).
+DYNAMIC_SIZE_SCALE = 4
 
 
 @dataclass
@@ -90,8 +95,16 @@ class Plan:
 
 
 def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str = "graph",
-               prefix: str = "") -> Plan:
-    lowered = lower_graph(gm, num_outputs, mutated)
+               prefix: str = "", nsizes: int = 0, choices=None) -> Plan:
+    """``nsizes`` > 0: render shape-generic code taking that many size symbols (dynamic.py);
+    ``choices``: a lowerings.SizeChoices log that records or replays size-driven choices."""
+    token = DYN_SCALE.set(DYNAMIC_SIZE_SCALE if nsizes else 1)
+    token2 = SIZE_CHOICES.set(choices)
+    try:
+        lowered = lower_graph(gm, num_outputs, mutated)
+    finally:
+        DYN_SCALE.reset(token)
+        SIZE_CHOICES.reset(token2)
     eliminate_dead(lowered)
     sched = schedule(lowered.steps, lowered.copy_backs, lowered.outputs)
     plan_memory(sched, lowered.inputs, lowered.outputs, lowered.steps)
@@ -99,7 +112,7 @@ def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str 
     seg_codes = {}
     for si, seg in enumerate(sched.segments):
         if isinstance(seg, list):
-            seg_codes[si] = cpp.render_segment(f"{prefix}seg{si}", seg, sched.local, kernel_no)
+            seg_codes[si] = cpp.render_segment(f"{prefix}seg{si}", seg, sched.local, kernel_no, nsizes)
     info = GraphInfo()
     info.kernel_count = kernel_no[0]
     info.segment_count = len(seg_codes)
@@ -160,7 +173,7 @@ def instantiate(wsrc: str, lib, seg_codes: dict, constants: dict, consts: list):
     seg_funcs = {}
     for si, code in seg_codes.items():
         f = getattr(lib, code.name)
-        f.argtypes = [ctypes.c_void_p] * len(code.params)
+        f.argtypes = [ctypes.c_void_p] * len(code.params) + [ctypes.c_int64] * getattr(code, "nsizes", 0)
         f.restype = ctypes.c_int
         seg_funcs[si] = f
     ptrs = {k: v.data_ptr() for k, v in constants.items()}

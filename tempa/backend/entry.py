@@ -22,7 +22,9 @@ logs = importlib.import_module("tempa.logs")
 class BackendInfo:
     """What the backend did with one graph (``compiled.tempa_info``).
 
-    The flat fields describe the variant built first (inference, or the autograd forward);
+    The flat fields describe the variant built first (inference, or the autograd forward),
+    except ``kernel_count``: every kernel generated for this graph so far, over all variants
+    built (inference, forward, backward), which is what ``stats().kernels_compiled`` adds up.
     ``inference``, ``forward`` and ``backward`` hold each variant's GraphInfo once built.
     """
     kernel_count: int = 0
@@ -34,6 +36,7 @@ class BackendInfo:
     used_gcc: bool = False
     from_disk_cache: bool = False
     fallback_reason: str | None = None     # set when the graph runs eagerly
+    dynamic: str = ""                      # symbolic sizes: "generic in ..." or "per-shape: why"
     compile_seconds: float = 0.0
     inference: GraphInfo | None = None
     forward: GraphInfo | None = None
@@ -41,10 +44,10 @@ class BackendInfo:
     notes: list = field(default_factory=list)
 
     def _adopt(self, gi: GraphInfo):
+        self.kernel_count += gi.kernel_count
         if self.cpp_source or self.wrapper_source:
             self.used_gcc = self.used_gcc or gi.used_gcc
             return
-        self.kernel_count = gi.kernel_count
         self.cpp_source = gi.cpp_source
         self.wrapper_source = gi.wrapper_source
         self.aten_fallbacks = gi.aten_fallbacks
@@ -91,16 +94,36 @@ def _on_cuda(example_inputs) -> bool:
 
 def tempa_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = None,
                   options: dict | None = None):
+    dims = _dynamic_dims(gm)
     if _on_cuda(example_inputs):
         # CUDA inputs: Triton kernels, CUDA graphs, autotuning (tempa/backend/gpu)
         from .gpu import gpu_backend
+        if dims and not getattr(gpu_backend, "supports_dynamic", False):
+            from .dynamic import per_shape
+            return per_shape(lambda inputs: gpu_backend(gm, inputs, mode=mode, options=options),
+                             "the GPU backend compiles per shape")
         return gpu_backend(gm, list(example_inputs), mode=mode, options=options)
+    if dims:
+        # symbolic sizes: one shape-generic compile for every size (dynamic.py)
+        from .dynamic import DynamicTarget
+        return build(gm, example_inputs, DynamicTarget(dims))
     return build(gm, example_inputs, CpuTarget)
+
+
+# Graphs with symbolic sizes get shape-generic code (or per-shape code, said in tempa_info).
+tempa_backend.supports_dynamic = True
+
+
+def _dynamic_dims(gm):
+    from .dynamic import NotGeneric, dynamic_dims
+    try:
+        return dynamic_dims(gm)
+    except NotGeneric:
+        return []
 
 
 def build(gm: torch.fx.GraphModule, example_inputs, target):
     """The variants of one graph compiled with ``target``'s renderer."""
-    stats.bump("graphs_compiled")
     t0 = time.perf_counter()
     info = BackendInfo()
     example_inputs = list(example_inputs)
@@ -115,6 +138,8 @@ def build(gm: torch.fx.GraphModule, example_inputs, target):
     full_examples = example_inputs + list(attr_vals)
     n_in = len(full_examples)
     needs_grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in full_examples)
+    if hasattr(target, "bind"):       # a target that traces more sizes itself (dynamic.py)
+        target = target.bind(pgm, full_examples, info)
     state = _State(pgm, full_examples, info, n_in, gm, target)
 
     if needs_grad and torch.is_grad_enabled():
@@ -216,6 +241,7 @@ class _State:
                 return self._failed(e, "training")
             self.info.forward, self.info.backward = fw_info, bw_info
             self.info._adopt(fw_info)
+            self.info._adopt(bw_info)
             self.train_fn = fn
             return fn
 

@@ -89,7 +89,10 @@ def legal(group_outer, members, cand: ComputedBuffer):
         return f"iteration spaces differ: {list(nz)} vs outer {list(group_outer)}"
     ov = _outer_vars(group_outer)
     produced = {m: m for m in members}
-    loads, _, _ = probe_loads(cand, ov)
+    cache = cand.__dict__.setdefault("_probe_cache", {})
+    loads = cache.get(tuple(group_outer))
+    if loads is None:
+        loads = cache[tuple(group_outer)] = probe_loads(cand, ov)[0]
     for buf, ix in loads:
         if buf not in produced:
             continue
@@ -203,8 +206,13 @@ def schedule(steps: list, copy_backs: list, outputs: list, max_report=60) -> Sch
 
 
 def _reads(st: ComputedBuffer):
-    loads, _, _ = probe_loads(st, [])
-    return {b for b, _ in loads}
+    # Why cached: probing a body walks its whole (inlined) expression, and schedule,
+    # plan_memory, dead-code elimination and the arena planner all ask the same question.
+    r = st.__dict__.get("_reads_cache")
+    if r is None:
+        loads, _, _ = probe_loads(st, [])
+        r = st.__dict__["_reads_cache"] = frozenset(b for b, _ in loads)
+    return set(r)
 
 
 def plan_memory(sched: Schedule, inputs, outputs, lowered_steps):

@@ -93,11 +93,17 @@ class SegmentCode:
     def __init__(self, name):
         self.name = name
         self.params: list = []         # buffers passed as pointers, in order
+        self.nsizes = 0                # trailing int64 size arguments (shape-generic code)
         self.text = ""
 
 
-def render_segment(name: str, groups: list, local: set, kernel_no: list) -> SegmentCode:
+def render_segment(name: str, groups: list, local: set, kernel_no: list, nsizes: int = 0) -> SegmentCode:
+    """``nsizes`` > 0: a shape-generic rendering (backend/dynamic.py). The function takes the
+    size symbols as trailing ``int64_t ds0, ds1, ...`` arguments, and no choice depends on a
+    size's magnitude: OpenMP decides at run time (an ``if`` clause), and the arena is on the
+    heap with one slot per buffer (slot reuse compares sizes)."""
     seg = SegmentCode(name)
+    seg.nsizes = nsizes
     params: dict = {}
     internal: list = []
     body = Emitter()
@@ -117,21 +123,22 @@ def render_segment(name: str, groups: list, local: set, kernel_no: list) -> Segm
         for m in g.members:
             need(m)
     for g in groups:
-        _render_group(body, g, local, need, kernel_no)
+        _render_group(body, g, local, need, kernel_no, bool(nsizes))
     # arena: first-fit reuse by lifetime (group position of first write .. last read)
-    arena_lines, arena_size = _arena(groups, internal)
+    arena_lines, arena_size = _arena(groups, internal, bool(nsizes))
     seg.params = list(params)
-    sig = ", ".join(f"{'const ' if not _written(b, groups) else ''}{ctype(b.dtype)}* __restrict__ {b.name}"
-                    for b in seg.params)
+    sig = ", ".join([f"{'const ' if not _written(b, groups) else ''}{ctype(b.dtype)}* __restrict__ {b.name}"
+                     for b in seg.params] + [f"int64_t ds{i}" for i in range(nsizes)])
     out = [f'extern "C" int {name}({sig}) {{', "  int err = 0;"]
+    heap = arena_size > ARENA_STACK_LIMIT or (nsizes and arena_size)
     if arena_size:
-        if arena_size <= ARENA_STACK_LIMIT:
+        if not heap:
             out.append(f"  alignas(64) char arena[{arena_size}];")
         else:
             out.append(f"  char* arena = static_cast<char*>(aligned_alloc(64, {arena_size}));")
     out += arena_lines
     out += body.lines
-    if arena_size > ARENA_STACK_LIMIT:
+    if heap:
         out.append("  free(arena);")
     out.append("  return err;")
     out.append("}")
@@ -147,7 +154,7 @@ def _written(b, groups):
     return False
 
 
-def _arena(groups, internal):
+def _arena(groups, internal, generic=False):
     first, last = {}, {}
     from ..schedule import _reads
     for gi, g in enumerate(groups):
@@ -161,11 +168,15 @@ def _arena(groups, internal):
     slots: list = []                   # [offset, size, free_after_group]
     lines, top = [], 0
     for b in sorted(internal, key=lambda b: first.get(b, 0)):
-        nbytes = max(b.numel * _itemsize(b.dtype), 1)
-        nbytes = (nbytes + 63) // 64 * 64
+        if generic:
+            # polynomial in the sizes (no rounding), and 8-byte aligned for every dtype
+            nbytes = b.numel * 8 + 64
+        else:
+            nbytes = max(b.numel * _itemsize(b.dtype), 1)
+            nbytes = (nbytes + 63) // 64 * 64
         f = first.get(b, 0)
         off = None
-        for s in slots:
+        for s in ([] if generic else slots):
             if s[2] < f and s[1] >= nbytes:
                 off = s[0]
                 s[2] = last.get(b, f)
@@ -182,7 +193,7 @@ def _itemsize(dt):
     return torch.empty((), dtype=dt).element_size()
 
 
-def _render_group(k: Emitter, g: Group, local: set, need, kernel_no):
+def _render_group(k: Emitter, g: Group, local: set, need, kernel_no, generic=False):
     kernel_no[0] += 1
     ov = [Var(f"x{d}", s) for d, s in enumerate(g.outer)]
     work = 0
@@ -199,9 +210,15 @@ def _render_group(k: Emitter, g: Group, local: set, need, kernel_no):
     k.line(f"// kernel {kernel_no[0]}: " + ", ".join(f"{m.name}={m.origin or 'pointwise'}" for m in g.members))
     k.line("{")
     k.push()
-    par = work >= PARALLEL_WORK and g.outer and g.outer[0] > 1
+    if generic:
+        par = bool(g.outer) and g.outer[0] > 1
+    else:
+        par = work >= PARALLEL_WORK and g.outer and g.outer[0] > 1
     for d, v in enumerate(ov):
-        if d == 0 and par:
+        if d == 0 and par and generic:
+            simd = " simd" if len(ov) == 1 and simple else ""
+            k.line(f"#pragma omp parallel for{simd} if({work} >= {PARALLEL_WORK})")
+        elif d == 0 and par:
             k.line("#pragma omp parallel for")
         elif d == len(ov) - 1 and simple and not (d == 0 and par):
             k.line("#pragma omp simd")

@@ -72,8 +72,11 @@ class WrapperGen:
         return b.name
 
 
-def render_wrapper(sched: Schedule, lowered, seg_codes: dict, num_inputs: int):
-    """Returns (source, consts, serializable). ``seg_codes``: segment index -> SegmentCode."""
+def render_wrapper(sched: Schedule, lowered, seg_codes: dict, num_inputs: int, nsizes: int = 0):
+    """Returns (source, consts, serializable). ``seg_codes``: segment index -> SegmentCode.
+
+    ``nsizes`` > 0 (shape-generic code): each segment call also passes ``ds0, ds1, ...``,
+    which backend/dynamic.py defines at the top of ``call`` from the inputs' shapes."""
     w = WrapperGen(num_inputs)
     L = w.lines
     args = ", ".join(f"a{i}" for i in range(num_inputs))
@@ -121,6 +124,7 @@ def render_wrapper(sched: Schedule, lowered, seg_codes: dict, num_inputs: int):
                 ptrs.append(f"_P[{b.name!r}]")
             else:
                 ptrs.append(f"{w.bufname(b)}.data_ptr()")
+        ptrs += [f"ds{i}" for i in range(nsizes)]
         L.append(f"    if _S{si}({', '.join(ptrs)}): _index_error()")
     outs = []
     for v in lowered.outputs:

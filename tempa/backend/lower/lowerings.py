@@ -7,6 +7,7 @@ node then runs as an ATen fallback call, so a gap costs speed, never correctness
 """
 from __future__ import annotations
 
+import contextvars
 import math
 import operator
 
@@ -27,6 +28,36 @@ LOWERINGS: dict = {}
 # dispatch on this machine, about what our plain vectorised loop needs for ~130k MACs; above
 # that the tuned library's blocking wins.
 SMALL_MATMUL_MACS = 1 << 17
+# When lowering a shape-generic graph (backend/dynamic.py), sizes seen while lowering are
+# samples of a range: thresholds on work assume the run-time sizes may be this many times
+# bigger, so a matmul that grows past the library's break-even point is not inlined.
+DYN_SCALE = contextvars.ContextVar("tempa_dyn_scale", default=1)
+# ... and the choices made from magnitudes are recorded while lowering at the example sizes
+# and replayed at the other sizes, so every rendering makes the same choices.
+SIZE_CHOICES = contextvars.ContextVar("tempa_size_choices", default=None)
+
+
+class SizeChoices:
+    """A log of size-driven choices: ``record`` appends, ``replay`` returns them in order."""
+
+    def __init__(self):
+        self.log: list = []
+        self.pos = 0
+        self.replay = False
+
+    def __call__(self, what: str, value: bool) -> bool:
+        if not self.replay:
+            self.log.append((what, value))
+            return value
+        if self.pos >= len(self.log) or self.log[self.pos][0] != what:
+            raise Unlowerable("size-driven choices differ between sizes")
+        self.pos += 1
+        return self.log[self.pos - 1][1]
+
+
+def size_choice(what: str, value: bool) -> bool:
+    log = SIZE_CHOICES.get()
+    return value if log is None else log(what, value)
 # A pointwise value read by several consumers is recomputed in each (inlined) unless its
 # expression is bigger than this many ops; then it is stored once.
 INLINE_COST = 12
@@ -817,7 +848,8 @@ def _reduce(ctx, node, x, dims, keepdim, rtype, out_dtype, pre=None, origin=""):
     kept = [d for d in range(nd) if d not in dims]
     out_sizes = [1 if d in dims else x.sizes[d] for d in range(nd)] if keepdim else [x.sizes[d] for d in kept]
     acc = out_dtype
-    if rtype in ("sum", "prod") and out_dtype == torch.float32 and math.prod(rsizes) > 4096:
+    if rtype in ("sum", "prod") and out_dtype == torch.float32 and \
+            size_choice("f64 accumulator", math.prod(rsizes) * DYN_SCALE.get() > 4096):
         acc = torch.float64   # why: a long float sum in one accumulator drifts (eager sums pairwise)
     if rtype in ("argmax", "argmin"):
         acc = x.dtype
@@ -993,7 +1025,7 @@ def _mm_tv(ctx, node, a, b, batch):
 
 
 def _small(macs):
-    return macs <= SMALL_MATMUL_MACS
+    return size_choice("inline matmul", macs * DYN_SCALE.get() <= SMALL_MATMUL_MACS)
 
 
 @register(aten.mm.default)

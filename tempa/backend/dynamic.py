@@ -1,0 +1,510 @@
+"""Shape-generic CPU code for graphs captured with symbolic sizes (issue 7).
+
+The frontend hands over a graph whose placeholders carry fake tensors with ``SymInt`` sizes
+(a batch or sequence dimension that changed between calls). We compile it once for every
+size: the C++ segments take the size symbols as ``int64_t`` arguments, and the wrapper reads
+them from its inputs' shapes (one ``a.shape[d]`` per symbol) on each call.
+
+How: specialise, then generalise. The graph is traced, lowered, scheduled and rendered (C++
+and wrapper text) at a small grid of concrete values of its symbols (3 per symbol, so 3 or 9
+renderings for one or two symbols). The renderings must be identical except for numeric
+literals; each literal that changes is interpolated as a polynomial in the symbols (degree
+at most 2 in each, integer coefficients: sizes, strides, numels, offsets, loop bounds), and
+the rendering at the size the graph was captured at, which is not on the grid, must equal
+the template evaluated there. The template is the code. It holds no concrete dynamic size,
+so the disk cache keys one artifact for all sizes.
+
+Why not symbolic sizes throughout the IR: every lowering, the index algebra and the
+scheduler's fusion proofs would need symbolic arithmetic and a guard per decision. This
+leaves them untouched, and a decision that depended on the concrete values (a fusion, a
+simplification, a library-vs-loop choice) shows up as renderings that differ in structure or
+a literal that is not a polynomial; the graph is then compiled per shape (correct, one gcc
+run per size) and ``tempa_info.dynamic`` says why. Choices driven by magnitudes are made
+size-independent in generic renderings (cpp.render_segment's ``nsizes``): OpenMP decides at
+run time, arenas live on the heap, and lowering thresholds assume sizes may grow.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from fractions import Fraction
+
+import torch
+
+from .codegen import cpp, wrapper
+from .compile_graph import instantiate, logs, plan_graph, stats
+from .lower.decomps import table
+from .lower.lowerings import SizeChoices
+from .lower.trace import trace_forward, trace_joint
+from .runtime import build as _build
+
+# More symbols than this: compile per shape (3**n renderings would cost more than they save).
+MAX_SYMBOLS = 2
+
+# A numeric literal in C++ or Python source: not part of an identifier, optional ``LL``.
+_NUM = re.compile(r"(?<![\w.])(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)(LL)?(?![\w.])")
+
+
+class NotGeneric(Exception):
+    """This graph cannot be made shape-generic; it is compiled per shape instead."""
+
+
+def dynamic_dims(gm: torch.fx.GraphModule):
+    """[(input index, dim, symbol)] for every symbolic size of the graph's inputs ([] if none).
+
+    Raises NotGeneric for symbolic inputs we cannot template (a size that is an expression,
+    a symbolic integer passed as an input)."""
+    out = []
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, n in enumerate(phs):
+        ev = n.meta.get("example_value")
+        if isinstance(ev, torch.SymInt):
+            if not ev.node.expr.is_number:
+                out.append((i, None, str(ev.node.expr)))
+            continue
+        if not isinstance(ev, torch.Tensor):
+            continue
+        for d, s in enumerate(ev.shape):
+            if isinstance(s, torch.SymInt) and not s.node.expr.is_number:
+                out.append((i, d, str(s.node.expr)))
+    return out
+
+
+def is_dynamic(gm) -> bool:
+    return bool(dynamic_dims(gm))
+
+
+def per_shape(compile_one, reason: str = ""):
+    """``compile_one(inputs) -> callable`` once per input-shape signature."""
+    compiled = {}
+
+    def run(*inputs):
+        key = tuple(t.shape if isinstance(t, torch.Tensor) else t for t in inputs)
+        fn = compiled.get(key)
+        if fn is None:
+            fn = compiled[key] = compile_one(list(inputs))
+        return fn(*inputs)
+    run.per_shape = compiled
+    run.reason = reason
+    return run
+
+
+def _resize(t: torch.Tensor, dims: dict) -> torch.Tensor:
+    """``t`` with sizes ``dims`` (dim -> size), built from its own values (so token ids stay
+    valid ids): repeated along a dim to grow, narrowed to shrink."""
+    r = t.detach()
+    for d, n in dims.items():
+        cur = r.shape[d]
+        if n > cur:
+            reps = [1] * r.dim()
+            reps[d] = -(-n // cur)
+            r = r.repeat(*reps)
+        r = r.narrow(d, 0, n)
+    r = r.contiguous()
+    if t.requires_grad:
+        r.requires_grad_(True)
+    return r
+
+
+class DynamicTarget:
+    """A ``_State`` target (see entry.py) that compiles each variant shape-generically.
+
+    ``bind`` receives the prepared graph and the example inputs; ``compile_graph`` and
+    ``build_training`` get the variant traced at the example sizes (the check point) and
+    trace the grid themselves."""
+    name = "cpu"
+    decomps = staticmethod(table)
+
+    def __init__(self, dims):
+        self.dims = dims
+
+    def bind(self, pgm, examples, info):
+
+        self.pgm, self.examples, self.info = pgm, examples, info
+        self.reason = None
+        try:
+            self._setup()
+        except NotGeneric as e:
+            self.reason = str(e)
+        return self
+
+    # -- the grid --------------------------------------------------------------------------
+    def _setup(self):
+        syms: dict = {}
+        for i, d, s in self.dims:
+            if d is None:
+                raise NotGeneric(f"symbolic integer input {s}")
+            t = self.examples[i]
+            if not t.is_contiguous():
+                raise NotGeneric(f"input {i} with a dynamic size is not contiguous")
+            syms.setdefault(s, int(t.shape[d]))
+            if syms[s] != t.shape[d]:
+                raise NotGeneric(f"symbol {s} has two example values")
+        if len(syms) > MAX_SYMBOLS:
+            raise NotGeneric(f"{len(syms)} size symbols (at most {MAX_SYMBOLS} are templated)")
+        self.syms = list(syms)
+        self.example_point = tuple(syms[s] for s in self.syms)
+        # Values to avoid: every static size of the inputs and the example values, so that
+        # no grid value coincides with another size (a coincidence can change a rendering).
+        # Divisors too: a head dim is n_embd / n_head and appears in no input's shape.
+        static = {int(x) for t in self.examples if isinstance(t, torch.Tensor) for x in t.shape}
+        used = {d for x in static for d in range(2, min(x, 4096) + 1) if x % d == 0}
+        used |= set(self.example_point)
+        self.axes = []
+        for v in self.example_point:
+            for k in range(80):
+                start = v - 3 - 4 * (k // 2) if k % 2 == 0 else v + 1 + 4 * (k // 2)
+                win = [start, start + 1, start + 2]
+                if start >= 2 and not used & set(win):
+                    break
+            else:
+                raise NotGeneric(f"no grid of sizes near {v}")
+            used |= set(win)
+            self.axes.append(win)
+        self.traced: dict = {}          # (grid index, joint?) -> trace
+        self.used_points: set = set()
+
+    def _trace_at(self, ix, joint: bool):
+        """The graph traced at grid index ``ix`` (forward, or the joint forward/backward)."""
+        key = (ix, joint)
+        if key not in self.traced:
+            # Why one thread: the traces run real (small) tensors, and on a busy 2-core
+            # machine ATen's intra-op threads wait on descheduled peers (10x slower, measured).
+            old = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                inputs = self._inputs_at(tuple(ax[k] for ax, k in zip(self.axes, ix)))
+                tr = trace_forward(self.pgm, inputs, table())
+                self.traced[key] = trace_joint(tr, inputs, table()) if joint else tr
+            finally:
+                torch.set_num_threads(old)
+            self.used_points.add(ix)
+        return self.traced[key]
+
+    def _inputs_at(self, point):
+        val = dict(zip(self.syms, point))
+        per_input: dict = {}
+        for i, d, s in self.dims:
+            per_input.setdefault(i, {})[d] = val[s]
+        return [_resize(t, per_input[i]) if i in per_input else t for i, t in enumerate(self.examples)]
+
+    # -- the variants ----------------------------------------------------------------------
+    def compile_graph(self, gm, num_outputs, mutated, n_in, label):
+        try:
+            if self.reason:
+                raise NotGeneric(self.reason)
+            n = len(self.syms)
+            choices = SizeChoices()
+            ex_plan = plan_graph(gm, num_outputs, mutated, n_in, label, nsizes=n, choices=choices)
+            choices.replay = True
+
+            def plan_at(ix):
+                tr = self._trace_at(ix, False)
+                if tr.num_outputs != num_outputs or tr.mutated != mutated:
+                    raise NotGeneric("the graph's outputs change with the sizes")
+                choices.pos = 0
+                return plan_graph(tr.gm, tr.num_outputs, tr.mutated, n_in, label, nsizes=n, choices=choices)
+            call, gi = finish([self._template(plan_at, ex_plan)])[0]
+            self._generic(label)
+            return call, gi
+        except Exception as e:  # noqa: BLE001 - any failure here: per-shape code is correct
+            self._per_shape_note(label, e)
+            from .compile_graph import compile_graph as static_compile
+
+            def one(inputs):
+                tr = trace_forward(self.pgm, inputs, table())
+                return static_compile(tr.gm, tr.num_outputs, tr.mutated, n_in, label)[0]
+            call, gi = static_compile(gm, num_outputs, mutated, n_in, label)
+            run = per_shape(one, str(e))
+            run.per_shape[_key(self.examples)] = call
+            return run, gi
+
+    def build_training(self, joint, n_in, single):
+        from .autograd import build_training
+        try:
+            if self.reason:
+                raise NotGeneric(self.reason)
+            n = len(self.syms)
+            which = {id(joint.fw): "fw", id(joint.bw): "bw"}
+            shape = (joint.num_outputs, joint.mutated, joint.num_saved, joint.saved_inputs,
+                     joint.grad_inputs, joint.diff_outputs)
+
+            def plan_fn(g, num_outputs, mutated, n_in2, label, prefix=""):
+                part = which[id(g)]
+
+                def plan_at(ix):
+                    j = self._trace_at(ix, True)
+                    if (j.num_outputs, j.mutated, j.num_saved, j.saved_inputs, j.grad_inputs,
+                            j.diff_outputs) != shape:
+                        raise NotGeneric("the forward/backward split changes with the sizes")
+                    choices.pos = 0
+                    return plan_graph(getattr(j, part), num_outputs, mutated, n_in2, label, prefix,
+                                      nsizes=n, choices=choices)
+                choices = SizeChoices()
+                ex_plan = plan_graph(g, num_outputs, mutated, n_in2, label, prefix, nsizes=n, choices=choices)
+                choices.replay = True
+                return self._template(plan_at, ex_plan)
+            out = build_training(joint, n_in, single, plan_fn, finish)
+            self._generic("training")
+            return out
+        except Exception as e:  # noqa: BLE001
+            self._per_shape_note("training", e)
+
+            def one(inputs):
+                j = trace_joint(trace_forward(self.pgm, inputs, table()), inputs, table())
+                return build_training(j, n_in, single)[0]
+            fn, fw_info, bw_info = build_training(joint, n_in, single)
+            run = per_shape(one, str(e))
+            run.per_shape[_key(self.examples)] = fn
+            return run, fw_info, bw_info
+
+    def _generic(self, label):
+        desc = ", ".join(f"{s}={self._source_desc(s)}" for s in self.syms)
+        self.info.dynamic = self.info.dynamic or f"generic in {desc}"
+        self.info.notes.append(f"{label}: shape-generic code over {desc} "
+                               f"({len(self.used_points)} sizes traced and interpolated)")
+
+    def _source_desc(self, s):
+        i, d = next((i, d) for i, d, s2 in self.dims if s2 == s)
+        return f"input{i}.shape[{d}]"
+
+    def _per_shape_note(self, label, e):
+        if isinstance(e, NotGeneric):
+            why = str(e)
+        else:
+            why = f"{type(e).__name__}: {e}"
+            if importlib_config().raise_on_failure and not isinstance(e, NotGeneric):
+                raise e
+        self.info.dynamic = f"per-shape: {why}"
+        self.info.notes.append(f"{label}: compiled once per shape ({why})")
+        logs.get("recompiles").info("tempa backend: %s graph compiled per shape: %s", label, why)
+
+    # -- the template ----------------------------------------------------------------------
+    def _template(self, plan_at, ex_plan):
+        """One rendering per grid point needed -> the code as a template over the symbols.
+
+        First the base point and two steps along each axis (1 + 2n renderings): they give
+        each literal's degree in each symbol. A literal of degree (d_0, d_1) is then fitted on
+        the sub-grid {0..d_0} x {0..d_1} (so B*T*T needs (B, T), (B, T+1), (B, T+2) and the same
+        at B+1: points off the axes are rendered only when some literal needs them), and
+        checked against every rendering made, including the example's own."""
+        n = len(self.syms)
+        made: dict = {}
+
+        def render_at(ix):
+            made[ix] = plan_at(ix)
+            return _texts(made[ix], n)
+        base = (0,) * n
+        axis_pts = [base] + [tuple(k if j == i else 0 for j in range(n)) for i in range(n) for k in (1, 2)]
+        texts = {ix: render_at(ix) for ix in axis_pts}
+        ex_texts = _texts(ex_plan, n)
+        skel = {}
+
+        def split(ix, t):
+            parts = [_NUM.split(x) for x in t]
+            for part in range(2):
+                mine, ref = parts[part], skel[base][part] if base in skel else parts[part]
+                if len(mine) != len(ref) or mine[0::3] != ref[0::3] or mine[2::3] != ref[2::3]:
+                    raise NotGeneric("the generated code's structure depends on the sizes "
+                                     f"({'C++' if part == 0 else 'wrapper'}: {_first_diff(ref, mine)})")
+            return parts
+        skel[base] = split(base, texts[base])
+        for ix in axis_pts[1:]:
+            skel[ix] = split(ix, texts[ix])
+        ex_skel = split(None, ex_texts)
+        # each varying literal: (part, position) -> degree per symbol
+        degs = {}
+        for part in range(2):
+            for k in range(1, len(skel[base][part]), 3):
+                vals = {ix: skel[ix][part][k] for ix in axis_pts}
+                if all(v == vals[base] for v in vals.values()) and ex_skel[part][k] == vals[base]:
+                    continue
+                deg = []
+                for i in range(n):
+                    v0, v1, v2 = (_num(vals[tuple(kk if j == i else 0 for j in range(n))]) for kk in (0, 1, 2))
+                    deg.append(2 if v2 - 2 * v1 + v0 else (1 if v1 != v0 else 0))
+                degs[(part, k)] = tuple(deg)
+        need = set()
+        for deg in set(degs.values()):
+            need |= set(itertools.product(*[range(d + 1) for d in deg]))
+        for ix in sorted(need - set(skel)):
+            skel[ix] = split(ix, render_at(ix))
+        out = []
+        used_syms: set = set()
+        solvers: dict = {}
+        for part in range(2):
+            res = list(skel[base][part])
+            for k in range(len(res)):
+                if k % 3 != 1:
+                    res[k] = res[k] or ""
+                    continue
+                deg = degs.get((part, k))
+                if deg is None:
+                    continue
+                if deg not in solvers:
+                    solvers[deg] = _Solver([[ax[kk] for kk in range(d + 1)] for ax, d in zip(self.axes, deg)])
+                grid = list(itertools.product(*[range(d + 1) for d in deg]))
+                text = skel[base][part][k]
+                poly = solvers[deg].fit([_num(skel[ix][part][k]) for ix in grid])
+                checks = [(tuple(ax[kk] for ax, kk in zip(self.axes, ix)), skel[ix][part][k]) for ix in skel]
+                checks.append((self.example_point, ex_skel[part][k]))
+                if poly is None or any(_eval(poly, pt) != _num(v) for pt, v in checks):
+                    raise NotGeneric(f"a literal ({', '.join(str(v) for _, v in checks[:4])}, ...) "
+                                     "is not a polynomial in the sizes")
+                expr = _render(poly)
+                used_syms |= {i for mono in poly for i, e in enumerate(mono) if e}
+                is_float = any(c in text for c in ".eE")
+                if part == 0:
+                    res[k] = f"(static_cast<double>({expr}))" if is_float else f"({expr})"
+                else:
+                    res[k] = f"float({expr})" if is_float else f"({expr})"
+            out.append("".join(res))
+        cpp_src, wsrc = out
+        # where each symbol comes from in this graph's inputs: a dim equal to it everywhere
+        all_inputs = [made[ix].lowered.inputs for ix in made]
+        points = [tuple(ax[k] for ax, k in zip(self.axes, ix)) for ix in made]
+        prologue = []
+        for si in range(n):
+            src = next(((j, d) for j, b in enumerate(ex_plan.lowered.inputs) if b is not None
+                        for d in range(len(b.sizes))
+                        if b.sizes[d] == self.example_point[si] and all(
+                            ins[j] is not None and len(ins[j].sizes) == len(b.sizes)
+                            and ins[j].sizes[d] == pt[si] for ins, pt in zip(all_inputs, points))),
+                       None)
+            if src is None and si in used_syms:
+                raise NotGeneric(f"size {self.syms[si]} is not a dimension of any input of the "
+                                 f"{ex_plan.label} graph")
+            prologue.append(f"        ds{si} = a{src[0]}.shape[{src[1]}]" if src else f"        ds{si} = 0")
+        lines = wsrc.split("\n")
+        at = next(i for i, l in enumerate(lines) if l.startswith("    def call(")) + 1
+        wsrc = "\n".join(lines[:at] + prologue + lines[at:])
+        return _DynPlan(ex_plan, cpp_src, wsrc, n)
+
+
+def importlib_config():
+    import importlib
+    return importlib.import_module("tempa.config").config
+
+
+def _key(inputs):
+    return tuple(t.shape if isinstance(t, torch.Tensor) else t for t in inputs)
+
+
+def _texts(plan, n):
+    cpp_text = "\n\n".join(c.text for c in plan.seg_codes.values())
+    wsrc, consts, _ = wrapper.render_wrapper(plan.sched, plan.lowered, plan.seg_codes, plan.num_inputs, n)
+    plan.wrapper_rendered = (wsrc, consts)
+    return cpp_text, wsrc
+
+
+def _first_diff(a, b):
+    for x, y in zip(a[0::3], b[0::3]):
+        if x != y:
+            i = next((i for i, (c, d) in enumerate(zip(x, y)) if c != d), min(len(x), len(y)))
+            return f"{x[max(0, i - 50):i + 30]!r} vs {y[max(0, i - 50):i + 30]!r}"
+    return "a different number of literals"
+
+
+def _num(s):
+    f = Fraction(s)
+    return f
+
+
+class _Solver:
+    """Interpolation on the tensor grid: values at ``product(axes)`` -> coefficients of the
+    monomials prod(s_i ** e_i), e_i in {0, 1, 2} (exact, in fractions)."""
+
+    def __init__(self, axes):
+        self.monos = list(itertools.product(*[range(len(a)) for a in axes]))
+        pts = list(itertools.product(*axes))
+        m = [[_mono(p, e) for e in self.monos] for p in pts]
+        self.inv = _inverse(m)
+
+    def fit(self, vals):
+        coefs = [sum(r * v for r, v in zip(row, vals)) for row in self.inv]
+        if any(c.denominator != 1 for c in coefs):
+            return None
+        return {e: int(c) for e, c in zip(self.monos, coefs) if c}
+
+
+def _mono(p, e):
+    r = Fraction(1)
+    for x, k in zip(p, e):
+        r *= Fraction(x) ** k
+    return r
+
+
+def _inverse(m):
+    n = len(m)
+    a = [row[:] + [Fraction(int(i == j)) for j in range(n)] for i, row in enumerate(m)]
+    for c in range(n):
+        piv = next(r for r in range(c, n) if a[r][c] != 0)
+        a[c], a[piv] = a[piv], a[c]
+        pv = a[c][c]
+        a[c] = [x / pv for x in a[c]]
+        for r in range(n):
+            if r != c and a[r][c] != 0:
+                f = a[r][c]
+                a[r] = [x - f * y for x, y in zip(a[r], a[c])]
+    return [row[n:] for row in a]
+
+
+def _eval(poly, point):
+    return sum(Fraction(c) * _mono(point, e) for e, c in poly.items())
+
+
+def _render(poly) -> str:
+    if not poly:
+        return "0"
+    terms = []
+    for e, c in sorted(poly.items(), key=lambda t: (-sum(t[0]), t[0])):
+        factors = [f"ds{i}" for i, k in enumerate(e) for _ in range(k)]
+        if not factors:
+            terms.append(str(c))
+        elif c == 1:
+            terms.append("*".join(factors))
+        elif c == -1:
+            terms.append("-" + "*".join(factors))
+        else:
+            terms.append(f"{c}*" + "*".join(factors))
+    return " + ".join(terms).replace("+ -", "- ")
+
+
+class _DynPlan:
+    """A plan whose code is a template over the size symbols (see ``_template``)."""
+
+    def __init__(self, ex_plan, cpp_src, wsrc, nsizes):
+        self.ex = ex_plan
+        self.cpp_src = cpp_src
+        self.wsrc = wsrc
+        self.nsizes = nsizes
+        self.info = ex_plan.info
+        self.label = ex_plan.label
+
+
+def finish(dplans: list) -> list:
+    """Build every template's C++ as one library (one gcc run), then make each wrapper."""
+    parts = [p.cpp_src for p in dplans if p.ex.seg_codes]
+    lib = so = None
+    cached = False
+    if parts:
+        lib, so, cached = _build.build(cpp.PRELUDE + "\n\n" + "\n\n".join(parts) + "\n")
+    out = []
+    for p in dplans:
+        info = p.info
+        info.cpp_source = p.cpp_src
+        info.wrapper_source = p.wsrc
+        if p.ex.seg_codes:
+            info.so_path = so
+            info.from_disk_cache = cached
+            info.used_gcc = not cached
+            stats.bump("kernels_compiled", info.kernel_count)
+        stats.bump("aten_fallbacks", len(info.aten_fallbacks))
+        consts = p.ex.wrapper_rendered[1]
+        call = instantiate(p.wsrc, lib, p.ex.seg_codes, p.ex.lowered.constants, consts)
+        log = logs.get("code")
+        if log.isEnabledFor(20):
+            log.info("%s (shape-generic): %s\n--- wrapper ---\n%s\n--- C++ ---\n%s\n--- fusion ---\n%s",
+                     p.label, info.summary(), p.wsrc, p.cpp_src, info.fusion_report)
+        out.append((call, info))
+    return out

@@ -1,0 +1,82 @@
+"""Shape-generic CPU code (issue 7): one capture and one gcc run serve every size."""
+import pytest
+import torch
+
+import tempa
+from tempa.backend import dynamic
+from tests.models import gpt as gpt_mod
+from tests.models import zoo
+from tests.models.compare import assert_same
+
+
+@pytest.fixture(autouse=True)
+def _fresh(tmp_path):
+    old = tempa.config.cache_dir
+    tempa.config.cache_dir = str(tmp_path)     # an empty cache: gcc runs are counted
+    tempa.reset()
+    yield
+    tempa.reset()
+    tempa.config.cache_dir = old
+
+
+def _infos(fast):
+    return [e.compiled.tempa_info for e in tempa.entries(fast) if hasattr(e.compiled, "tempa_info")]
+
+
+def test_seed_mlp_batch_8_to_64_one_generic_graph_grad_mode():
+    model = zoo.make("mlp_seed").model
+    fast = tempa.compile(model)
+    for b in range(8, 65):
+        x = torch.randn(b, 32)
+        out = fast(x)
+        assert_same(out, model(x))
+    out.sum().backward()                        # the autograd variant is the generic one
+    s = tempa.stats()
+    assert s.captures <= 2 and s.gcc_runs <= 2, s
+    assert any(i.dynamic.startswith("generic") for i in _infos(fast)), [i.dynamic for i in _infos(fast)]
+
+
+def test_seed_mlp_no_grad_generic_code_takes_sizes():
+    model = zoo.make("mlp_seed").model
+    fast = tempa.compile(model)
+    with torch.no_grad():
+        for b in (8, 9, 10, 37, 64):
+            x = torch.randn(b, 32)
+            assert_same(fast(x), model(x))
+    info = [i for i in _infos(fast) if i.dynamic][0]
+    assert info.dynamic.startswith("generic"), info.dynamic
+    assert "int64_t ds0" in info.cpp_source and "ds0 = a0.shape[0]" in info.wrapper_source
+    assert tempa.stats().gcc_runs <= 2
+
+
+def test_gpt_batch_and_length_sweep_one_generic_graph():
+    cfg = gpt_mod.small_config(block_size=256)
+    torch.manual_seed(0)
+    model = gpt_mod.GPT(cfg).eval()
+    fast = tempa.compile(model)
+    with torch.no_grad():
+        for b, t in [(2, 16), (3, 17), (8, 40), (5, 128), (2, 64), (7, 100), (4, 33), (6, 127)]:
+            idx = torch.randint(0, cfg.vocab_size, (b, t))
+            assert_same(fast(idx), model(idx), rtol=1e-4, atol=1e-4)
+    s = tempa.stats()
+    assert s.captures <= 2 and s.gcc_runs <= 2, s
+    assert any(i.dynamic.startswith("generic") for i in _infos(fast))
+
+
+def test_not_generic_falls_back_per_shape_and_says_why(monkeypatch):
+    monkeypatch.setattr(dynamic, "MAX_SYMBOLS", 0)    # any symbol: "too many to template"
+    model = zoo.make("mlp_seed").model
+    fast = tempa.compile(model)
+    with torch.no_grad():
+        for b in (8, 9, 10, 11):
+            x = torch.randn(b, 32)
+            assert_same(fast(x), model(x))
+    info = [i for i in _infos(fast) if i.dynamic][0]
+    assert info.dynamic.startswith("per-shape") and "symbols" in info.dynamic
+    assert tempa.stats().gcc_runs == 4          # one per size: the static path's cost
+
+
+def test_polynomial_fit():
+    s = dynamic._Solver([[5, 6, 7], [20, 21, 22]])
+    poly = s.fit([a * b * b + 3 * a + 1 for a in (5, 6, 7) for b in (20, 21, 22)])
+    assert dynamic._render(poly) == "ds0*ds1*ds1 + 3*ds0 + 1"
