@@ -16,6 +16,8 @@ are the saved tensors (a "default partition").
 """
 from __future__ import annotations
 
+import contextlib
+
 import operator
 from dataclasses import dataclass
 
@@ -207,6 +209,19 @@ class Traced:
     constants: dict
 
 
+def _attention_for(inputs):
+    """When the graph may be differentiated (some input requires grad), trace
+    scaled_dot_product_attention through its math decomposition on the CPU: the fused CPU
+    kernel's backward gives no gradient for an attention mask that requires one (T5's
+    position bias) and NaN for fully masked rows, where the decomposed graph matches eager."""
+    needs_grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
+    on_cpu = all(not isinstance(t, torch.Tensor) or t.device.type == "cpu" for t in inputs)
+    if needs_grad and on_cpu:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        return sdpa_kernel([SDPBackend.MATH])
+    return contextlib.nullcontext()
+
+
 def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict) -> Traced:
     graph = fx.Graph()
     rec = _Recorder(graph, decomps)
@@ -219,7 +234,7 @@ def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict) -> Traced:
             ph.meta["tm"] = None
             ph.meta["value"] = t
     fn = torch.func.functionalize(gm, remove="mutations")
-    with torch.enable_grad(), rec:
+    with torch.enable_grad(), _attention_for(inputs), rec:
         out = fn(*clones)
     single = not isinstance(out, (tuple, list))
     outs = [out] if single else list(out)
