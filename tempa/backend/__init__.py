@@ -1,8 +1,8 @@
 """tempa's backend: a torch-level FX graph in, a compiled callable out.
 
-Contract (the same as torch.compile's custom backends): ``tempa_backend(gm, example_inputs)``
-returns a callable taking the graph's inputs positionally and returning what ``gm`` returns.
-The callable carries ``tempa_info`` (``BackendInfo``): generated C++ and wrapper, kernel
+Contract (the same as the custom backends of PyTorch's own compiler):
+``tempa_backend(gm, example_inputs)`` returns a callable taking the graph's inputs
+positionally and returning what ``gm`` returns. The callable carries ``tempa_info`` (``BackendInfo``): generated C++ and wrapper, kernel
 count, ATen fallbacks, the fusion report, whether gcc ran or the disk cache served it.
 
 The pipeline, top to bottom:
@@ -11,6 +11,8 @@ The pipeline, top to bottom:
   trace_forward    run the graph on private clones under a recording dispatch mode and
                    torch.func.functionalize: a functional ATen graph + which inputs it mutates
   compile_graph    lower -> schedule -> C++ -> gcc -> wrapper (compile_graph.py)
+  [symbolic sizes] the same passes at a few sizes, interpolated into one shape-generic
+                   template (sizes become kernel arguments), or per shape (dynamic.py)
   [training]       trace_joint: replay the forward with grad, record the backward, partition
                    into forward (outputs + saved) and backward graphs, compile both, and
                    wrap them in one torch.autograd.Function (autograd.py)

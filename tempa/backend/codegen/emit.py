@@ -76,7 +76,7 @@ class Emitter:
         return CVal(self._cse(t, f"static_cast<{t}>({v.expr})"), dt)
 
     def const(self, v, dt=None) -> CVal:
-        from ..lower.lowerings import literal
+        from ..lower.core import literal
         if dt is None:
             dt = torch.bool if isinstance(v, bool) else (torch.int64 if isinstance(v, int) else torch.float64)
         return CVal(literal(v, dt), dt)

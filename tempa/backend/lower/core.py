@@ -1,0 +1,253 @@
+"""The lowering machinery every lowering module shares: the registry, the lowering context
+(making buffers, reductions and extern calls), and the pointwise/broadcast helpers.
+
+A lowering receives the lowering context, the FX node (for traced metadata: the exact output
+shape and dtype) and the node's arguments with tensors replaced by ``TV`` values. It returns
+a ``TV`` (or a tuple of them). It raises ``Unlowerable`` for a case it does not handle; the
+node then runs as an ATen fallback call, so a gap costs speed, never correctness.
+"""
+from __future__ import annotations
+
+import contextvars
+import math
+import operator
+
+import torch
+import torch.fx as fx
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+from ..index import Ix, contiguous_strides
+from ..ir import (CTYPES, Buffer, ComputedBuffer, ExternCall, LoweredGraph, Pointwise, Reduction, TV,
+                  Unlowerable)
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+LOWERINGS: dict = {}
+
+# Matmuls with at most this many multiply-adds are generated as loops inside the kernel
+# file; bigger ones call ATen (oneDNN/MKL). Why 2**17: an ATen mm call costs ~5 us of
+# dispatch on this machine, about what our plain vectorised loop needs for ~130k MACs; above
+# that the tuned library's blocking wins.
+SMALL_MATMUL_MACS = 1 << 17
+# When lowering a shape-generic graph (backend/dynamic.py), sizes seen while lowering are
+# samples of a range: thresholds on work assume the run-time sizes may be this many times
+# bigger, so a matmul that grows past the library's break-even point is not inlined.
+DYN_SCALE = contextvars.ContextVar("tempa_dyn_scale", default=1)
+# ... and the choices made from magnitudes are recorded while lowering at the example sizes
+# and replayed at the other sizes, so every rendering makes the same choices.
+SIZE_CHOICES = contextvars.ContextVar("tempa_size_choices", default=None)
+
+
+class SizeChoices:
+    """A log of size-driven choices: ``record`` appends, ``replay`` returns them in order."""
+
+    def __init__(self):
+        self.log: list = []
+        self.pos = 0
+        self.replay = False
+
+    def __call__(self, what: str, value: bool) -> bool:
+        if not self.replay:
+            self.log.append((what, value))
+            return value
+        if self.pos >= len(self.log) or self.log[self.pos][0] != what:
+            raise Unlowerable("size-driven choices differ between sizes")
+        self.pos += 1
+        return self.log[self.pos - 1][1]
+
+
+def size_choice(what: str, value: bool) -> bool:
+    log = SIZE_CHOICES.get()
+    return value if log is None else log(what, value)
+# A pointwise value read by several consumers is recomputed in each (inlined) unless its
+# expression is bigger than this many ops; then it is stored once.
+INLINE_COST = 12
+
+
+def register(*ops):
+    def deco(fn):
+        for op in ops:
+            if isinstance(op, torch._ops.OpOverloadPacket):
+                for name in op.overloads():
+                    LOWERINGS[getattr(op, name)] = fn
+            else:
+                LOWERINGS[op] = fn
+        return fn
+    return deco
+
+
+def _tm(node):
+    tm = node.meta.get("tm")
+    if tm is None:
+        raise Unlowerable("no traced metadata")
+    return tm
+
+
+class LowerCtx:
+    def __init__(self):
+        self.g = LoweredGraph()
+        self.n = 0
+
+    def name(self, prefix="buf"):
+        self.n += 1
+        return f"{prefix}{self.n}"
+
+    # -- making memory ------------------------------------------------------------------
+    def realize(self, tv: TV, origin="") -> TV:
+        if tv.buffer is not None:
+            return tv
+        buf = ComputedBuffer(self.name(), tv.sizes, contiguous_strides(tv.sizes), 0, tv.dtype,
+                             body=Pointwise(tv.load), origin=origin)
+        self.g.steps.append(buf)
+        return TV.of_buffer(buf)
+
+    def strided_or_realize(self, tv: TV, origin="") -> TV:
+        return tv if tv.strided is not None else self.realize(tv, origin)
+
+    def reduction(self, sizes, rsizes, rtype, fn, dtype, acc_dtype=None, origin="") -> TV:
+        buf = ComputedBuffer(self.name(), tuple(sizes), contiguous_strides(sizes), 0, dtype,
+                             body=Reduction(tuple(rsizes), rtype, fn, acc_dtype or dtype),
+                             origin=origin)
+        self.g.steps.append(buf)
+        return TV.of_buffer(buf)
+
+    def extern(self, node: fx.Node, args, kwargs, fallback: bool):
+        """Run ``node.target`` through ATen from the wrapper; tensor args become buffers.
+
+        Why the traced strides: ATen picks output layouts from input layouts (attention's
+        output follows its inputs' strides), and we index outputs with the strides seen at
+        trace time, so each argument must have exactly the traced layout at run time.
+        """
+        def prep(a, meta):
+            if isinstance(a, TV):
+                want = getattr(meta, "stride", None)
+                if a.strided is not None and (want is None or tuple(a.strided[1]) == tuple(want)
+                                              and a.strided[2] == meta.offset):
+                    return a
+                if want is None or meta.offset != 0:
+                    return self.realize(a, f"input of {node.target}")
+                buf = ComputedBuffer(self.name(), a.sizes, tuple(want), 0, a.dtype,
+                                     body=Pointwise(a.load), origin=f"input of {node.target}")
+                self.g.steps.append(buf)
+                return TV.of_buffer(buf)
+            if isinstance(a, (list, tuple)):
+                ms = meta if isinstance(meta, (list, tuple)) and len(meta) == len(a) else [None] * len(a)
+                return type(a)(prep(x, m) for x, m in zip(a, ms))
+            return a
+        arg_metas = fx.node.map_arg(node.args, lambda n: n.meta.get("tm"))
+        kw_metas = fx.node.map_arg(node.kwargs, lambda n: n.meta.get("tm"))
+        args = tuple(prep(a, m) for a, m in zip(args, arg_metas))
+        kwargs = {k: prep(v, kw_metas.get(k)) for k, v in kwargs.items()}
+        tm = node.meta.get("tm")
+        multi = tm is None
+        if multi:
+            metas = [u.meta.get("tm") for u in sorted(node.users, key=lambda u: u.args[1])] if False else None
+            outs_meta = _multi_metas(node)
+        else:
+            outs_meta = [tm]
+        outs = []
+        for m in outs_meta:
+            if m is None:
+                outs.append(None)
+                continue
+            outs.append(Buffer(self.name(), m.shape, m.stride, 0, m.dtype, base_offset=m.offset))
+        name = str(node.target)
+        call = ExternCall(name, node.target, args, kwargs, outs, fallback, multi)
+        self.g.steps.append(call)
+        (self.g.fallbacks if fallback else self.g.externs).append(name)
+        tvs = [TV.of_buffer(b) if b is not None else None for b in outs]
+        return tuple(tvs) if multi else tvs[0]
+
+
+def _multi_metas(node):
+    n = 0
+    by_index = {}
+    for u in node.users:
+        if u.op == "call_function" and u.target is operator.getitem:
+            by_index[u.args[1]] = u.meta.get("tm")
+            n = max(n, u.args[1] + 1)
+    return [by_index.get(i) for i in range(n)]
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+def ctype(dt):
+    t = CTYPES.get(dt)
+    if t is None:
+        raise Unlowerable(f"dtype {dt}")
+    return t
+
+
+def literal(v, dt) -> str:
+    t = ctype(dt)
+    if isinstance(v, bool) or dt == torch.bool:
+        return "true" if v else "false"
+    if isinstance(v, float) or dt.is_floating_point:
+        v = float(v)
+        if math.isnan(v):
+            return f'static_cast<{t}>(__builtin_nan(""))'
+        if math.isinf(v):
+            return f"static_cast<{t}>({'-' if v < 0 else ''}__builtin_inf())"
+        if not dt.is_floating_point:
+            return f"static_cast<{t}>({v!r})"
+        return f"static_cast<{t}>({v!r})"
+    return f"static_cast<{t}>({int(v)}LL)"
+
+
+def bcast(tv: TV, sizes):
+    """Loader of ``tv`` broadcast to ``sizes`` (numpy rules)."""
+    sizes = tuple(sizes)
+    if tv.sizes == sizes:
+        return tv.load
+    nd, m = len(sizes), len(tv.sizes)
+    if m > nd:
+        raise Unlowerable("bad broadcast")
+    own = tv.sizes
+
+    def load(k, idx):
+        sub = list(idx[nd - m:])
+        for d in range(m):
+            if own[d] == 1 and sizes[nd - m + d] != 1:
+                sub[d] = Ix()
+        return tv.load(k, sub)
+    return load
+
+
+def scalar_loader(v):
+    def load(k, idx):
+        return k.const(v)
+    return load
+
+
+def promote(*args):
+    dummies = []
+    for a in args:
+        if isinstance(a, TV):
+            dummies.append(torch.empty([1] * len(a.sizes), dtype=a.dtype))
+        elif isinstance(a, (bool, int, float)):
+            dummies.append(a)
+    return elementwise_dtypes(*dummies, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]
+
+
+def pointwise(node, template, args, compute=None, result=None):
+    """A pointwise op: ``template`` is C++ with {0},{1}.. for the (cast) inputs, {T} its type."""
+    tm = _tm(node)
+    sizes, odt = tm.shape, tm.dtype
+    ctype(odt)
+    cdt = compute or odt
+    rdt = result or cdt
+    loaders = [bcast(a, sizes) if isinstance(a, TV) else scalar_loader(a) for a in args]
+    cost = 1 + sum(a.cost for a in args if isinstance(a, TV))
+
+    def fn(k, idx):
+        vals = [k.cast(l(k, idx), cdt) for l in loaders]
+        return k.cast(k.op(template, rdt, vals, cdt), odt)
+    return TV(sizes, odt, fn, cost=cost)
+
+
+def _unary(template, compute_float=True):
+    def low(ctx, node, x, *rest):
+        tm = _tm(node)
+        cdt = tm.dtype if compute_float or True else None
+        return pointwise(node, template, [x], compute=tm.dtype)
+    return low

@@ -1,0 +1,73 @@
+"""Matmul lowerings: small ones become reduction loops in the kernel file, big ones (and
+convolution, attention) are extern calls into ATen's tuned libraries."""
+from __future__ import annotations
+
+import torch
+
+from ..ir import Unlowerable
+from .core import aten, DYN_SCALE, pointwise, register, size_choice, SMALL_MATMUL_MACS, _tm
+
+
+# --- matmul: small ones are loops in the kernel file, big ones call ATen ---------------------
+
+def _mm_tv(ctx, node, a, b, batch):
+    """out[..., i, j] = sum_k a[..., i, k] * b[..., k, j] as a reduction."""
+    *bs, m, kk = a.sizes
+    n = b.sizes[-1]
+    dt = a.dtype
+    if dt not in (torch.float32, torch.float64) or b.dtype != dt:
+        raise Unlowerable("integer matmul")
+    a = ctx.strided_or_realize(a, "matmul operand")
+    b = ctx.strided_or_realize(b, "matmul operand")
+    out = tuple(bs) + (m, n)
+
+    def fn(k, idx, ridx):
+        r = ridx[0]
+        av = a.load(k, list(idx[:-2]) + [idx[-2], r])
+        bv = b.load(k, list(idx[:-2]) + [r, idx[-1]])
+        return k.op("{0} * {1}", dt, [av, bv], dt)
+    return ctx.reduction(out, (kk,), "sum", fn, dt, dt, origin="matmul")
+
+
+def _small(macs):
+    return size_choice("inline matmul", macs * DYN_SCALE.get() <= SMALL_MATMUL_MACS)
+
+
+@register(aten.mm.default)
+def _mm(ctx, node, a, b):
+    m, k = a.sizes
+    n = b.sizes[1]
+    if not _small(m * n * k) or k == 0:
+        return ctx.extern(node, (a, b), {}, fallback=False)
+    return _mm_tv(ctx, node, a, b, False)
+
+
+@register(aten.bmm.default)
+def _bmm(ctx, node, a, b):
+    bsz, m, k = a.sizes
+    n = b.sizes[2]
+    if not _small(bsz * m * n * k) or k == 0:
+        return ctx.extern(node, (a, b), {}, fallback=False)
+    return _mm_tv(ctx, node, a, b, True)
+
+
+@register(aten.addmm.default)
+def _addmm(ctx, node, bias, a, b, beta=1, alpha=1):
+    m, k = a.sizes
+    n = b.sizes[1]
+    if not _small(m * n * k) or k == 0:
+        return ctx.extern(node, (bias, a, b), {"beta": beta, "alpha": alpha}, fallback=False)
+    mm = _mm_tv(ctx, node, a, b, False)
+    tm = _tm(node)
+    args = [mm, bias]
+    tpl = "{0} + {1}"
+    if alpha != 1 or beta != 1:
+        tpl = "{0} * {2} + {1} * {3}"
+        args += [alpha, beta]
+    return pointwise(node, tpl, args)
+
+
+EXTERN_OPS = [aten.convolution.default, aten.convolution_backward.default,
+              aten._scaled_dot_product_flash_attention_for_cpu.default,
+              aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+              aten.baddbmm.default, aten.embedding_dense_backward.default]

@@ -1,0 +1,169 @@
+"""Reduction lowerings: sum, prod, mean, max/min, any/all, arg-max/min, var (two passes)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..index import contiguous_strides, flat_index, Ix, unflatten
+from ..ir import TV, Unlowerable
+from .core import aten, ctype, DYN_SCALE, prims, register, size_choice, _tm
+from .views import _view_of
+
+
+# --- reductions -----------------------------------------------------------------------------
+
+def _norm_dims(dims, nd):
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(nd))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted({d % nd for d in dims}) if nd else []
+
+
+def _reduce(ctx, node, x, dims, keepdim, rtype, out_dtype, pre=None, origin=""):
+    """Reduction of ``x`` over ``dims``; ``pre(k, v)`` maps each loaded element first."""
+    nd = len(x.sizes)
+    dims = _norm_dims(dims, nd)
+    rsizes = [x.sizes[d] for d in dims]
+    kept = [d for d in range(nd) if d not in dims]
+    out_sizes = [1 if d in dims else x.sizes[d] for d in range(nd)] if keepdim else [x.sizes[d] for d in kept]
+    acc = out_dtype
+    if rtype in ("sum", "prod") and out_dtype == torch.float32 and \
+            size_choice("f64 accumulator", math.prod(rsizes) * DYN_SCALE.get() > 4096):
+        acc = torch.float64   # why: a long float sum in one accumulator drifts (eager sums pairwise)
+    if rtype in ("argmax", "argmin"):
+        acc = x.dtype
+
+    def fn(k, idx, ridx):
+        src = [None] * nd
+        it_r = iter(ridx)
+        if keepdim:
+            for d in range(nd):
+                src[d] = next(it_r) if d in dims else idx[d]
+        else:
+            it_o = iter(idx)
+            for d in range(nd):
+                src[d] = next(it_r) if d in dims else next(it_o)
+        v = x.load(k, src)
+        if pre is not None:
+            v = pre(k, v, idx)
+        return v
+    return ctx.reduction(out_sizes, rsizes, rtype, fn, out_dtype, acc, origin)
+
+
+@register(aten.sum.dim_IntList, aten.sum.default, prims.sum.default)
+def _sum(ctx, node, x, dims=None, keepdim=False, dtype=None, output_dtype=None):
+    tm = _tm(node)
+    dt = tm.dtype
+    return _reduce(ctx, node, x, dims, keepdim, "sum", dt, pre=lambda k, v, idx: k.cast(v, dt), origin="sum")
+
+
+@register(aten.prod.dim_int, aten.prod.default)
+def _prod(ctx, node, x, dims=None, keepdim=False, dtype=None):
+    tm = _tm(node)
+    dt = tm.dtype
+    if isinstance(dims, torch.dtype):
+        dims = None
+    return _reduce(ctx, node, x, dims, keepdim, "prod", dt, pre=lambda k, v, idx: k.cast(v, dt), origin="prod")
+
+
+@register(aten.mean.dim, aten.mean.default)
+def _mean(ctx, node, x, dims=None, keepdim=False, dtype=None):
+    tm = _tm(node)
+    dt = tm.dtype
+    if isinstance(dims, torch.dtype):
+        dims = None
+    nd = len(x.sizes)
+    n = math.prod(x.sizes[d] for d in _norm_dims(dims, nd)) if nd else 1
+    s = _reduce(ctx, node, x, dims, keepdim, "sum", dt, pre=lambda k, v, idx: k.cast(v, dt), origin="mean")
+
+    def fn(k, idx):
+        return k.op("{0} / {1}", dt, [s.load(k, idx), k.const(n, dt)], dt)
+    return TV(s.sizes, dt, fn)
+
+
+@register(aten.amax.default, aten.amin.default, prims.amax.default, prims.amin.default,
+          aten.max.default, aten.min.default)
+def _amax(ctx, node, x, dims=None, keepdim=False):
+    tm = _tm(node)
+    rt = "max" if node.target in (aten.amax.default, prims.amax.default, aten.max.default) else "min"
+    if x.numel == 0:
+        raise Unlowerable("empty max")
+    return _reduce(ctx, node, x, dims, keepdim, rt, tm.dtype, origin=rt)
+
+
+@register(aten.any.dim, aten.any.dims, aten.any.default)
+def _any(ctx, node, x, dims=None, keepdim=False):
+    tm = _tm(node)
+    return _reduce(ctx, node, x, dims, keepdim, "max", torch.bool,
+                   pre=lambda k, v, idx: k.cast(v, torch.bool), origin="any")
+
+
+@register(aten.all.dim, aten.all.dims, aten.all.default)
+def _all(ctx, node, x, dims=None, keepdim=False):
+    return _reduce(ctx, node, x, dims, keepdim, "min", torch.bool,
+                   pre=lambda k, v, idx: k.cast(v, torch.bool), origin="all")
+
+
+@register(aten.argmax.default, aten.argmin.default)
+def _argmax(ctx, node, x, dim=None, keepdim=False):
+    if dim is None:
+        flat = TV((x.numel,), x.dtype, lambda k, idx: x.load(k, unflatten(Ix.of(idx[0]), x.sizes)), cost=x.cost)
+        x, dim = flat, 0
+        keepdim_eff = False
+    else:
+        keepdim_eff = keepdim
+    if x.numel == 0:
+        raise Unlowerable("empty argmax")
+    rt = "argmax" if node.target is aten.argmax.default else "argmin"
+    r = _reduce(ctx, node, x, [dim], keepdim_eff, rt, torch.int64, origin=rt)
+    tm = _tm(node)
+    if r.sizes != tuple(tm.shape):
+        return _view_of(r, tm.shape, lambda idx: unflatten(flat_index(idx, contiguous_strides(tm.shape)), r.sizes))
+    return r
+
+
+def _var(ctx, node, x, dims, correction, keepdim, want_mean):
+    nd = len(x.sizes)
+    dl = _norm_dims(dims, nd)
+    n = math.prod(x.sizes[d] for d in dl) if nd else 1
+    dt = x.dtype if x.dtype.is_floating_point else torch.float32
+    ctype(dt)
+    s = _reduce(ctx, node, x, dims, keepdim, "sum", dt, pre=lambda k, v, idx: k.cast(v, dt), origin="var(mean)")
+
+    def mean_fn(k, idx):
+        return k.op("{0} / {1}", dt, [s.load(k, idx), k.const(n, dt)], dt)
+    mean = TV(s.sizes, dt, mean_fn)
+
+    def sq(k, v, idx):
+        d = k.op("{0} - {1}", dt, [k.cast(v, dt), mean_fn(k, idx)], dt)
+        return k.op("{0} * {0}", dt, [d], dt)
+    ss = _reduce(ctx, node, x, dims, keepdim, "sum", dt, pre=sq, origin="var")
+    denom = max(n - (1 if correction is None else correction), 0)
+
+    def var_fn(k, idx):
+        return k.op("{0} / {1}", dt, [ss.load(k, idx), k.const(denom, dt)], dt)
+    var = TV(s.sizes, dt, var_fn)
+    return (var, mean) if want_mean else var
+
+
+@register(aten.var.correction, aten.var.dim)
+def _var_l(ctx, node, x, dims=None, unbiased=None, keepdim=False, correction=None):
+    if node.target is aten.var.dim:
+        correction = 1 if unbiased in (None, True) else 0
+    elif correction is None:
+        correction = 1
+    return _var(ctx, node, x, dims, correction, keepdim, False)
+
+
+@register(aten.var_mean.correction, aten.var_mean.dim)
+def _var_mean(ctx, node, x, dims=None, correction=None, keepdim=False):
+    if node.target is aten.var_mean.dim:
+        correction = 1 if correction in (None, True) else 0
+    return _var(ctx, node, x, dims, 1 if correction is None else correction, keepdim, True)
+
+
+@register(prims.var.default)
+def _pvar(ctx, node, x, dims, correction=1.0, output_dtype=None):
+    return _var(ctx, node, x, dims, correction, False, False)

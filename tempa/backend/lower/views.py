@@ -1,0 +1,344 @@
+"""View and indexing lowerings: a view only changes the index function (no copy); cat, pad,
+scatters and gathers become piecewise or indirect loads."""
+from __future__ import annotations
+
+import torch
+
+from ..index import contiguous_strides, flat_index, Ix, unflatten
+from ..ir import TV, Unlowerable
+from .core import aten, bcast, _multi_metas, prims, register, _tm
+
+
+# --- views ----------------------------------------------------------------------------------
+
+def _view_of(x: TV, sizes, remap, cost_extra=0):
+    """A view: new sizes and an index remap out-idx -> in-idx. Keeps strided-ness if affine."""
+    sizes = tuple(int(s) for s in sizes)
+
+    def load(k, idx):
+        return x.load(k, remap(idx))
+    strided = None
+    if x.strided is not None:
+        from ..index import Var
+        b, st, off = x.strided
+        probe = [Ix.of(Var(f"_p{d}", s)) for d, s in enumerate(sizes)]
+        src = remap(probe)
+        flat = flat_index(src, st, off)
+        # affine in the probe vars with no div/mod: representable as strides
+        coefs = {a.name: c for a, c in flat.terms if isinstance(a, Var)}
+        if all(isinstance(a, Var) for a, _ in flat.terms):
+            new_st = tuple(coefs.get(f"_p{d}", 0) for d in range(len(sizes)))
+            strided = (b, new_st, flat.const)
+            return TV.view_of(b, sizes, new_st, flat.const)
+    return TV(sizes, x.dtype, load, strided, x.cost)
+
+
+@register(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default,
+          aten._reshape_alias.default)
+def _reshape(ctx, node, x, sizes, *rest):
+    tm = _tm(node)
+    new = tm.shape
+    if tuple(new) == x.sizes:
+        return x
+
+    def remap(idx):
+        flat = flat_index(idx, contiguous_strides(new))
+        return unflatten(flat, x.sizes)
+    return _view_of(x, new, remap)
+
+
+@register(aten.permute.default, aten.permute_copy.default)
+def _permute(ctx, node, x, dims):
+    nd = len(x.sizes)
+    dims = [d % nd for d in dims] if nd else []
+    sizes = [x.sizes[d] for d in dims]
+    inv = [0] * nd
+    for i, d in enumerate(dims):
+        inv[d] = i
+    return _view_of(x, sizes, lambda idx: [idx[inv[d]] for d in range(nd)])
+
+
+@register(aten.t.default)
+def _t(ctx, node, x):
+    if len(x.sizes) < 2:
+        return x
+    return _permute(ctx, node, x, [1, 0])
+
+
+@register(aten.transpose.int)
+def _transpose(ctx, node, x, a, b):
+    nd = len(x.sizes)
+    if nd == 0:
+        return x
+    dims = list(range(nd))
+    a, b = a % nd, b % nd
+    dims[a], dims[b] = dims[b], dims[a]
+    return _permute(ctx, node, x, dims)
+
+
+@register(aten.expand.default, aten.expand_copy.default)
+def _expand(ctx, node, x, sizes, implicit=False):
+    tm = _tm(node)
+    out = tm.shape
+    load = bcast(x, out)
+    nd, m = len(out), len(x.sizes)
+
+    def remap(idx):
+        sub = list(idx[nd - m:])
+        for d in range(m):
+            if x.sizes[d] == 1 and out[nd - m + d] != 1:
+                sub[d] = Ix()
+        return sub
+    return _view_of(x, out, remap)
+
+
+@register(aten.unsqueeze.default)
+def _unsqueeze(ctx, node, x, dim):
+    tm = _tm(node)
+    dim = dim % (len(x.sizes) + 1)
+    return _view_of(x, tm.shape, lambda idx: list(idx[:dim]) + list(idx[dim + 1:]))
+
+
+@register(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
+def _squeeze(ctx, node, x, dims=None):
+    tm = _tm(node)
+    nd = len(x.sizes)
+    if dims is None:
+        dims = [d for d in range(nd) if x.sizes[d] == 1]
+    elif isinstance(dims, int):
+        dims = [dims]
+    dims = {d % nd for d in dims if x.sizes[d % nd] == 1} if nd else set()
+    keep = [d for d in range(nd) if d not in dims]
+
+    def remap(idx):
+        out = [Ix()] * nd
+        for j, d in enumerate(keep):
+            out[d] = idx[j]
+        return out
+    return _view_of(x, tm.shape, remap)
+
+
+@register(aten.slice.Tensor)
+def _slice(ctx, node, x, dim=0, start=None, end=None, step=1):
+    tm = _tm(node)
+    nd = len(x.sizes)
+    dim = dim % nd
+    size = x.sizes[dim]
+    start = 0 if start is None else start
+    start = start + size if start < 0 else start
+    start = min(max(start, 0), size)
+
+    def remap(idx):
+        out = list(idx)
+        out[dim] = Ix.of(idx[dim]) * step + start
+        return out
+    return _view_of(x, tm.shape, remap)
+
+
+@register(aten.select.int)
+def _select(ctx, node, x, dim, index):
+    tm = _tm(node)
+    nd = len(x.sizes)
+    dim = dim % nd
+    index = index + x.sizes[dim] if index < 0 else index
+    return _view_of(x, tm.shape, lambda idx: list(idx[:dim]) + [Ix(const=index)] + list(idx[dim:]))
+
+
+@register(aten.as_strided.default)
+def _as_strided(ctx, node, x, size, stride, storage_offset=None):
+    if x.buffer is None:
+        raise Unlowerable("as_strided of a computed value")
+    b = x.buffer
+    off = b.offset if storage_offset is None else storage_offset
+    return TV.view_of(b, tuple(size), tuple(stride), off)
+
+
+@register(aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int)
+def _split(ctx, node, x, sizes_or_size=None, dim=0):
+    metas = _multi_metas(node)
+    if node.target is aten.unbind.int:
+        dim = sizes_or_size if sizes_or_size is not None else 0
+    nd = len(x.sizes)
+    dim = dim % nd
+    outs, start = [], 0
+    for m in metas:
+        if m is None:
+            raise Unlowerable("unused split piece")
+        if node.target is aten.unbind.int:
+            s0 = start
+
+            def remap(idx, s0=s0):
+                return list(idx[:dim]) + [Ix(const=s0)] + list(idx[dim:])
+            outs.append(_view_of(x, m.shape, remap))
+            start += 1
+        else:
+            s0 = start
+
+            def remap(idx, s0=s0):
+                out = list(idx)
+                out[dim] = Ix.of(idx[dim]) + s0
+                return out
+            outs.append(_view_of(x, m.shape, remap))
+            start += m.shape[dim]
+    return tuple(outs)
+
+
+@register(aten.cat.default)
+def _cat(ctx, node, tensors, dim=0):
+    tm = _tm(node)
+    tensors = [t for t in tensors if not (len(t.sizes) == 1 and t.sizes[0] == 0)]
+    nd = len(tm.shape)
+    dim = dim % nd
+    bounds, acc = [], 0
+    for t in tensors:
+        acc += t.sizes[dim]
+        bounds.append(acc)
+    dt = tm.dtype
+
+    def fn(k, idx):
+        i = idx[dim]
+        branches = []
+        lo = 0
+        for t, hi in zip(tensors, bounds):
+            def br(k, t=t, lo=lo):
+                sub = list(idx)
+                sub[dim] = Ix.of(i) - lo
+                return k.cast(bcast(t, tuple(sub_sz(t, tm.shape, dim)))(k, sub) if False else t.load(k, sub), dt)
+            branches.append((f"({Ix.of(i).c()}) < {hi}", br))
+            lo = hi
+        return k.piecewise(branches, dt)
+    return TV(tm.shape, dt, fn, cost=2 + sum(t.cost for t in tensors))
+
+
+def sub_sz(t, shape, dim):
+    return shape
+
+
+@register(aten.constant_pad_nd.default)
+def _pad(ctx, node, x, pad, value=0):
+    tm = _tm(node)
+    nd = len(x.sizes)
+    dt = tm.dtype
+    lows = [0] * nd
+    for i in range(len(pad) // 2):
+        lows[nd - 1 - i] = pad[2 * i]
+
+    def fn(k, idx):
+        src = [Ix.of(i) - lo for i, lo in zip(idx, lows)]
+        conds = []
+        for d in range(nd):
+            if lows[d] or x.sizes[d] != tm.shape[d]:
+                e = src[d].c()
+                conds.append(f"({e}) >= 0 && ({e}) < {x.sizes[d]}")
+        if not conds:
+            return k.cast(x.load(k, src), dt)
+        return k.piecewise([(" && ".join(conds), lambda k: k.cast(x.load(k, src), dt)),
+                            ("true", lambda k: k.const(value, dt))], dt)
+    return TV(tm.shape, dt, fn, cost=2 + x.cost)
+
+
+@register(aten.slice_scatter.default)
+def _slice_scatter(ctx, node, base, src, dim=0, start=None, end=None, step=1):
+    tm = _tm(node)
+    nd = len(tm.shape)
+    dim = dim % nd
+    size = tm.shape[dim]
+    start = 0 if start is None else (start + size if start < 0 else start)
+    end = size if end is None else (end + size if end < 0 else min(end, size))
+    dt = tm.dtype
+
+    def fn(k, idx):
+        i = Ix.of(idx[dim])
+        cond = f"({i.c()}) >= {start} && ({i.c()}) < {end}" + (f" && (({i.c()}) - {start}) % {step} == 0" if step != 1 else "")
+
+        def from_src(k):
+            sub = list(idx)
+            sub[dim] = (i - start).floordiv(step) if step != 1 else i - start
+            return k.cast(src.load(k, sub), dt)
+        return k.piecewise([(cond, from_src), ("true", lambda k: k.cast(base.load(k, list(idx)), dt))], dt)
+    return TV(tm.shape, dt, fn, cost=2 + base.cost + src.cost)
+
+
+@register(aten.select_scatter.default)
+def _select_scatter(ctx, node, base, src, dim, index):
+    tm = _tm(node)
+    nd = len(tm.shape)
+    dim = dim % nd
+    index = index + tm.shape[dim] if index < 0 else index
+    dt = tm.dtype
+
+    def fn(k, idx):
+        i = Ix.of(idx[dim])
+
+        def from_src(k):
+            return k.cast(src.load(k, list(idx[:dim]) + list(idx[dim + 1:])), dt)
+        return k.piecewise([(f"({i.c()}) == {index}", from_src),
+                            ("true", lambda k: k.cast(base.load(k, list(idx)), dt))], dt)
+    return TV(tm.shape, dt, fn, cost=2 + base.cost + src.cost)
+
+
+# --- indexing -------------------------------------------------------------------------------
+
+@register(aten.embedding.default)
+def _embedding(ctx, node, weight, indices, padding_idx=-1, *rest):
+    tm = _tm(node)
+    ni = len(indices.sizes)
+    rows = weight.sizes[0]
+
+    def fn(k, idx):
+        row = k.indirect(indices.load(k, list(idx[:ni])), rows)
+        return weight.load(k, [row] + list(idx[ni:]))
+    return TV(tm.shape, tm.dtype, fn, cost=2)
+
+
+@register(aten.index_select.default)
+def _index_select(ctx, node, x, dim, index):
+    tm = _tm(node)
+    nd = len(x.sizes)
+    dim = dim % nd if nd else 0
+
+    def fn(k, idx):
+        j = k.indirect(index.load(k, [idx[dim]] if index.sizes else []), x.sizes[dim])
+        sub = list(idx)
+        sub[dim] = j
+        return x.load(k, sub)
+    return TV(tm.shape, tm.dtype, fn, cost=2)
+
+
+@register(aten.gather.default)
+def _gather(ctx, node, x, dim, index, sparse_grad=False):
+    tm = _tm(node)
+    nd = len(x.sizes)
+    if nd == 0:
+        raise Unlowerable("0-d gather")
+    dim = dim % nd
+
+    def fn(k, idx):
+        j = k.indirect(index.load(k, list(idx)), x.sizes[dim])
+        sub = list(idx)
+        sub[dim] = j
+        return x.load(k, sub)
+    return TV(tm.shape, tm.dtype, fn, cost=2)
+
+
+@register(aten.index.Tensor)
+def _index(ctx, node, x, indices):
+    tm = _tm(node)
+    tens = [(d, t) for d, t in enumerate(indices) if t is not None]
+    if len(tens) != 1 or tens[0][1].dtype not in (torch.int64, torch.int32):
+        raise Unlowerable("advanced indexing beyond one integer index tensor")
+    d, it = tens[0]
+    ni = len(it.sizes)
+
+    def fn(k, idx):
+        j = k.indirect(it.load(k, list(idx[d:d + ni])), x.sizes[d])
+        sub = list(idx[:d]) + [j] + list(idx[d + ni:])
+        return x.load(k, sub)
+    return TV(tm.shape, tm.dtype, fn, cost=2)
+
+
+@register(prims.broadcast_in_dim.default)
+def _bid(ctx, node, x, shape, bdims):
+    def remap(idx):
+        return [Ix() if x.sizes[j] == 1 and shape[d] != 1 else idx[d] for j, d in enumerate(bdims)]
+    return _view_of(x, shape, remap)
