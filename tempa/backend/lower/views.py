@@ -3,6 +3,7 @@ scatters and gathers become piecewise or indirect loads."""
 from __future__ import annotations
 
 import torch
+import torch.fx as fx
 
 from ..index import contiguous_strides, flat_index, Ix, unflatten
 from ..ir import TV, Unlowerable
@@ -147,7 +148,16 @@ def _select(ctx, node, x, dim, index):
 @register(aten.as_strided.default)
 def _as_strided(ctx, node, x, size, stride, storage_offset=None):
     if x.buffer is None:
-        raise Unlowerable("as_strided of a computed value")
+        # A computed value (decompositions such as group_norm's use as_strided on results):
+        # its storage is its contiguous layout when it was traced contiguous at offset 0, so
+        # the view is an index remap, as long as it reads only the value's own elements.
+        tm = node.args[0].meta.get("tm") if isinstance(node.args[0], fx.Node) else None
+        off = storage_offset or 0
+        span = off + sum((s - 1) * st for s, st in zip(size, stride) if s > 0)
+        if tm is None or tm.offset != 0 or tuple(tm.stride) != contiguous_strides(tm.shape) \
+                or any(st < 0 for st in stride) or off < 0 or span >= max(x.numel, 1):
+            raise Unlowerable("as_strided of a computed value")
+        return _view_of(x, size, lambda idx: unflatten(flat_index(idx, stride, off), x.sizes))
     b = x.buffer
     off = b.offset if storage_offset is None else storage_offset
     return TV.view_of(b, tuple(size), tuple(stride), off)

@@ -1,0 +1,169 @@
+"""The zoo's models on CPU (fp32, small batch): eager vs tempa vs torch.compile.
+
+    python benchmarks/models.py [--only NAME[,NAME...]] [--no-torch-compile] [--rounds N]
+
+For each case of tests/models/zoo.py (all but the graph-break seed, which breaks.py
+measures): the first call of each compiler is timed (its compile time; tempa starts from an
+empty cache directory, so gcc runs), then eager, tempa and torch.compile are timed
+interleaved round by round (so load from other jobs hits all three alike), medians of
+per-call times after warm-up. Inference cases run under no_grad; training cases
+(``case.train``) time forward + backward of the output's sum. Speedups are eager time /
+compiled time (above 1: faster than eager); the geomean is over the models where both ran.
+Prints a Markdown table (paste into README.md under "## CPU models").
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import tempa  # noqa: E402
+from tests.models import zoo  # noqa: E402
+
+
+def _first_tensor(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, dict) or hasattr(out, "values"):
+        out = list(out.values())
+    if isinstance(out, (list, tuple)):
+        for o in out:
+            t = _first_tensor(o)
+            if t is not None:
+                return t
+    return None
+
+
+def runner(fn, case):
+    args, kwargs = case.args, case.kwargs
+    if case.train:
+        def run():
+            out = _first_tensor(fn(*args, **kwargs))
+            out.float().sum().backward()
+    else:
+        def run():
+            fn(*args, **kwargs)
+    return run
+
+
+def timed_once(run):
+    t0 = time.perf_counter()
+    run()
+    return time.perf_counter() - t0
+
+
+def interleaved(runs: dict, rounds: int, target_s=0.05):
+    """Per-call µs of each runner: warm-up, then ``rounds`` rounds, each timing a loop of n
+    calls of every runner in turn (n sized so a loop takes ~target_s); medians."""
+    for r in runs.values():
+        for _ in range(3):
+            r()
+    n = {}
+    for k, r in runs.items():
+        t = min(timed_once(r) for _ in range(3))
+        n[k] = max(1, min(200, int(target_s / max(t, 1e-7))))
+    times = {k: [] for k in runs}
+    for _ in range(rounds):
+        for k, r in runs.items():
+            t0 = time.perf_counter()
+            for _ in range(n[k]):
+                r()
+            times[k].append((time.perf_counter() - t0) / n[k] * 1e6)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def bench_case(name, use_tc, rounds):
+    case = zoo.make(name)
+    eager_model = copy.deepcopy(case.model)        # eager never sees what a compiler installed
+    eager_case = copy.copy(case)
+    eager_case.model = eager_model
+    ctx = torch.enable_grad() if case.train else torch.no_grad()
+    row = {"name": name, "train": case.train}
+    with ctx:
+        tempa.reset()
+        with tempfile.TemporaryDirectory() as d:
+            old = tempa.config.cache_dir
+            tempa.config.cache_dir = d
+            try:
+                fast = tempa.compile(copy.deepcopy(case.model))
+                run_t = runner(fast, case)
+                row["tempa_compile"] = timed_once(run_t)
+                s = tempa.stats()
+                row["tempa_info"] = f"{s.graphs_compiled} graphs, {s.kernels_compiled} kernels, " \
+                                    f"{s.aten_fallbacks} ATen fallbacks"
+            finally:
+                tempa.config.cache_dir = old
+        runs = {"eager": runner(eager_model, eager_case), "tempa": run_t}
+        if use_tc:
+            torch._dynamo.reset()
+            tc_model = torch.compile(copy.deepcopy(case.model))
+            run_c = runner(tc_model, case)
+            try:
+                row["tc_compile"] = timed_once(run_c)
+                runs["torch.compile"] = run_c
+            except Exception as e:  # noqa: BLE001
+                row["tc_error"] = f"{type(e).__name__}: {e}"[:80]
+        row.update(interleaved(runs, rounds))
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="")
+    ap.add_argument("--no-torch-compile", action="store_true")
+    ap.add_argument("--rounds", type=int, default=7)
+    a = ap.parse_args()
+    names = [n for n in zoo.ALL if n != "graph_break_seed"]
+    if a.only:
+        names = [n for n in names if n in a.only.split(",")]
+    warnings.filterwarnings("ignore")
+    torch.manual_seed(0)
+    load = os.getloadavg()
+    rows = []
+    for name in names:
+        try:
+            row = bench_case(name, not a.no_torch_compile, a.rounds)
+        except Exception as e:  # noqa: BLE001
+            print(f"{name}: failed: {type(e).__name__}: {e}", file=sys.stderr)
+            continue
+        rows.append(row)
+        tc = row.get("torch.compile", float("nan"))
+        print(f"{name:28s} eager {row['eager']:9.1f} us  tempa {row['tempa']:9.1f} us "
+              f"({row['eager'] / row['tempa']:5.2f}x, compile {row['tempa_compile']:5.2f} s)  "
+              f"torch.compile {tc:9.1f} us ({row['eager'] / tc:5.2f}x, "
+              f"compile {row.get('tc_compile', float('nan')):5.2f} s)  [{row['tempa_info']}]",
+              file=sys.stderr, flush=True)
+    print(f"\n{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, torch {torch.__version__}, "
+          f"load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at end "
+          f"{os.getloadavg()[0]:.2f}; per call µs (medians of {a.rounds} interleaved rounds)\n")
+    print("| model | mode | eager µs | tempa µs | tempa speedup | tempa compile s | "
+          "torch.compile µs | torch.compile speedup | torch.compile compile s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    st, sc = [], []
+    for r in rows:
+        e, t = r["eager"], r["tempa"]
+        c = r.get("torch.compile")
+        st.append(e / t)
+        if c:
+            sc.append(e / c)
+        ctxt = f"{c:.1f} | {e / c:.2f}x | {r['tc_compile']:.1f}" if c else f"— | — | {r.get('tc_error', '')}"
+        print(f"| {r['name']} | {'train' if r['train'] else 'no_grad'} | {e:.1f} | {t:.1f} | "
+              f"{e / t:.2f}x | {r['tempa_compile']:.2f} | {ctxt} |")
+
+    def geo(xs):
+        return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+    print(f"| **geomean** | | | | **{geo(st):.2f}x** | | | **{geo(sc):.2f}x** | |")
+
+
+if __name__ == "__main__":
+    main()
