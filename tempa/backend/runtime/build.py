@@ -30,6 +30,30 @@ class BuildError(Exception):
 
 
 @functools.lru_cache(None)
+def omp_link() -> tuple:
+    """Link flags that bind our OpenMP calls to the runtime PyTorch itself loaded.
+
+    Why: one OpenMP runtime means one thread pool and one wait policy. A second runtime
+    (gcc's own libgomp next to a wheel's renamed copy) keeps a second set of threads that
+    spin after each of our parallel loops while PyTorch's threads want the same cores. With
+    ``--as-needed`` the implicit ``-lgomp`` is dropped once PyTorch's copy resolved the calls.
+    (In this venv both are ``libgomp.so.1`` and the loader already shares one: measured.)"""
+    try:
+        import glob
+
+        import torch
+        root = os.path.dirname(torch.__file__)
+        libs = sorted(glob.glob(os.path.join(root, "lib", "libgomp*.so*")) +
+                      glob.glob(os.path.join(root, os.pardir, "torch.libs", "libgomp*.so*")))
+    except Exception:  # noqa: BLE001 - no torch copy: gcc's own libgomp
+        return ()
+    if not libs:
+        return ()
+    lib = os.path.realpath(libs[0])
+    return ("-Wl,--as-needed", lib, f"-Wl,-rpath,{os.path.dirname(lib)}")
+
+
+@functools.lru_cache(None)
 def compiler_id(cxx: str) -> str:
     exe = shutil.which(cxx) if not os.path.isabs(cxx) else (cxx if os.path.exists(cxx) else None)
     if exe is None:
@@ -57,7 +81,7 @@ def build(source: str):
     cfg = _config_mod.config
     cxx = cfg.cxx
     comp = compiler_id(cxx)
-    key = diskcache.key_of(source, " ".join(FLAGS), comp, cpu_id(), diskcache.VERSION)
+    key = diskcache.key_of(source, " ".join(FLAGS + list(omp_link())), comp, cpu_id(), diskcache.VERSION)
     if cfg.disk_cache:
         so = diskcache.path("cpp", key, "so")
         if diskcache.verified(so):
@@ -73,7 +97,8 @@ def build(source: str):
     exe = comp.split("\n")[0]
     _stats.bump("gcc_runs")
     try:
-        proc = subprocess.run([exe, *FLAGS, "-o", tmp_so, src], capture_output=True, text=True, timeout=300)
+        proc = subprocess.run([exe, *FLAGS, "-o", tmp_so, src, *omp_link()], capture_output=True, text=True,
+                              timeout=300)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise BuildError(f"C++ compiler {cxx!r} failed to run: {e}") from e
     finally:
