@@ -122,7 +122,13 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--no-torch-compile", action="store_true")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch.set_num_threads for all three (default: PyTorch's choice); on a "
+                         "2-core machine shared with other jobs, 1 avoids threads waiting on "
+                         "descheduled peers")
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     names = [n for n in zoo.ALL if n != "graph_break_seed"]
     if a.only:
         names = [n for n in names if n in a.only.split(",")]
@@ -143,7 +149,8 @@ def main():
               f"torch.compile {tc:9.1f} us ({row['eager'] / tc:5.2f}x, "
               f"compile {row.get('tc_compile', float('nan')):5.2f} s)  [{row['tempa_info']}]",
               file=sys.stderr, flush=True)
-    print(f"\n{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, torch {torch.__version__}, "
+    print(f"\n{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, "
+          f"torch {torch.__version__}, "
           f"load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at end "
           f"{os.getloadavg()[0]:.2f}; per call µs (medians of {a.rounds} interleaved rounds)\n")
     print("| model | mode | eager µs | tempa µs | tempa speedup | tempa compile s | "

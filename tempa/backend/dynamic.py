@@ -360,6 +360,12 @@ class DynamicTarget:
                     res[k] = f"float({expr})" if is_float else f"({expr})"
             out.append("".join(res))
         cpp_src, wsrc = out
+        # tensors baked into the artifact must not depend on the sizes (the example's are used)
+        for name, t in ex_plan.lowered.constants.items():
+            for p in made.values():
+                o = p.lowered.constants.get(name)
+                if o is None or o.shape != t.shape or o.dtype != t.dtype or not torch.equal(o, t):
+                    raise NotGeneric(f"constant {name} changes with the sizes")
         # where each symbol comes from in this graph's inputs: a dim equal to it everywhere
         all_inputs = [made[ix].lowered.inputs for ix in made]
         points = [tuple(ax[k] for ax, k in zip(self.axes, ix)) for ix in made]
