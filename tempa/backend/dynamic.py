@@ -49,6 +49,19 @@ class NotGeneric(Exception):
     """This graph cannot be made shape-generic; it is compiled per shape instead."""
 
 
+class SizeMismatch(Exception):
+    """Raised by a generic wrapper when dims it tied together differ on this call."""
+
+
+def _with_fallback(generic, fallback):
+    def call(*args):
+        try:
+            return generic(*args)
+        except SizeMismatch:
+            return fallback(*args)
+    return call
+
+
 def dynamic_dims(gm: torch.fx.GraphModule):
     """[(input index, dim, symbol)] for every symbolic size of the graph's inputs ([] if none).
 
@@ -130,6 +143,21 @@ class DynamicTarget:
 
     # -- the grid --------------------------------------------------------------------------
     def _setup(self):
+        # Tie symbols that have the same example value at the same dim (input_ids and
+        # attention_mask batch sizes: the frontend names them apart when no guard relates
+        # them). A tied dim is checked on each call; a call where they differ raises
+        # SizeMismatch inside the wrapper and runs per-shape code instead.
+        canon: dict = {}
+        self.ties = []
+        for i, d, s in self.dims:
+            if d is None or s in canon:
+                continue
+            v = self.examples[i].shape[d]
+            twin = next((c for (i2, d2, c) in self.dims if c in canon.values() and d2 == d
+                         and self.examples[i2].shape[d2] == v), None)
+            canon[s] = twin or s
+        self.ties = [(i, d, canon[s]) for i, d, s in self.dims if d is not None and canon[s] != s]
+        self.dims = [(i, d, canon.get(s, s)) for i, d, s in self.dims]
         syms: dict = {}
         for i, d, s in self.dims:
             if d is None:
@@ -206,6 +234,13 @@ class DynamicTarget:
                 return plan_graph(tr.gm, tr.num_outputs, tr.mutated, n_in, label, nsizes=n, choices=choices)
             call, gi = finish([self._template(plan_at, ex_plan)])[0]
             self._generic(label)
+            if self.ties:
+                from .compile_graph import compile_graph as static_compile
+
+                def one(inputs):
+                    tr = trace_forward(self.pgm, inputs, table())
+                    return static_compile(tr.gm, tr.num_outputs, tr.mutated, n_in, label)[0]
+                call = _with_fallback(call, per_shape(one, "tied sizes differ"))
             return call, gi
         except Exception as e:  # noqa: BLE001 - any failure here: per-shape code is correct
             self._per_shape_note(label, e)
@@ -244,9 +279,14 @@ class DynamicTarget:
                 ex_plan = plan_graph(g, num_outputs, mutated, n_in2, label, prefix, nsizes=n, choices=choices)
                 choices.replay = True
                 return self._template(plan_at, ex_plan)
-            out = build_training(joint, n_in, single, plan_fn, finish)
+            fn, fw_info, bw_info = build_training(joint, n_in, single, plan_fn, finish)
             self._generic("training")
-            return out
+            if self.ties:
+                def one(inputs):
+                    j = trace_joint(trace_forward(self.pgm, inputs, table()), inputs, table())
+                    return build_training(j, n_in, single)[0]
+                fn = _with_fallback(fn, per_shape(one, "tied sizes differ"))
+            return fn, fw_info, bw_info
         except Exception as e:  # noqa: BLE001
             self._per_shape_note("training", e)
 
@@ -381,9 +421,14 @@ class DynamicTarget:
                 raise NotGeneric(f"size {self.syms[si]} is not a dimension of any input of the "
                                  f"{ex_plan.label} graph")
             prologue.append(f"        ds{si} = a{src[0]}.shape[{src[1]}]" if src else f"        ds{si} = 0")
+        if ex_plan.label in ("inference", "forward"):      # its inputs are the user's inputs
+            for i, d, sym in self.ties:
+                prologue.append(f"        if a{i}.shape[{d}] != ds{self.syms.index(sym)}: raise _SizeMismatch()")
         lines = wsrc.split("\n")
         at = next(i for i, l in enumerate(lines) if l.startswith("    def call(")) + 1
         wsrc = "\n".join(lines[:at] + prologue + lines[at:])
+        if self.ties:
+            wsrc = "from tempa.backend.dynamic import SizeMismatch as _SizeMismatch\n" + wsrc
         return _DynPlan(ex_plan, cpp_src, wsrc, n)
 
 

@@ -80,3 +80,29 @@ def test_polynomial_fit():
     s = dynamic._Solver([[5, 6, 7], [20, 21, 22]])
     poly = s.fit([a * b * b + 3 * a + 1 for a in (5, 6, 7) for b in (20, 21, 22)])
     assert dynamic._render(poly) == "ds0*ds1*ds1 + 3*ds0 + 1"
+
+
+def test_tied_sizes_are_checked_per_call():
+    # two batch sizes equal in the examples are tied; a call where they differ still works
+    def f(x, y):
+        return x.sum(0) * 2 + y.sum(0)
+
+    fast = tempa.compile(f)
+    for bx, by in [(3, 3), (5, 5), (6, 6), (6, 9), (4, 4)]:
+        x, y = torch.randn(bx, 4), torch.randn(by, 4)
+        assert_same(fast(x, y), f(x, y))
+    assert any(i.dynamic.startswith("generic") for i in _infos(fast))
+
+
+def test_hf_bert_sweep_is_generic():
+    case = zoo.make("hf_bert")
+    model = case.model
+    fast = tempa.compile(model)
+    with torch.no_grad():
+        for b, t in [(2, 8), (3, 11), (4, 16), (5, 9)]:
+            kw = {"input_ids": torch.randint(0, model.config.vocab_size, (b, t)),
+                  "attention_mask": torch.ones(b, t, dtype=torch.long)}
+            kw["attention_mask"][0, -2:] = 0
+            assert_same(fast(**kw), model(**kw), *case.tolerance)
+    assert tempa.stats().gcc_runs <= 2
+    assert any(i.dynamic.startswith("generic") for i in _infos(fast))
