@@ -24,6 +24,9 @@ _SIDE_EFFECT_TARGETS = {torch._C._set_grad_enabled, torch.amp.autocast_mode._ent
                         torch.amp.autocast_mode._exit_autocast, operator.setitem}
 
 
+_SYMBOLIC_MATMULS = {operator.matmul, torch.matmul, torch.bmm, "matmul", "bmm"}
+
+
 class GraphBuilder:
     def __init__(self, *, symbolic: bool = False):
         self.graph = fx.Graph()
@@ -125,6 +128,11 @@ class GraphBuilder:
             self._use_fake_tensors((args, kwargs))
         fake_args = _map(args, _to_fake)
         fake_kwargs = _map(kwargs, _to_fake)
+        if self.sizes is not None and target in _SYMBOLIC_MATMULS:
+            result = self._symbolic_matmul(*fake_args, **fake_kwargs)
+            if result is not None:
+                node = self.graph.create_node(kind, target, node_args, node_kwargs)
+                return self.wrap(node, result, target)
         try:
             with self.fake_mode:
                 if kind == "call_method":
@@ -142,6 +150,32 @@ class GraphBuilder:
             raise UserError(e) from None
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
         return self.wrap(node, result, target)
+
+    def _symbolic_matmul(self, a, b):
+        """Batched matmul with symbolic sizes, shaped here: some PyTorch releases' fake
+        kernel (2.11) specializes the batch and length sizes of a 4-d matmul to constants,
+        which would make a dynamic graph static again."""
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or \
+                a.dim() < 3 or b.dim() < 2 or a.dtype != b.dtype:
+            return None
+        if a.shape[-1] != b.shape[-2]:
+            return None   # let the fake kernel raise eager's error
+        batch_a, batch_b = list(a.shape[:-2]), list(b.shape[:-2])
+        n = max(len(batch_a), len(batch_b))
+        batch_a = [1] * (n - len(batch_a)) + batch_a
+        batch_b = [1] * (n - len(batch_b)) + batch_b
+        batch = []
+        for x, y in zip(batch_a, batch_b):
+            if x == 1:
+                batch.append(y)
+            elif y == 1 or x == y:
+                batch.append(x)
+            else:
+                return None
+        grad = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+        with self.fake_mode:
+            return torch.empty(batch + [a.shape[-2], b.shape[-1]], dtype=a.dtype,
+                               device=a.device, requires_grad=grad)
 
     def _to_node(self, v):
         if isinstance(v, TensorVar):
