@@ -135,6 +135,8 @@ class DynamicTarget:
 
         self.pgm, self.examples, self.info = pgm, examples, info
         self.reason = None
+        self.traced: dict = {}          # (grid index, joint?) -> trace
+        self.used_points: set = set()
         try:
             self._setup()
         except NotGeneric as e:
@@ -189,8 +191,6 @@ class DynamicTarget:
                 raise NotGeneric(f"no grid of sizes near {v}")
             used |= set(win)
             self.axes.append(win)
-        self.traced: dict = {}          # (grid index, joint?) -> trace
-        self.used_points: set = set()
 
     def _trace_at(self, ix, joint: bool):
         """The graph traced at grid index ``ix`` (forward, or the joint forward/backward)."""
@@ -233,6 +233,7 @@ class DynamicTarget:
                 choices.pos = 0
                 return plan_graph(tr.gm, tr.num_outputs, tr.mutated, n_in, label, nsizes=n, choices=choices)
             call, gi = finish([self._template(plan_at, ex_plan)])[0]
+            self.traced.clear()            # the traces were only needed to make the template
             self._generic(label)
             if self.ties:
                 from .compile_graph import compile_graph as static_compile
@@ -243,6 +244,7 @@ class DynamicTarget:
                 call = _with_fallback(call, per_shape(one, "tied sizes differ"))
             return call, gi
         except Exception as e:  # noqa: BLE001 - any failure here: per-shape code is correct
+            self.traced.clear()
             self._per_shape_note(label, e)
             from .compile_graph import compile_graph as static_compile
 
@@ -280,6 +282,7 @@ class DynamicTarget:
                 choices.replay = True
                 return self._template(plan_at, ex_plan)
             fn, fw_info, bw_info = build_training(joint, n_in, single, plan_fn, finish)
+            self.traced.clear()
             self._generic("training")
             if self.ties:
                 def one(inputs):
@@ -288,6 +291,7 @@ class DynamicTarget:
                 fn = _with_fallback(fn, per_shape(one, "tied sizes differ"))
             return fn, fw_info, bw_info
         except Exception as e:  # noqa: BLE001
+            self.traced.clear()
             self._per_shape_note("training", e)
 
             def one(inputs):

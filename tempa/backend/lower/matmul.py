@@ -17,8 +17,10 @@ def _mm_tv(ctx, node, a, b, batch):
     dt = a.dtype
     if dt not in (torch.float32, torch.float64) or b.dtype != dt:
         raise Unlowerable("integer matmul")
-    a = ctx.strided_or_realize(a, "matmul operand")
-    b = ctx.strided_or_realize(b, "matmul operand")
+    # A pure view (cost 0: only index arithmetic, e.g. heads merged into the batch with // and
+    # %) is read in place; anything computed is stored once, not recomputed per multiply-add.
+    a = a if a.cost == 0 else ctx.strided_or_realize(a, "matmul operand")
+    b = b if b.cost == 0 else ctx.strided_or_realize(b, "matmul operand")
     out = tuple(bs) + (m, n)
 
     def fn(k, idx, ridx):

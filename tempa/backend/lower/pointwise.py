@@ -142,7 +142,7 @@ def _clamp(ctx, node, x, min=None, max=None):
     return pointwise(node, tpl, args)
 
 
-@register(aten.where.self)
+@register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def _where(ctx, node, c, a, b):
     tm = _tm(node)
     loaders = [bcast(c, tm.shape)] + [bcast(v, tm.shape) if isinstance(v, TV) else scalar_loader(v) for v in (a, b)]
