@@ -44,10 +44,10 @@ def static_vs_dynamic(model, make_input, warm_sizes, sizes, rounds=7, calls=100)
     for s in warm_sizes:
         dyn(make_input(s))
     out = []
+    captures = tempa.stats().captures
     for s in sizes:
         x = make_input(s)
-        tempa.reset()
-        static = tempa.compile(model, dynamic=False)
+        static = tempa.compile(model, dynamic=False)     # its own cache: dyn keeps its graph
         static(x)
         dyn(x)
         st, dy = [], []
@@ -55,6 +55,8 @@ def static_vs_dynamic(model, make_input, warm_sizes, sizes, rounds=7, calls=100)
             st.append(per_call_us(static, x, calls=calls, rounds=1, warmup=3))
             dy.append(per_call_us(dyn, x, calls=calls, rounds=1, warmup=3))
         out.append((s, statistics.median(st), statistics.median(dy)))
+    # the dynamic callable captured only for warm_sizes; each static one captured once
+    assert tempa.stats().captures == captures + len(sizes), "the dynamic graph was recaptured"
     return out
 
 

@@ -137,7 +137,7 @@ def finish(plans: list) -> list:
     lib = so = None
     cached = False
     if parts:
-        source = cpp.PRELUDE + "\n\n" + "\n\n".join(parts) + "\n"
+        source = cpp.prelude() + "\n\n" + "\n\n".join(parts) + "\n"
         lib, so, cached = _build.build(source)
     out = []
     for p in plans:

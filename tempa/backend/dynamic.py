@@ -543,7 +543,7 @@ def finish(dplans: list) -> list:
     lib = so = None
     cached = False
     if parts:
-        lib, so, cached = _build.build(cpp.PRELUDE + "\n\n" + "\n\n".join(parts) + "\n")
+        lib, so, cached = _build.build(cpp.prelude() + "\n\n" + "\n\n".join(parts) + "\n")
     out = []
     for p in dplans:
         info = p.info

@@ -196,6 +196,12 @@ class Ix:
             return Ix(q, cq) + Ix.of(FloorDiv(inner.e, inner.d * d))
         if lo >= 0 and hi < d * 1 and not q:
             return Ix((), cq)
+        split = _split_term(r, d)
+        if split is not None:
+            # (c*a + rest) // d == a // (d/c) when c divides d and 0 <= rest < c: a reshape
+            # that merged dims (heads into the batch) divides only the outer index.
+            a, c, rest = split
+            return Ix(q, cq) + Ix.of(a).floordiv(d // c)
         return Ix(q, cq) + Ix.of(FloorDiv(r, d))
 
     def mod(self, d: int) -> "Ix":
@@ -206,6 +212,11 @@ class Ix:
         lo, hi = r.rng()
         if lo >= 0 and hi < d:
             return r
+        split = _split_term(r, d)
+        if split is not None:
+            # (c*a + rest) % d == c*(a % (d/c)) + rest when c divides d and 0 <= rest < c
+            a, c, rest = split
+            return Ix.of(a).mod(d // c) * c + rest
         return Ix.of(Mod(r, d))
 
     def c(self) -> str:
@@ -219,6 +230,19 @@ class Ix:
 
     def __repr__(self):
         return self.c()
+
+
+def _split_term(r: "Ix", d: int):
+    """(atom, c, rest) with r == c*atom + rest, c > 1 dividing d, atom >= 0 and 0 <= rest < c;
+    the largest such c; None if there is none."""
+    for a, c in sorted(r.terms, key=lambda t: -t[1]):
+        if c <= 1 or d % c or a.rng()[0] < 0:
+            continue
+        rest = r - Ix.of(a) * c
+        lo, hi = rest.rng()
+        if lo >= 0 and hi < c:
+            return a, c, rest
+    return None
 
 
 def _recombine(d: dict) -> None:

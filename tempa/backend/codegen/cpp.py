@@ -8,6 +8,8 @@ for waking threads; the innermost loops carry ``omp simd`` so gcc vectorises the
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..index import Ix, Var
@@ -73,6 +75,47 @@ template <class T> static inline T t_floordiv(T a, T b) {
   if constexpr (is_fp<T>::v) { return m::floor(a / b); }
   else { T q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; } }
 """
+
+
+# glibc's libmvec has vector versions of the libm functions (exp, log, tanh, ... 8 floats a
+# call on AVX2). gcc calls them from ``omp simd`` loops when the scalar function is declared
+# ``simd``; without them every exp in a softmax or GELU is a scalar call (measured: softmax
+# stats of the test GPT at (8, 128) took 5.9 ms). Which set exists depends on glibc.
+_MVEC_BASIC = ["exp", "log", "sin", "cos", "pow"]                        # glibc 2.22
+_MVEC_FULL = _MVEC_BASIC + ["acos", "acosh", "asin", "asinh", "atan", "atanh", "atan2", "cosh",
+                            "erf", "erfc", "exp2", "expm1", "log10", "log1p", "log2", "sinh",
+                            "tan", "tanh"]                                # glibc 2.35
+_TWO_ARGS = {"pow", "atan2"}
+
+
+@functools.lru_cache(None)
+def mvec_functions() -> tuple:
+    """The libm functions with vector versions on this system (empty without libmvec)."""
+    try:
+        import ctypes.util
+        name = ctypes.util.find_library("mvec")
+        if not name:
+            return ()
+        lib = ctypes.CDLL(name)
+    except OSError:
+        return ()
+    if hasattr(lib, "_ZGVdN8v_tanhf") or hasattr(lib, "_ZGVbN4v_tanhf"):
+        return tuple(_MVEC_FULL)
+    if hasattr(lib, "_ZGVdN8v_expf") or hasattr(lib, "_ZGVbN4v_expf"):
+        return tuple(_MVEC_BASIC)
+    return ()
+
+
+def prelude() -> str:
+    """PRELUDE plus ``simd`` declarations of the functions libmvec vectorises here."""
+    decls = []
+    for f in mvec_functions():
+        n = 2 if f in _TWO_ARGS else 1
+        decls.append(f'extern "C" float {f}f({", ".join(["float"] * n)}) noexcept __attribute__((simd("notinbranch")));')
+        decls.append(f'extern "C" double {f}({", ".join(["double"] * n)}) noexcept __attribute__((simd("notinbranch")));')
+    # before namespace m: its wrappers must see the simd declarations
+    at = PRELUDE.index("namespace m {")
+    return PRELUDE[:at] + "\n".join(decls) + "\n" + PRELUDE[at:]
 
 
 def _init(rtype, dt):
@@ -218,10 +261,10 @@ def _render_group(k: Emitter, g: Group, local: set, need, kernel_no, generic=Fal
         par = bool(g.outer) and g.outer[0] > 1
     else:
         par = work >= PARALLEL_WORK and g.outer and g.outer[0] > 1
+    start = len(k.lines)
     for d, v in enumerate(ov):
         if d == 0 and par and generic:
-            simd = " simd" if len(ov) == 1 and simple else ""
-            k.line(f"#pragma omp parallel for{simd} if({work} >= {PARALLEL_WORK})")
+            k.line("#pragma omp parallel for" + (" simd" if len(ov) == 1 and simple else ""))
         elif d == 0 and par:
             k.line("#pragma omp parallel for")
         elif d == len(ov) - 1 and simple and not (d == 0 and par):
@@ -241,6 +284,16 @@ def _render_group(k: Emitter, g: Group, local: set, need, kernel_no, generic=Fal
     for _ in ov:
         k.pop()
         k.line("}")
+    if par and generic:
+        # Shape-generic code decides at run time, with two copies of the loop nest: an OpenMP
+        # ``if`` clause would still outline the loop into a function (losing __restrict__ and
+        # vectorisation) and build a team of one on every call.
+        nest = k.lines[start:]
+        pad = nest[0][:len(nest[0]) - len(nest[0].lstrip())]
+        serial = (["  " + pad + "#pragma omp simd"] if len(ov) == 1 and simple else []) + \
+                 ["  " + l for l in nest[1:]]
+        k.lines[start:] = ([f"{pad}if ({work} >= {PARALLEL_WORK}) {{"] + ["  " + l for l in nest] +
+                           [f"{pad}}} else {{"] + serial + [f"{pad}}}"])
     k.pop()
     k.line("}")
 
@@ -316,4 +369,4 @@ def _render_member(k: Emitter, m: ComputedBuffer, ov, locals_here):
 
 
 def render_source(segments_code: list) -> str:
-    return PRELUDE + "\n\n" + "\n\n".join(s.text for s in segments_code) + "\n"
+    return prelude() + "\n\n" + "\n\n".join(s.text for s in segments_code) + "\n"

@@ -7,6 +7,7 @@ version and the CPU (``-march=native`` code is not portable across CPUs).
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import functools
 import hashlib
 import os
@@ -46,11 +47,12 @@ def omp_link() -> tuple:
         libs = sorted(glob.glob(os.path.join(root, "lib", "libgomp*.so*")) +
                       glob.glob(os.path.join(root, os.pardir, "torch.libs", "libgomp*.so*")))
     except Exception:  # noqa: BLE001 - no torch copy: gcc's own libgomp
-        return ()
+        libs = []
+    mvec = ("-lmvec",) if ctypes.util.find_library("mvec") else ()   # vector libm (cpp.prelude)
     if not libs:
-        return ()
+        return ("-Wl,--as-needed",) + mvec
     lib = os.path.realpath(libs[0])
-    return ("-Wl,--as-needed", lib, f"-Wl,-rpath,{os.path.dirname(lib)}")
+    return ("-Wl,--as-needed", lib, f"-Wl,-rpath,{os.path.dirname(lib)}") + mvec
 
 
 @functools.lru_cache(None)
