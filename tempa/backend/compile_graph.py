@@ -101,10 +101,14 @@ def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str 
     token = DYN_SCALE.set(DYNAMIC_SIZE_SCALE if nsizes else 1)
     token2 = SIZE_CHOICES.set(choices)
     try:
-        lowered = lower_graph(gm, num_outputs, mutated)
+        return _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, nsizes)
     finally:
         DYN_SCALE.reset(token)
         SIZE_CHOICES.reset(token2)
+
+
+def _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, nsizes) -> Plan:
+    lowered = lower_graph(gm, num_outputs, mutated)
     eliminate_dead(lowered)
     sched = schedule(lowered.steps, lowered.copy_backs, lowered.outputs)
     plan_memory(sched, lowered.inputs, lowered.outputs, lowered.steps)

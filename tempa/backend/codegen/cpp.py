@@ -15,6 +15,7 @@ import torch
 from ..index import Ix, Var
 from ..ir import ComputedBuffer, CVal, Reduction
 from ..schedule import Group, member_index, nonunit, red_vars
+from ..lower.core import DYN_SCALE, size_choice
 from .emit import Emitter, ctype
 
 # Work (element-operations) below which a loop nest runs on one thread: waking the OpenMP
@@ -258,7 +259,10 @@ def _render_group(k: Emitter, g: Group, local: set, need, kernel_no, generic=Fal
     k.line("{")
     k.push()
     if generic:
-        par = bool(g.outer) and g.outer[0] > 1
+        # a loop too small to pay for threads even at DYN_SCALE times the sizes seen gets one
+        # serial copy (a size-driven choice: recorded at the example size, replayed elsewhere)
+        par = bool(g.outer) and g.outer[0] > 1 and \
+            size_choice("parallel loop", work * DYN_SCALE.get() >= PARALLEL_WORK)
     else:
         par = work >= PARALLEL_WORK and g.outer and g.outer[0] > 1
     start = len(k.lines)
