@@ -4,14 +4,19 @@ import tempfile
 import pytest
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(autouse=True, scope="package")
 def _private_cache():
-    """Each test session gets its own cache dir (the disk-cache tests need a known state)."""
+    """The backend tests get their own cache dir (the disk-cache tests need a known state);
+    package scope: restored before other packages' tests run (they check the default)."""
     import importlib
     cfg = importlib.import_module("tempa.config").config
-    old = cfg.cache_dir
+    old, old_env = cfg.cache_dir, os.environ.get("TEMPA_CACHE_DIR")
     d = tempfile.mkdtemp(prefix="tempa-test-cache-")
     cfg.cache_dir = d
     os.environ["TEMPA_CACHE_DIR"] = d
     yield d
     cfg.cache_dir = old
+    if old_env is None:
+        os.environ.pop("TEMPA_CACHE_DIR", None)
+    else:
+        os.environ["TEMPA_CACHE_DIR"] = old_env
