@@ -182,6 +182,8 @@ class GraphBuilder:
             return v.node
         if isinstance(v, torch.SymInt):
             return self.sizes.node_for(v) if self.sizes is not None else int(v)
+        if isinstance(v, torch.SymFloat):
+            return self.sizes.float_node_for(v)
         if is_numpy_scalar(v):
             return v.item()   # FX prints constants as source; numpy's repr is not valid there
         return v
@@ -261,7 +263,7 @@ def _map(value, fn):
     if t is torch.Size:
         return tuple(_map(v, fn) for v in value) if any(
             isinstance(v, torch.SymInt) for v in value) else value
-    if t is torch.SymInt or is_numpy_scalar(value):
+    if t is torch.SymInt or t is torch.SymFloat or is_numpy_scalar(value):
         return fn(value)
     if isinstance(value, tuple) and hasattr(value, "_fields"):
         return t(*(_map(v, fn) for v in value))

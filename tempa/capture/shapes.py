@@ -60,9 +60,19 @@ class SymbolicSizes:
         expr = self.env.replace(value.node.expr)
         return self._build(expr)
 
+    def float_node_for(self, value: torch.SymFloat):
+        """A float computed from sizes (``1.0 / x.shape[0]``): an FX node, or, for an
+        expression this module cannot build, the value itself with a guard on it."""
+        try:
+            return self._build(self.env.replace(value.node.expr))
+        except Unsupported:
+            return float(value)   # specializes: the guard keeps it correct
+
     def _build(self, expr):
         if isinstance(expr, (int, sympy.Integer)):
             return int(expr)
+        if isinstance(expr, float):
+            return expr
         hit = self._nodes.get(expr)
         if hit is not None:
             return hit
@@ -82,6 +92,12 @@ class SymbolicSizes:
             node = self.graph.call_function(operator.mod, tuple(self._build(a) for a in expr.args))
         elif isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0:
             node = self.graph.call_function(operator.pow, (self._build(expr.base), int(expr.exp)))
+        elif isinstance(expr, (symfn.FloatTrueDiv, symfn.IntTrueDiv)):
+            node = self.graph.call_function(operator.truediv, tuple(self._build(a) for a in expr.args))
+        elif isinstance(expr, symfn.ToFloat):
+            node = self.graph.call_function(float, (self._build(expr.args[0]),))
+        elif isinstance(expr, sympy.Float):
+            return float(expr)
         elif isinstance(expr, (symfn.Max, sympy.Max)):
             node = self.graph.call_function(max, tuple(self._build(a) for a in expr.args))
         elif isinstance(expr, (symfn.Min, sympy.Min)):

@@ -143,3 +143,14 @@ def test_returned_sizes_are_computed_per_call():
     for n in (3, 5):
         out = fast(torch.ones(n, 4))
         assert out[1] == n * 4 and out[2] == torch.Size([n, 4])
+
+
+def test_float_computed_from_sizes():
+    def f(x):
+        return x * (1.0 / x.shape[0]) + x.shape[1] / 2
+
+    fast = tempa.compile(f, backend="eager", dynamic=True)
+    for n in (3, 5, 7):
+        x = torch.randn(n, 4)
+        assert_same(fast(x), f(x))
+    assert tempa.stats().captures == 1
