@@ -12,25 +12,12 @@ import os
 import sys
 
 import torch
-import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import tempa  # noqa: E402
 from common import per_call_us, seconds  # noqa: E402
-
-
-class JaringanPutus(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(32, 64)
-        self.fc2 = nn.Linear(64, 10)
-
-    def forward(self, x):
-        y = torch.relu(self.fc1(x))
-        if y.sum() > 0:
-            y = y * 1.0
-        return self.fc2(y)
+from examples.graph_break import JaringanPutus  # noqa: E402  (the seed's model)
 
 
 def main():
