@@ -72,6 +72,22 @@ class WrapperGen:
         return b.name
 
 
+def reshape_outputs_at_allocation(lowered, w) -> dict:
+    """A graph output that is a contiguous reshape of a whole wrapper-allocated buffer: allocate
+    the buffer in the output's shape (same memory layout) and skip an as_strided per call.
+    Returns buffer -> the shape to allocate it in (shared by the C++ and GPU wrappers)."""
+    alloc_shape = {}
+    for i, v in enumerate(lowered.outputs):
+        if isinstance(v, TV) and v.strided is not None and v.buffer is None:
+            b, st, off = v.strided
+            if isinstance(b, ComputedBuffer) and off == 0 and v.numel == b.numel and b not in alloc_shape \
+                    and st == _contig(v.sizes) and b.strides == _contig(b.sizes):
+                alloc_shape[b] = v.sizes
+                lowered.outputs[i] = TV.view_of(b, v.sizes, st, 0)
+                w.reshaped[b] = v.sizes
+    return alloc_shape
+
+
 def render_wrapper(sched: Schedule, lowered, seg_codes: dict, num_inputs: int, nsizes: int = 0):
     """Returns (source, consts, serializable). ``seg_codes``: segment index -> SegmentCode.
 
@@ -82,17 +98,7 @@ def render_wrapper(sched: Schedule, lowered, seg_codes: dict, num_inputs: int, n
     args = ", ".join(f"a{i}" for i in range(num_inputs))
     L.append(f"    def call({args}):")
     allocated = set()
-    # A graph output that is a contiguous reshape of a whole wrapper-allocated buffer: allocate
-    # the buffer in the output's shape (same memory layout) and skip an as_strided per call.
-    alloc_shape = {}
-    for i, v in enumerate(lowered.outputs):
-        if isinstance(v, TV) and v.strided is not None and v.buffer is None:
-            b, st, off = v.strided
-            if isinstance(b, ComputedBuffer) and off == 0 and v.numel == b.numel and b not in alloc_shape \
-                    and st == _contig(v.sizes) and b.strides == _contig(b.sizes):
-                alloc_shape[b] = v.sizes
-                lowered.outputs[i] = TV.view_of(b, v.sizes, st, 0)
-                w.reshaped[b] = v.sizes
+    alloc_shape = reshape_outputs_at_allocation(lowered, w)
     for si, seg in enumerate(sched.segments):
         if isinstance(seg, ExternCall):
             call_args = ", ".join([w.tensor(a) for a in seg.args] +

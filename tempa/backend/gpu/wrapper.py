@@ -13,8 +13,8 @@ import os
 
 import torch
 
-from ..codegen.wrapper import WrapperGen, _DTYPE_NAMES, _contig, _opname
-from ..ir import ComputedBuffer, ExternCall, TV
+from ..codegen.wrapper import WrapperGen, _DTYPE_NAMES, _contig, _opname, reshape_outputs_at_allocation
+from ..ir import ExternCall
 
 
 def render(plan, interp: bool):
@@ -29,15 +29,7 @@ def render(plan, interp: bool):
     if not interp:
         L.append("    _s = _stream(_di)")
     allocated = set()
-    alloc_shape = {}
-    for i, v in enumerate(lowered.outputs):
-        if isinstance(v, TV) and v.strided is not None and v.buffer is None:
-            b, st, off = v.strided
-            if isinstance(b, ComputedBuffer) and off == 0 and v.numel == b.numel and b not in alloc_shape \
-                    and st == _contig(v.sizes) and b.strides == _contig(b.sizes):
-                alloc_shape[b] = v.sizes
-                lowered.outputs[i] = TV.view_of(b, v.sizes, st, 0)
-                w.reshaped[b] = v.sizes
+    alloc_shape = reshape_outputs_at_allocation(lowered, w)
     # inputs a kernel reads through a pointer it assumes 16-byte aligned: nn.Parameters are
     # (the caching allocator's blocks are), anything else is checked per call
     checked = set()
