@@ -86,9 +86,11 @@ def test_zoo_forward(name, mode):
 def test_zoo_backward(name, mode):
     case = zoo.make(name)
     model = case.model.cuda().train()
-    for mod in model.modules():
+    for mod in model.modules():       # dropout draws differ between eager and compiled code
         if isinstance(mod, nn.Dropout):
             mod.p = 0.0
+        elif isinstance(mod, nn.MultiheadAttention):
+            mod.dropout = 0.0             # a float attribute, not an nn.Dropout module
     args, kwargs = _to(case.args, "cuda"), _to(case.kwargs, "cuda")
     ref_model = copy.deepcopy(model)
     compiled = tempa.compile(model, mode=mode)
