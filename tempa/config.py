@@ -32,6 +32,9 @@ class Config:
     debug: bool = False
     # gcc executable for the CPU backend.
     cxx: str = "g++"
+    # Call generated C++ through tempa's small CPython extension (built once with gcc and the
+    # Python headers) instead of ctypes: ~1 µs less per segment call. Off: always ctypes.
+    fast_calls: bool = True
     # Automatic dynamic shapes: after a size changes once, recapture with that dim symbolic.
     automatic_dynamic_shapes: bool = True
 

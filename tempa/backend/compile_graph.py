@@ -24,7 +24,7 @@ stats = importlib.import_module("tempa.stats")  # the module; tempa.stats is als
 from .codegen import cpp, wrapper
 from .ir import ComputedBuffer, ExternCall, TV
 from .lower.lowerings import DYN_SCALE, SIZE_CHOICES, lower_graph
-from .runtime import build as _build
+from .runtime import build as _build, fastcall
 from .schedule import _extern_buffers, _reads, plan_memory, schedule
 
 
@@ -179,10 +179,10 @@ def instantiate(wsrc: str, lib, seg_codes: dict, constants: dict, consts: list):
         f = getattr(lib, code.name)
         f.argtypes = [ctypes.c_void_p] * len(code.params) + [ctypes.c_int64] * getattr(code, "nsizes", 0)
         f.restype = ctypes.c_int
-        seg_funcs[si] = f
+        seg_funcs[si] = fastcall.kernel(f, len(f.argtypes)) or f
     ptrs = {k: v.data_ptr() for k, v in constants.items()}
     ns: dict = {}
     exec(compile(wsrc, "<tempa wrapper>", "exec"), ns)
-    call = ns["make"](seg_funcs, constants, ptrs, consts, torch.empty, torch.as_strided, _index_error)
+    call = ns["make"](seg_funcs, constants, ptrs, consts, torch.empty_strided, torch.as_strided, _index_error)
     call._keepalive = (lib, constants)
     return call
