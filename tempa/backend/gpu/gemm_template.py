@@ -29,7 +29,7 @@ import torch
 
 from ..codegen import triton as tr
 from ..codegen.triton import TL, TritonEmitter, phys
-from ..index import Ix, Var
+from ..index import Indirect, Ix, Var
 from ..ir import CVal
 from ..lower.core import bcast
 from ..schedule import member_index
@@ -87,7 +87,7 @@ def render(site, cfg: GemmConfig, interpret: bool = False, tf32: bool | None = N
     tiles_m, tiles_n = -(-M // BM), -(-N // BN)
     tiles = tiles_m * tiles_n
     kc.grid = site.batch * tiles
-    k = TritonEmitter(two_d=False)
+    k = TileEmitter(two_d=False)
     params: dict = {}
 
     def pname(buf):
@@ -148,13 +148,18 @@ def render(site, cfg: GemmConfig, interpret: bool = False, tf32: bool | None = N
     k.depth -= 1
     # -- epilogue ---------------------------------------------------------------------------
     L(f"xz = tl.zeros([{BM}, {BN}], tl.int32)")
-    L(f"xmask = (g_rm[:, None] < {M}) & (g_rn[None, :] < {N})")
+    L(f"g_mmask = g_rm[:, None] < {M}")
+    L(f"g_nmask = g_rn[None, :] < {N}")
+    L("xmask = g_mmask & g_nmask")
+    # the output's index variables keep their own shapes (a row vector, a column vector, the
+    # batch a scalar): a bias indexed by the column alone is then loaded once per column
     outer = ["g_bat"] if site.op == "bmm" else []
     outer += ["g_rm[:, None]", "g_rn[None, :]"]
     ov = [Var(f"x{d}", s) for d, s in enumerate(site.out.sizes)]
     for v, e in zip(ov, outer):
-        L(f"{v.name} = {e} + xz")
+        L(f"{v.name} = {e}")
     k.xvars = {"xz"} | {v.name for v in ov}
+    k.row, k.col = ov[-2].name, ov[-1].name
     k.xb = BM * BN
     idx = [Ix.of(v) for v in ov]
     val = "g_acc"
@@ -180,6 +185,40 @@ def render(site, cfg: GemmConfig, interpret: bool = False, tf32: bool | None = N
     kc.body = "\n".join(["@triton.jit", f"def KERNEL_NAME({sig}):"] + k.lines) + "\n"
     kc.summary = " + ".join(summary)
     return kc
+
+
+class TileEmitter(TritonEmitter):
+    """The emitter over a GEMM tile: a load takes the shape its index has ([BM, 1], [1, BN],
+    [1, 1] or the whole tile) with the mask of that shape; Triton broadcasts the values.
+    Why: loading a bias row as a whole [BM, BN] tile repeats its load BM times per program."""
+    row = col = ""
+
+    def load(self, buf, ix):
+        self.loads.append((buf, ix))
+        if self.load_hook is not None:
+            hooked = self.load_hook(buf, ix)
+            if hooked is not None:
+                return hooked
+        ix = Ix.of(ix) - buf.offset
+        names = {getattr(a, "name", None) for a in ix.vars()}
+        if self.masks or any(isinstance(a, Indirect) for a in ix.vars()):
+            # a piecewise branch or a gathered index: whole-tile shapes, as the base emitter does
+            self.loads.pop()
+            return super().load(buf, ix + buf.offset)
+        s = self.ix(ix)
+        rows, cols = self.row in names, self.col in names
+        if rows and cols:
+            ptr, mask = s, "xmask"
+        elif rows:
+            ptr, mask = s, "g_mmask"
+        elif cols:
+            ptr, mask = s, "g_nmask"
+        else:
+            ptr, mask = f"{s} + tl.zeros([1, 1], tl.int32)", None
+        expr = f"tl.load({self.param(buf)} + ({ptr})" + (f", mask={mask}, other=0)" if mask else ")")
+        if buf.dtype in HALF:
+            expr += ".to(tl.float32)"
+        return CVal(self._cse(expr, False), buf.dtype)
 
 
 def _operand_ptr(tv, pname, row: str, col: str, batched: bool) -> str:
