@@ -5,6 +5,8 @@
   kernels.py                     generated modules on disk, parallel compile, direct launch
   wrapper.py                     the per-call Python (allocations, launches, extern calls)
   attention.py                   softmax(QK^T)V with a causal mask -> scaled_dot_product_attention
+  gemm.py, gemm_template.py,     max-autotune: matmul sites and their pointwise epilogues, the
+  gemm_tune.py                   Triton GEMM template, tuning it against cuBLAS
 The Triton renderer itself is codegen/triton.py; CUDA graphs and autotuning live in runtime/.
 """
 from .backend import GpuTarget, gpu_backend

@@ -29,7 +29,7 @@ class GpuTarget:
         self.mode = mode
         self.options = options or {}
         self.autotune = None
-        if mode == "max-autotune":
+        if mode in ("max-autotune", "max-autotune-no-cudagraphs"):
             from ..runtime.autotune import Autotuner
             self.autotune = Autotuner(self.options)
 

@@ -9,6 +9,9 @@ The passes, in order (the first three are the CPU backend's, unchanged):
                      shapes a single program cannot hold: a reduction with inner dims)
   5. plan_memory     register (x-level, read only in its kernel) vs global memory
   6. render          codegen/triton.py: one kernel per partition, identical ones shared
+     (max-autotune)  gemm_tune.py: each mm/addmm/bmm with the pointwise kernel after it ->
+                     a GEMM template with that kernel as its epilogue, or cuBLAS + the kernel,
+                     whichever measured faster (runtime/autotune.py)
   7. compile         every kernel of every plan at once, in parallel (kernels.py)
   8. wrapper         straight-line Python: allocate, launch, call externs (wrapper.py)
 """
@@ -174,13 +177,23 @@ def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str 
                 items.append(it)
             else:
                 items.append((it, tr.render_kernel(it, _r_contiguous(it))))
+        tuned_from = len(autotune.log) if autotune is not None else 0
+        if autotune is not None:
+            # max-autotune: matmuls become GEMM templates with their epilogue fused, where
+            # that measures faster than cuBLAS + the separate epilogue kernel
+            from . import gemm_tune
+            items = gemm_tune.tune(items, lowered, autotune, K.interpret_mode())
     info = GpuGraphInfo()
+    if autotune is not None:
+        info.autotune = autotune.log[tuned_from:]
     info.aten_fallbacks = list(lowered.fallbacks)
     info.extern_calls = list(lowered.externs)
     lines = []
     for it in items:
         if isinstance(it, ExternCall):
             lines.append(f"  {'fallback' if it.fallback else 'extern'} {it.name}")
+        elif getattr(it[1], "tag", None) == "gemm":
+            lines.append(f"  triton gemm {it[1].summary}")
         else:
             kp, kc = it
             mode = ("persistent" if kc.persistent else "looped") if kc.rblock else "pointwise"
@@ -188,6 +201,8 @@ def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str 
                          + (f" RBLOCK={kc.rblock}" if kc.rblock else "") + f" warps={kc.num_warps}: {kc.summary}")
     info.fusion_report = "launches:\n" + "\n".join(lines) + (
         "\nnot fused:\n  " + "\n  ".join(sched.report) if sched.report else "\nnot fused: (none)")
+    if info.autotune:
+        info.fusion_report += "\nautotune:\n  " + "\n  ".join(info.autotune)
     info.kernel_count = sum(1 for it in items if not isinstance(it, ExternCall))
     info.mutated_inputs = list(mutated)
     info.segment_count = info.kernel_count
@@ -205,7 +220,10 @@ def finish(plans: list) -> list:
             if isinstance(it, tuple):
                 body = it[1].body
                 if body not in names:
-                    names[body] = f"k{len(names)}_" + ("red" if it[1].rblock else "pw")
+                    if getattr(it[1], "tag", None) == "gemm":
+                        names[body] = K.content_name(body, "gemm")   # as autotuning named it
+                    else:
+                        names[body] = f"k{len(names)}_" + ("red" if it[1].rblock else "pw")
                 it[1].name = names[body]
     src = PRELUDE + (INTERPRET_SHIM if interp else "") + "\n\n" + "\n\n".join(
         body.replace("KERNEL_NAME", name) for body, name in names.items())
@@ -218,7 +236,8 @@ def finish(plans: list) -> list:
             for it in p.items:
                 if isinstance(it, tuple):
                     codes[it[1].name] = it[1]
-        jobs = [K.Job(n, _signature(kc), _aligned(kc), kc.num_warps) for n, kc in codes.items()]
+        jobs = [K.Job(n, K.signature(kc), K.aligned(kc), kc.num_warps, getattr(kc, "num_stages", 1))
+                for n, kc in codes.items()]
         compiled = K.compile_jobs(path, jobs)
     out = []
     for p in plans:
@@ -236,23 +255,6 @@ def finish(plans: list) -> list:
             log.info("%s: %s\n--- wrapper ---\n%s\n--- triton ---\n%s\n--- fusion ---\n%s",
                      p.label, info.summary(), wsrc, src, info.fusion_report)
         out.append((call, info))
-    return out
-
-
-def _signature(kc) -> dict:
-    return {f"p{i}": "*" + tr.SIG[b.dtype] for i, b in enumerate(kc.params)}
-
-
-def _aligned(kc) -> list:
-    """Parameters the kernel may assume 16-byte aligned (the wrapper makes sure of it)."""
-    out = []
-    for i, b in enumerate(kc.params):
-        item = b.dtype.itemsize
-        if b.kind == "input" and getattr(b, "_mutated", False):
-            continue
-        if ((b.offset + getattr(b, "base_offset", 0)) * item) % 16:
-            continue
-        out.append(i)
     return out
 
 

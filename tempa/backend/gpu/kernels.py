@@ -112,6 +112,26 @@ def compile_jobs(path: str, jobs: list, parallel_min: int = 3) -> dict:
     return out
 
 
+def compile_each(path: str, jobs: list, parallel_min: int = 3) -> dict:
+    """name -> CompiledKernel, or the exception its compile raised (autotuning candidates:
+    one configuration that does not compile must not stop the others)."""
+    import triton
+    if not jobs:
+        return {}
+    mod = load_module(path)
+    tgt = target()
+    if len(jobs) >= parallel_min:
+        _prefill(path, jobs, tgt)
+    out = {}
+    for j in jobs:
+        try:
+            out[j.name] = triton.compile(_source(mod, j), target=tgt,
+                                         options={"num_warps": j.num_warps, "num_stages": j.num_stages})
+        except Exception as e:  # noqa: BLE001 - reported by the caller, candidate skipped
+            out[j.name] = e
+    return out
+
+
 def _prefill(path, jobs, tgt):
     """Compile ``jobs`` in worker processes so that the parent's compiles are cache hits."""
     n = max(1, min(len(jobs), os.cpu_count() or 1, 16))
@@ -135,6 +155,32 @@ def _prefill(path, jobs, tgt):
             p.wait(timeout=600)
         except subprocess.TimeoutExpired:
             p.kill()
+
+
+def content_name(body: str, tag: str) -> str:
+    """A kernel name derived from its text. Why: Triton's cache key covers the function's
+    source, name included; a template instance compiled while autotuning and again in the
+    final module must be spelt the same to be compiled once."""
+    return f"{tag}_{hashlib.sha256(body.encode()).hexdigest()[:12]}"
+
+
+def signature(kc) -> dict:
+    """The pointer signature of a rendered kernel (every parameter is a tensor pointer)."""
+    from ..codegen.triton import SIG
+    return {f"p{i}": "*" + SIG[b.dtype] for i, b in enumerate(kc.params)}
+
+
+def aligned(kc) -> list:
+    """Parameters the kernel may assume 16-byte aligned (the wrapper makes sure of it)."""
+    out = []
+    for i, b in enumerate(kc.params):
+        item = b.dtype.itemsize
+        if b.kind == "input" and getattr(b, "_mutated", False):
+            continue
+        if ((b.offset + getattr(b, "base_offset", 0)) * item) % 16:
+            continue
+        out.append(i)
+    return out
 
 
 class Launcher:
