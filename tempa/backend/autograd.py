@@ -28,7 +28,6 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
     diff = tuple(joint.diff_outputs)
     grad_inputs = tuple(joint.grad_inputs)
     non_diff = tuple(i for i in range(n_out) if i not in diff)
-    all_diff = not non_diff
     n_saved = joint.num_saved
     # saved values that are also user outputs (same node): keep them via save_for_backward
     out_node = next(n for n in joint.fw.graph.nodes if n.op == "output")

@@ -22,7 +22,7 @@ import importlib
 logs = importlib.import_module("tempa.logs")
 stats = importlib.import_module("tempa.stats")  # the module; tempa.stats is also a function
 from .codegen import cpp, wrapper
-from .ir import ComputedBuffer, ExternCall, TV
+from .ir import ExternCall, TV
 from .lower.lowerings import DYN_SCALE, SIZE_CHOICES, lower_graph
 from .runtime import build as _build, fastcall
 from .schedule import _extern_buffers, _reads, plan_memory, schedule
