@@ -410,3 +410,26 @@ def test_interpreter_kernels(which):
         assert torch.equal(out, ref)
     else:
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@interp
+def test_interpreter_cat_pieces_load_only_their_own_range():
+    """Triton evaluates every branch of a piecewise value on every lane: the second piece of
+    a cat reads ``x - 3``, which is before its tensor where the first piece holds. Each
+    piece's loads must be masked by "my range and no earlier one" (an unmasked read there
+    was an illegal address in GPT training on the H200)."""
+    import re as _re
+    from tempa.backend.gpu import gpu_backend
+
+    def f(a, b, c):
+        return torch.cat([a, b, c], 1) * 2
+    args = (torch.randn(4, 3), torch.randn(4, 5), torch.randn(4, 2))
+    compiled = tempa.compile(f, backend=lambda gm, ex: gpu_backend(gm, ex))
+    torch.testing.assert_close(compiled(*args), f(*args))
+    src = tempa.entries(compiled)[0].compiled.tempa_info.inference.triton_source
+    body = src[src.index("def k"):]
+    masks = _re.findall(r"tl\.load\(p(\d) \+ \([^)]*\), mask=xmask & (c\d+)", body)
+    assert [p for p, _ in masks] == ["0", "1", "2"], body
+    for _, m in masks[1:]:
+        definition = _re.search(rf"{m} = (.*)", body).group(1)
+        assert "~" in definition, body       # excludes the earlier pieces' range

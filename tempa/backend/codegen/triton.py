@@ -402,22 +402,31 @@ class TritonEmitter:
 
     def piecewise(self, branches, dt) -> CVal:
         """``[(cond, body_fn), ...]``: the first true condition's body gives the value. Every
-        branch is computed with its loads masked by its condition, then selected."""
+        branch is computed, then selected. Why each branch's loads are masked by "my
+        condition and no earlier one": C++ evaluates only the taken branch, but here every
+        branch runs on every lane, and a branch's index is only in bounds on its own range
+        (a ``cat``'s second piece reads ``x - 768``: negative where the first piece holds)."""
         conds, vals = [], []
+        earlier = None                  # name of "an earlier condition holds", once there is one
         for cond, fn in branches:
+            if len(conds) >= 2:
+                earlier = self._cond(f"({earlier} | {conds[-1]})")
+            elif conds:
+                earlier = conds[0]
             c = translate_cond(cond)
-            if c == "True":
-                cname = None
+            cname = None if c == "True" else self._cond(c)
+            if earlier is None:
+                mask = cname
+            elif cname is None:
+                mask = self._cond(f"(~{earlier})")
             else:
-                cname = self._cse(c, self.is_r(c) if self.two_d else False, "c")
-                if not self.is_r(cname) and self.two_d and self.is_r(c):
-                    self.rlevel.add(cname)
-            if cname is not None:
-                self.masks.append(cname)
+                mask = self._cond(f"({cname} & ~{earlier})")
+            if mask is not None:
+                self.masks.append(mask)
             self.push()
             v = self.cast(fn(self), dt)
             self.pop()
-            if cname is not None:
+            if mask is not None:
                 self.masks.pop()
             conds.append(cname)
             vals.append(v)
@@ -429,6 +438,13 @@ class TritonEmitter:
             out = f"tl.where({conds[i]}, {vals[i].expr}, {out})"
         r = self.is_r(out)
         return CVal(self._cse(out, r), dt)
+
+    def _cond(self, c: str) -> str:
+        """A condition as a named temporary, at r level when it involves r values."""
+        name = self._cse(c, self.is_r(c) if self.two_d else False, "c")
+        if not self.is_r(name) and self.two_d and self.is_r(c):
+            self.rlevel.add(name)
+        return name
 
 
 # --- kernels --------------------------------------------------------------------------------
