@@ -71,11 +71,14 @@ def render(plan, interp: bool):
             if b.kind == "py" and b not in allocated:
                 allocated.add(b)
                 dt = _DTYPE_NAMES[b.dtype]
+                # empty_strided for contiguous buffers too: cheaper argument parsing than
+                # torch.empty(shape, dtype=..., device=...) (as in the C++ wrapper)
                 if tuple(b.strides) != _contig(b.sizes):
-                    L.append(f"    {b.name} = _empty_strided({tuple(b.sizes)!r}, {tuple(b.strides)!r}, "
-                             f"dtype=torch.{dt}, device=_dev)")
+                    shape, strides = tuple(b.sizes), tuple(b.strides)
                 else:
-                    L.append(f"    {b.name} = _empty({tuple(alloc_shape.get(b, b.sizes))!r}, dtype=torch.{dt}, device=_dev)")
+                    shape = tuple(alloc_shape.get(b, b.sizes))
+                    strides = _contig(shape)
+                L.append(f"    {b.name} = _empty_strided({shape!r}, {strides!r}, dtype=torch.{dt}, device=_dev)")
         ptrs = ", ".join(w.bufname(b) for b in kc.params)
         launches[kc.name] = True
         if interp:
