@@ -522,7 +522,18 @@ def choose_blocks(plan: KernelPlan, ov, r_contiguous: bool):
         return True, True, xb, rb, nw
     if r_contiguous or X < 64:
         return True, False, 1, 2048, 8
-    return True, False, 64, 64, 8
+    # A column reduction (the reduced dim is not the contiguous one): x spans contiguous
+    # columns for coalesced loads, but a wide XBLOCK leaves few programs: a bias gradient
+    # over (8192, 768) ran as 12 programs on a 132-SM GPU (0.3 ms each in GPT training).
+    # Narrow XBLOCK until there are about two programs per SM, keeping >= 8 columns (32 B
+    # rows of fp32) per load and a 4096-element tile.
+    xb = 64
+    while xb > 8 and -(-X // xb) < 2 * GPU_SMS:
+        xb //= 2
+    return True, False, xb, 4096 // xb, 8
+
+
+GPU_SMS = 132      # an H100/H200; only sets how far column reductions split their columns
 
 
 def render_kernel(plan: KernelPlan, r_contiguous: bool = True) -> KernelCode:

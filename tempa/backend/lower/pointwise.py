@@ -177,9 +177,22 @@ def _to(ctx, node, x, *args, **kw):
 @register(aten._to_copy.default, prims.convert_element_type.default)
 def _to_copy(ctx, node, x, dtype=None, **kw):
     tm = _tm(node)
-    if kw.get("device") not in (None, torch.device("cpu")) or kw.get("layout") not in (None, torch.strided):
+    if kw.get("layout") not in (None, torch.strided) or not _same_device(node, kw.get("device")):
         raise Unlowerable("device/layout change")
     return pointwise(node, "{0}", [x], compute=tm.dtype)
+
+
+def _same_device(node, device) -> bool:
+    """``_to_copy(x, device=d)`` where x already lives on d (autocast's casts on CUDA name
+    the device) is a plain cast, not a transfer."""
+    if device is None:
+        return True
+    src = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    here = src.device if isinstance(src, torch.Tensor) else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and here.type == "cuda":
+        return True
+    return device == here
 
 
 @register(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
