@@ -187,8 +187,8 @@ def _same_device(node, device) -> bool:
     the device) is a plain cast, not a transfer."""
     if device is None:
         return True
-    src = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
-    here = src.device if isinstance(src, torch.Tensor) else torch.device("cpu")
+    tm = node.args[0].meta.get("tm") if isinstance(node.args[0], torch.fx.Node) else None
+    here = tm.device if tm is not None and tm.device is not None else torch.device("cpu")
     device = torch.device(device)
     if device.type == "cuda" and device.index is None and here.type == "cuda":
         return True

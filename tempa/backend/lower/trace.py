@@ -41,10 +41,11 @@ class TMeta:
     offset: int
     dtype: torch.dtype
     requires_grad: bool = False
+    device: torch.device | None = None
 
     @staticmethod
     def of(t: torch.Tensor) -> "TMeta":
-        return TMeta(tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.requires_grad)
+        return TMeta(tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.requires_grad, t.device)
 
 
 _DATA_DEPENDENT = {torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape}
