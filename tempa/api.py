@@ -86,10 +86,16 @@ class CompileContext:
         miss = self._miss
 
         def dispatch(*args, **kwargs):
-            for entry in cache.entries:
-                result = entry.fn(*args, **kwargs)
-                if result is not MISS:
-                    return result
+            if kwargs:
+                for entry in cache.entries:
+                    result = entry.fn(*args, **kwargs)
+                    if result is not MISS:
+                        return result
+            else:                   # the common call: no keyword dict to unpack per entry
+                for entry in cache.entries:
+                    result = entry.fn(*args)
+                    if result is not MISS:
+                        return result
             return miss(cache, fn, eager, args, kwargs)
         dispatch.__tempa_cache__ = cache
         return dispatch

@@ -141,6 +141,7 @@ def finish(plans: list) -> list:
     lib = so = None
     cached = False
     if parts:
+        fastcall.prebuild()          # its one-time gcc run overlaps this graph's
         source = cpp.prelude() + "\n\n" + "\n\n".join(parts) + "\n"
         lib, so, cached = _build.build(source)
     out = []

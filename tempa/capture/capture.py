@@ -120,8 +120,9 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         # .data): one cheap check on the first parameter catches such whole-model moves.
         first = builder.attr_inputs[0][1]
         c = guards.const(first, "P")
-        guards.add("module", f"{c}.dtype is {guards.const(first.dtype, 'D')} and "
-                   f"{c}.device == {guards.const(first.device, 'DEV')}",
+        on_device = (f"{c}.is_cpu" if first.device.type == "cpu" else     # no device object built
+                     f"{c}.device == {guards.const(first.device, 'DEV')}")
+        guards.add("module", f"{c}.dtype is {guards.const(first.dtype, 'D')} and {on_device}",
                    f"parameters are still {first.dtype} on {first.device}")
     for node in reversed(entered):
         builder.graph.call_function(autocast_mode._exit_autocast, (node,))

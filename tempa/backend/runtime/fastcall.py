@@ -9,10 +9,12 @@ with ``PyLong_AsVoidPtr`` and calls the segment. It is compiled with gcc the fir
 it is needed, stored in the disk cache like any generated library (keyed by its source,
 the Python headers and the compiler), and shared by every graph of every process after.
 
-The call goes through a prototype of ``nargs`` pointer-sized integer arguments. A segment
-takes only pointers and ``int64_t`` sizes, which the x86-64 and AArch64 calling
-conventions pass in exactly the same registers and stack slots as ``intptr_t``, so this
-is the call ctypes/libffi would make. If the extension cannot be built (no compiler, no
+Every call goes through one prototype of ``MAX_ARGS`` pointer-sized integers, the unused
+tail zero. A segment takes only pointers and ``int64_t`` sizes, which the x86-64 and
+AArch64 calling conventions pass in exactly the same registers and stack slots as
+``intptr_t``, and a callee ignores arguments past its own (the caller owns the stack
+area), so this is the call ctypes/libffi would make. One call site, not one per arity,
+keeps the extension's one-time gcc run short. If the extension cannot be built (no compiler, no
 Python headers), ``kernel`` returns None and the caller keeps ctypes: slower, same result.
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ import importlib.machinery
 import importlib.util
 import logging
 import os
+import platform
 import subprocess
 import sys
 import sysconfig
@@ -32,6 +35,7 @@ import threading
 from . import diskcache
 
 MAX_ARGS = 64          # segments with more arguments keep ctypes
+_ABI_CHECKED = ("x86_64", "aarch64")     # where the calling convention argument below holds
 _MODULE = "_tempa_fastcall"
 _log = logging.getLogger("tempa.perf")
 _lock = threading.Lock()
@@ -39,12 +43,10 @@ _state: dict = {}      # "module" -> the loaded extension, or None after a faile
 
 
 def _source() -> str:
-    cases = []
-    for n in range(MAX_ARGS + 1):
-        params = ", ".join(["intptr_t"] * n) or "void"
-        args = ", ".join(f"a[{i}]" for i in range(n))
-        cases.append(f"    case {n}: r = ((int (*)({params}))k->fn)({args}); break;")
-    return SOURCE_TEMPLATE.replace("@CASES@", "\n".join(cases)).replace("@MAX@", str(MAX_ARGS))
+    params = ", ".join(["intptr_t"] * MAX_ARGS)
+    args = ", ".join(f"a[{i}]" for i in range(MAX_ARGS))
+    call = f"r = ((int (*)({params}))k->fn)({args});"
+    return SOURCE_TEMPLATE.replace("@CALL@", call).replace("@MAX@", str(MAX_ARGS))
 
 
 SOURCE_TEMPLATE = r"""
@@ -67,16 +69,13 @@ static PyObject* kernel_call(PyObject* self, PyObject* const* args, size_t nargs
         PyErr_Format(PyExc_TypeError, "tempa kernel takes %zd positional arguments, got %zd", k->nargs, n);
         return NULL;
     }
-    intptr_t a[@MAX@ + 1];
+    intptr_t a[@MAX@] = {0};
     for (Py_ssize_t i = 0; i < n; ++i) {
         a[i] = (intptr_t)PyLong_AsVoidPtr(args[i]);
         if (a[i] == 0 && PyErr_Occurred()) return NULL;
     }
     int r = 0;
-    switch (n) {
-@CASES@
-    default: PyErr_SetString(PyExc_TypeError, "too many kernel arguments"); return NULL;
-    }
+    @CALL@
     return PyLong_FromLong(r);
 }
 
@@ -123,7 +122,7 @@ def _compiler() -> str:
     try:
         return compiler_id(os.environ.get("CC") or "gcc")
     except BuildError:     # g++ compiles C too when told "-x c"
-        return compiler_id(importlib.import_module("tempa.config").config.cxx)
+        return compiler_id(_config().cxx)
 
 
 def _build():
@@ -170,9 +169,26 @@ def module():
     return _state["module"]
 
 
+def prebuild() -> None:
+    """Start building the extension in a background thread, so that on an empty cache its
+    gcc run overlaps the graph's own (the first call waits for the longer of the two, not
+    their sum). A no-op once built, loaded or started."""
+    if "module" in _state or "thread" in _state or not _config().fast_calls:
+        return
+    with _lock:
+        if "module" in _state or "thread" in _state:
+            return
+        _state["thread"] = threading.Thread(target=module, name="tempa-fastcall-build", daemon=True)
+    _state["thread"].start()
+
+
+def _config():
+    return importlib.import_module("tempa.config").config
+
+
 def kernel(cfunc, nargs: int):
     """A faster callable for the ctypes function ``cfunc`` taking ``nargs`` integers, or None."""
-    if nargs > MAX_ARGS or not importlib.import_module("tempa.config").config.fast_calls:
+    if nargs > MAX_ARGS or not _config().fast_calls or platform.machine() not in _ABI_CHECKED:
         return None
     mod = module()
     if mod is None:
