@@ -46,6 +46,7 @@ class GraphInfo:
     used_gcc: bool = False
     from_disk_cache: bool = False
     so_path: str = ""
+    segment_calls: str = ""            # how the wrapper calls C++: "extension" | "ctypes"
 
     def summary(self) -> str:
         return (f"{self.kernel_count} kernels in {self.segment_count} C++ calls, "
@@ -156,6 +157,7 @@ def finish(plans: list) -> list:
         wsrc, consts, serializable = wrapper.render_wrapper(p.sched, p.lowered, p.seg_codes, p.num_inputs)
         info.wrapper_source = wsrc
         call = instantiate(wsrc, lib, p.seg_codes, p.lowered.constants, consts)
+        info.segment_calls = call.segment_calls
         log = logs.get("code")
         if log.isEnabledFor(20):
             log.info("%s: %s\n--- wrapper ---\n%s\n--- C++ ---\n%s\n--- fusion ---\n%s",
@@ -186,4 +188,6 @@ def instantiate(wsrc: str, lib, seg_codes: dict, constants: dict, consts: list):
     exec(compile(wsrc, "<tempa wrapper>", "exec"), ns)
     call = ns["make"](seg_funcs, constants, ptrs, consts, torch.empty_strided, torch.as_strided, _index_error)
     call._keepalive = (lib, constants)
+    kinds = {"ctypes" if isinstance(f, ctypes._CFuncPtr) else "extension" for f in seg_funcs.values()}
+    call.segment_calls = "+".join(sorted(kinds))
     return call
