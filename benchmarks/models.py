@@ -1,6 +1,7 @@
 """The zoo's models on CPU (fp32, small batch): eager vs tempa vs torch.compile.
 
     python benchmarks/models.py [--only NAME[,NAME...]] [--no-torch-compile] [--rounds N]
+                                [--threads N] [--profile]
 
 For each case of tests/models/zoo.py (all but the graph-break seed, which breaks.py
 measures): the first call of each compiler is timed (its compile time; tempa starts from an
@@ -10,6 +11,10 @@ per-call times after warm-up. Inference cases run under no_grad; training cases
 (``case.train``) time forward + backward of the output's sum. Speedups are eager time /
 compiled time (above 1: faster than eager); the geomean is over the models where both ran.
 Prints a Markdown table (paste into README.md under "## CPU models").
+
+``--profile``: instead of the comparison, time each statement of tempa's generated wrappers
+(C++ segment calls, extern ATen calls, fallbacks, allocations; benchmarks/segments.py) and
+print where a call's time goes, per model.
 """
 from __future__ import annotations
 
@@ -117,6 +122,25 @@ def bench_case(name, use_tc, rounds):
     return row
 
 
+def profile_case(name, calls):
+    import segments
+    case = zoo.make(name)
+    ctx = torch.enable_grad() if case.train else torch.no_grad()
+    with ctx:
+        tempa.reset()
+        segments.install()
+        with tempfile.TemporaryDirectory() as d:
+            old = tempa.config.cache_dir
+            tempa.config.cache_dir = d
+            try:
+                run = runner(tempa.compile(copy.deepcopy(case.model)), case)
+                for _ in range(5):
+                    run()
+            finally:
+                tempa.config.cache_dir = old
+        return segments.profile(run, calls)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="")
@@ -126,6 +150,8 @@ def main():
                     help="torch.set_num_threads for all three (default: PyTorch's choice); on a "
                          "2-core machine shared with other jobs, 1 avoids threads waiting on "
                          "descheduled peers")
+    ap.add_argument("--profile", action="store_true",
+                    help="time each statement of tempa's wrappers instead of comparing")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -135,6 +161,10 @@ def main():
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
     load = os.getloadavg()
+    if a.profile:
+        for name in names:
+            print(f"## {name} (load {os.getloadavg()[0]:.2f})\n" + profile_case(name, 10 * a.rounds), flush=True)
+        return
     rows = []
     for name in names:
         try:

@@ -8,8 +8,6 @@ for waking threads; the innermost loops carry ``omp simd`` so gcc vectorises the
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ..index import Ix, Var
@@ -17,6 +15,7 @@ from ..ir import ComputedBuffer, CVal, Reduction
 from ..schedule import Group, member_index, nonunit, red_vars
 from ..lower.core import DYN_SCALE, size_choice
 from .emit import Emitter, ctype
+from .prelude import prelude, reduction_clause  # noqa: F401  (prelude: used by the build step)
 
 # Work (element-operations) below which a loop nest runs on one thread: waking the OpenMP
 # team costs a few microseconds, which is the whole budget of a small model's call, and it
@@ -26,98 +25,6 @@ from .emit import Emitter, ctype
 # either way) and 13% at 2**20; so small models never wake the team.
 PARALLEL_WORK = 1 << 18
 ARENA_STACK_LIMIT = 1 << 16
-
-PRELUDE = r"""
-// No #include at all: <cmath> alone costs ~0.7 s of gcc time; the gcc builtins below are
-// the same libm calls (or inline instructions) without the header parse.
-typedef __INT64_TYPE__ int64_t; typedef __INT32_TYPE__ int32_t; typedef __INT16_TYPE__ int16_t;
-typedef __INT8_TYPE__ int8_t; typedef __UINT8_TYPE__ uint8_t;
-extern "C" void* aligned_alloc(unsigned long, unsigned long) noexcept;
-extern "C" void free(void*) noexcept;
-namespace m {
-#define F1(n) static inline float n(float x) { return __builtin_##n##f(x); } \
-              static inline double n(double x) { return __builtin_##n(x); }
-#define F2(n) static inline float n(float x, float y) { return __builtin_##n##f(x, y); } \
-              static inline double n(double x, double y) { return __builtin_##n(x, y); }
-F1(exp) F1(exp2) F1(log) F1(log2) F1(log10) F1(log1p) F1(expm1) F1(sqrt) F1(sin) F1(cos)
-F1(tan) F1(tanh) F1(sinh) F1(cosh) F1(asin) F1(acos) F1(atan) F1(asinh) F1(acosh) F1(atanh)
-F1(erf) F1(erfc) F1(lgamma) F1(floor) F1(ceil) F1(trunc) F1(nearbyint) F1(fabs)
-F2(pow) F2(atan2) F2(fmod)
-template <class T> static inline T abs(T x) { return x < 0 ? -x : x; }
-static inline float abs(float x) { return __builtin_fabsf(x); }
-static inline double abs(double x) { return __builtin_fabs(x); }
-template <class T> static inline bool isnan(T x) { return x != x; }
-template <class T> static inline T max(T a, T b) { return a < b ? b : a; }
-}
-template <class T> struct is_fp { static constexpr bool v = false; };
-template <> struct is_fp<float> { static constexpr bool v = true; };
-template <> struct is_fp<double> { static constexpr bool v = true; };
-template <class T> static inline T t_max(T a, T b) { return (a != a || a > b) ? a : b; }
-template <class T> static inline T t_min(T a, T b) { return (a != a || a < b) ? a : b; }
-static inline bool t_max(bool a, bool b) { return a || b; }
-static inline bool t_min(bool a, bool b) { return a && b; }
-template <class T> static inline T t_floor(T a) { if constexpr (is_fp<T>::v) return m::floor(a); else return a; }
-template <class T> static inline T t_ceil(T a) { if constexpr (is_fp<T>::v) return m::ceil(a); else return a; }
-template <class T> static inline T t_round(T a) { if constexpr (is_fp<T>::v) return m::nearbyint(a); else return a; }
-template <class T> static inline T t_trunc(T a) { if constexpr (is_fp<T>::v) return m::trunc(a); else return a; }
-template <class T> static inline T t_sign(T a) { return static_cast<T>((T(0) < a) - (a < T(0))); }
-static inline bool t_sign(bool a) { return a; }
-template <class T> static inline T t_not(T a) { return ~a; }
-static inline bool t_not(bool a) { return !a; }
-template <class T> static inline T t_pow(T a, T b) {
-  if constexpr (is_fp<T>::v) return m::pow(a, b);
-  else { if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
-         T r = 1; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; } }
-template <class T> static inline T t_fmod(T a, T b) { if constexpr (is_fp<T>::v) return m::fmod(a, b); else return a % b; }
-template <class T> static inline T t_remainder(T a, T b) {
-  if constexpr (is_fp<T>::v) { T r = m::fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-  else { T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; } }
-template <class T> static inline T t_floordiv(T a, T b) {
-  if constexpr (is_fp<T>::v) { return m::floor(a / b); }
-  else { T q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; } }
-"""
-
-
-# glibc's libmvec has vector versions of the libm functions (exp, log, tanh, ... 8 floats a
-# call on AVX2). gcc calls them from ``omp simd`` loops when the scalar function is declared
-# ``simd``; without them every exp in a softmax or GELU is a scalar call (measured: softmax
-# stats of the test GPT at (8, 128) took 5.9 ms). Which set exists depends on glibc.
-_MVEC_BASIC = ["exp", "log", "sin", "cos", "pow"]                        # glibc 2.22
-_MVEC_FULL = _MVEC_BASIC + ["acos", "acosh", "asin", "asinh", "atan", "atanh", "atan2", "cosh",
-                            "erf", "erfc", "exp2", "expm1", "log10", "log1p", "log2", "sinh",
-                            "tan", "tanh"]                                # glibc 2.35
-_TWO_ARGS = {"pow", "atan2"}
-
-
-@functools.lru_cache(None)
-def mvec_functions() -> tuple:
-    """The libm functions with vector versions on this system (empty without libmvec)."""
-    try:
-        import ctypes.util
-        name = ctypes.util.find_library("mvec")
-        if not name:
-            return ()
-        lib = ctypes.CDLL(name)
-    except OSError:
-        return ()
-    if hasattr(lib, "_ZGVdN8v_tanhf") or hasattr(lib, "_ZGVbN4v_tanhf"):
-        return tuple(_MVEC_FULL)
-    if hasattr(lib, "_ZGVdN8v_expf") or hasattr(lib, "_ZGVbN4v_expf"):
-        return tuple(_MVEC_BASIC)
-    return ()
-
-
-def prelude() -> str:
-    """PRELUDE plus ``simd`` declarations of the functions libmvec vectorises here."""
-    decls = []
-    for f in mvec_functions():
-        n = 2 if f in _TWO_ARGS else 1
-        decls.append(f'extern "C" float {f}f({", ".join(["float"] * n)}) noexcept __attribute__((simd("notinbranch")));')
-        decls.append(f'extern "C" double {f}({", ".join(["double"] * n)}) noexcept __attribute__((simd("notinbranch")));')
-    # before namespace m: its wrappers must see the simd declarations
-    at = PRELUDE.index("namespace m {")
-    return PRELUDE[:at] + "\n".join(decls) + "\n" + PRELUDE[at:]
-
 
 def _init(rtype, dt):
     t = ctype(dt)
@@ -338,11 +245,8 @@ def _render_member(k: Emitter, m: ComputedBuffer, ov, locals_here):
     arg = red.rtype in ("argmax", "argmin")
     if arg:
         k.line(f"int64_t {acc}_i = 0;")
-    clause = None
-    if red.rtype == "sum":
-        clause = f"reduction(+:{acc})"
-    elif red.rtype == "prod":
-        clause = f"reduction(*:{acc})"
+    clause = None if red.acc_dtype == torch.bool else \
+        reduction_clause(red.rtype, acc, red.acc_dtype.is_floating_point)
     _loops_open(k, rv, clause is not None, clause)
     v = k.cast(red.fn(k, idx, [Ix.of(x) for x in rv]), red.acc_dtype)
     if red.rtype == "sum":

@@ -86,10 +86,15 @@ class Emitter:
 
     def indirect(self, v: CVal, size: int) -> Ix:
         """An index read from a tensor: wrap negatives, flag out-of-range (eager raises)."""
+        # Selects, not ifs: a branch in a loop body stops gcc's vectoriser, and embedding or
+        # gather reads sit inside row loops.
         name = self.tmp("ind")
-        self.line(f"int64_t {name} = static_cast<int64_t>({v.expr});")
-        self.line(f"if ({name} < 0) {name} += {size};")
-        self.line(f"if ({name} < 0 || {name} >= {size}) {{ err = 1; {name} = 0; }}")
+        raw = self.tmp("raw")
+        self.line(f"const int64_t {raw} = static_cast<int64_t>({v.expr});")
+        self.line(f"const int64_t {raw}w = {raw} < 0 ? {raw} + {size} : {raw};")
+        self.line(f"const bool {raw}b = ({raw}w < 0) | ({raw}w >= {size});")
+        self.line(f"err |= {raw}b;")
+        self.line(f"const int64_t {name} = {raw}b ? 0 : {raw}w;")
         return Ix.of(Indirect(name, 0, max(size - 1, 0)))
 
     def piecewise(self, branches, dt) -> CVal:
