@@ -118,3 +118,25 @@ def test_embedding_out_of_range_still_raises():
     assert torch.equal(c(idx, w), torch.nn.functional.embedding(idx, w) * 2)
     with pytest.raises(IndexError):
         c(torch.tensor([[1, 2, 10], [3, 9, 0]]), w)
+
+
+def test_safe_softmax_is_lowered_and_zeroes_masked_rows():
+    """SDPA's math decomposition emits _safe_softmax: lowered with its mask, no fallback."""
+    q, k = torch.randn(2, 3, 8, 16), torch.randn(2, 3, 8, 16)
+    mask = torch.zeros(8, 8).masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(), float("-inf"))
+    mask[2, :] = float("-inf")         # a fully masked row: _safe_softmax gives 0 there
+
+    def f(q, k):
+        return torch.ops.aten._safe_softmax(q @ k.transpose(-1, -2) * 0.25 + mask, -1)
+    c = compile_fn(f, q, k)
+    out, ref = c(q, k), f(q, k)
+    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-7) and (out[:, :, 2] == 0).all()
+    assert not c.tempa_info.aten_fallbacks, c.tempa_info.aten_fallbacks
+    x = torch.randn(4, 9)
+    x[1, :] = float("-inf")
+    x[2, 3] = float("nan")
+    x[3, :4] = float("-inf")
+    c = compile_fn(lambda t: torch.ops.aten._safe_softmax(t * 1.0, -1), x)
+    out, ref = c(x), torch.ops.aten._safe_softmax(x, -1)
+    assert torch.allclose(out, ref, rtol=1e-6, atol=1e-7, equal_nan=True)
+    assert not c.tempa_info.aten_fallbacks and c.tempa_info.kernel_count == 1
