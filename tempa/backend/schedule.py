@@ -9,6 +9,13 @@ produced in the *same* outer iteration (checked by probing the body's loads: the
 equal the producer's index for the current outer position, or stay inside the producer's
 current slice). Reduction results read only inside their group stay in a register.
 
+Reshapes do not split iteration spaces: a member's dimension may span several outer
+dimensions (its index is then the affine ``16*x0 + x1``), so layer-norm statistics over
+``(B, T)`` share a loop nest with the normalised ``(B*T, C)`` GEMM input, and softmax
+statistics over ``(B, H, T)`` with the ``(B*H, T, T)`` scores. When a candidate's dims split
+the group's outer dims more finely, the outer space is refined (``(8, 16)`` -> ``(2, 4, 16)``)
+so that every member's dims are whole runs of outer dims; no index ever needs a division.
+
 Groups between two extern calls form one *segment*: one C++ function, one ctypes call.
 Buffers used only inside a segment live in one stack/heap arena whose slots are reused once
 a buffer's last reader has run (the buffer reuse plan).
@@ -27,19 +34,72 @@ def nonunit(sizes):
 
 
 def member_index(buf: ComputedBuffer, outer_vars, prefix: str):
-    """Index expressions for ``buf``'s dims: leading non-unit dims bound to the outer vars."""
+    """Index expressions for ``buf``'s dims: leading non-unit dims bound to the outer vars,
+    each to the run of outer vars whose sizes multiply to its size (``fits`` said so)."""
     idx, inner, k = [], [], 0
     for d, s in enumerate(buf.sizes):
         if s == 1:
             idx.append(Ix())
         elif k < len(outer_vars):
-            idx.append(Ix.of(outer_vars[k]))
-            k += 1
+            run, p = [], 1
+            while k < len(outer_vars) and p < s:
+                run.append(outer_vars[k])
+                p *= outer_vars[k].size
+                k += 1
+            e, mul = Ix(), 1
+            for v in reversed(run):
+                e = e + Ix.of(v) * mul
+                mul *= v.size
+            idx.append(e)
         else:
             v = Var(f"{prefix}{d}", s)
             inner.append(v)
             idx.append(Ix.of(v))
     return idx, inner
+
+
+def fits(outer, sizes) -> bool:
+    """Do ``sizes``' leading non-unit dims cover ``outer`` exactly, each dim a whole run of
+    outer dims? ((2, 16) fits (32, 64): 32 spans both outer dims.)"""
+    nz = nonunit(sizes)
+    k = 0
+    for s in nz:
+        if k == len(outer):
+            return True
+        p = 1
+        while k < len(outer) and p < s:
+            p *= outer[k]
+            k += 1
+        if p != s:
+            return False
+    return k == len(outer)
+
+
+def _cumprods(sizes):
+    out, p = [], 1
+    for s in sizes:
+        p *= s
+        out.append(p)
+    return out
+
+
+def common_outer(outer, sizes):
+    """The finest outer space that both ``outer`` and ``sizes``' non-unit dims are runs of,
+    cut at their last common boundary: (8, 16, 16) and (2, 4, 16) give (2, 4, 16). None when
+    the dims cross (6, 4) vs (4, 6) or share no boundary."""
+    a, b = _cumprods(outer), _cumprods(nonunit(sizes))
+    common = set(a) & set(b)
+    if not common or max(common) <= 1:
+        return None
+    top = max(common)
+    cuts = sorted({x for x in a + b if x <= top})
+    out, prev = [], 1
+    for c in cuts:
+        if c % prev:
+            return None
+        out.append(c // prev)
+        prev = c
+    return tuple(out)
 
 
 def red_vars(buf: ComputedBuffer, prefix: str):
@@ -85,7 +145,7 @@ def legal(group_outer, members, cand: ComputedBuffer):
     nz = nonunit(cand.sizes)
     if not group_outer:
         return "scalar groups do not fuse"
-    if nz[:len(group_outer)] != tuple(group_outer):
+    if not fits(tuple(group_outer), nz):
         return f"iteration spaces differ: {list(nz)} vs outer {list(group_outer)}"
     ov = _outer_vars(group_outer)
     produced = {m: m for m in members}
@@ -126,17 +186,14 @@ def _local_read(buf: ComputedBuffer, ix: Ix, ov):
     return None
 
 
-def _shrinkable(group: Group, cand):
-    """A shorter common outer space under which everyone still fuses (None if none)."""
-    nz = nonunit(cand.sizes)
-    o = group.outer
-    n = 0
-    while n < min(len(o), len(nz)) and o[n] == nz[n]:
-        n += 1
-    if n == 0 or n == len(o):
+def _regroup(group: Group, cand):
+    """A different outer space (shorter, or split more finely) under which every member and
+    ``cand`` still fuse; None if there is none."""
+    new = common_outer(tuple(group.outer), cand.sizes)
+    if new is None or new == tuple(group.outer):
         return None
-    new = o[:n]
-    # re-validate every member under the smaller outer space
+    # re-validate every member under the new outer space: a read that stayed inside the
+    # producer's slice of one outer element may reach another element of a finer space
     members = []
     for m in group.members:
         if legal(new, members, m) is not None:
@@ -175,7 +232,7 @@ def schedule(steps: list, copy_backs: list, outputs: list, max_report=60) -> Sch
                 where[st] = pos
                 placed = True
                 break
-            new = _shrinkable(g, st)
+            new = _regroup(g, st)
             if new is not None:
                 g.outer = new
                 g.members.append(st)

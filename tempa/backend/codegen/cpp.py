@@ -205,6 +205,11 @@ def _render_group(k: Emitter, g: Group, local: set, need, kernel_no, generic=Fal
                  ["  " + l for l in nest[1:]]
         k.lines[start:] = ([f"{pad}if ({work} >= {PARALLEL_WORK}) {{"] + ["  " + l for l in nest] +
                            [f"{pad}}} else {{"] + serial + [f"{pad}}}"])
+    if any("err |=" in l for l in k.lines[start:]):
+        # bounds-check flags (emit.indirect) are OR-ed into ``err`` in every iteration: a
+        # reduction, so that neither SIMD lanes nor threads overwrite another's flag
+        k.lines[start:] = [l + " reduction(|:err)" if l.lstrip().startswith("#pragma omp") else l
+                           for l in k.lines[start:]]
     k.pop()
     k.line("}")
 
