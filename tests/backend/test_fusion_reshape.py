@@ -61,3 +61,16 @@ def test_refined_outer_keeps_reads_local_and_correct():
         return (y.view(3, 2, 8, 5) - s).view(6, 40).amax(-1)
     c = compile_fn(f, x)
     assert close(c(x), f(x))
+
+
+def test_extern_argument_is_computed_once_for_its_transpose():
+    """A backward's dY feeds dY @ W and dY.t() @ X: once made memory for the first matmul,
+    the transpose is a strided view of that buffer, not a second (transposed) computation."""
+    a, W, X = torch.randn(32, 256), torch.randn(256, 64), torch.randn(32, 48)
+
+    def f(a, W, X):
+        dy = torch.tanh(a) * 0.5 + a
+        return dy @ W, dy.t() @ X
+    c = compile_fn(f, a, W, X)
+    assert close(c(a, W, X), f(a, W, X), atol=1e-4, rtol=1e-4)
+    assert c.tempa_info.kernel_count == 1, c.tempa_info.fusion_report

@@ -87,6 +87,9 @@ class LowerCtx:
     def __init__(self):
         self.g = LoweredGraph()
         self.n = 0
+        # id(value) -> (value, its buffer-backed TV): values made memory for an extern call.
+        # lower_graph points later users of the same FX node at the buffer (see there).
+        self.realized: dict = {}
 
     def name(self, prefix="buf"):
         self.n += 1
@@ -99,7 +102,9 @@ class LowerCtx:
         buf = ComputedBuffer(self.name(), tv.sizes, contiguous_strides(tv.sizes), 0, tv.dtype,
                              body=Pointwise(tv.load), origin=origin)
         self.g.steps.append(buf)
-        return TV.of_buffer(buf)
+        out = TV.of_buffer(buf)
+        self.realized[id(tv)] = (tv, out)
+        return out
 
     def strided_or_realize(self, tv: TV, origin="") -> TV:
         return tv if tv.strided is not None else self.realize(tv, origin)
@@ -129,7 +134,9 @@ class LowerCtx:
                 buf = ComputedBuffer(self.name(), a.sizes, tuple(want), 0, a.dtype,
                                      body=Pointwise(a.load), origin=f"input of {node.target}")
                 self.g.steps.append(buf)
-                return TV.of_buffer(buf)
+                out = TV.of_buffer(buf)
+                self.realized[id(a)] = (a, out)
+                return out
             if isinstance(a, (list, tuple)):
                 ms = meta if isinstance(meta, (list, tuple)) and len(meta) == len(a) else [None] * len(a)
                 return type(a)(prep(x, m) for x, m in zip(a, ms))

@@ -60,6 +60,16 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list) -> LoweredG
                 env[n] = args[0][args[1]]
                 continue
             env[n] = _lower_node(ctx, n, args, kwargs)
+            if ctx.realized:
+                # An argument made memory for this (extern) call: later users of that node
+                # read the buffer instead of recomputing it (a backward's dY feeds two mms,
+                # dY @ W and dY.t() @ X; the transpose is then a free strided view). Users
+                # lowered earlier keep their own copy of the expression: still correct.
+                for a in n.all_input_nodes:
+                    hit = ctx.realized.get(id(env.get(a)))
+                    if hit is not None and hit[0] is env[a]:
+                        env[a] = hit[1]
+                ctx.realized.clear()
             v = env[n]
             if isinstance(v, TV) and v.cost > INLINE_COST and (len(n.users) > 1 or v.cost > 4 * INLINE_COST):
                 env[n] = ctx.realize(v, str(n.target))
