@@ -1,7 +1,7 @@
 """The zoo's models on CPU (fp32, small batch): eager vs tempa vs torch.compile.
 
     python benchmarks/models.py [--only NAME[,NAME...]] [--no-torch-compile] [--rounds N]
-                                [--threads N] [--profile]
+                                [--threads N] [--clock wall|cpu] [--profile]
 
 For each case of tests/models/zoo.py (all but the graph-break seed, which breaks.py
 measures): the first call of each compiler is timed (its compile time; tempa starts from an
@@ -61,10 +61,17 @@ def runner(fn, case):
     return run
 
 
+# Which clock times the calls: wall time (default), or this thread's CPU time (``--clock
+# cpu``), which does not count the time other jobs hold the cores. Use ``cpu`` with
+# ``--threads 1`` on a loaded machine: all the work then runs on the calling thread (tempa's
+# kernels stay serial at these sizes), so CPU time is the time the call would take alone.
+CLOCK = time.perf_counter
+
+
 def timed_once(run):
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     run()
-    return time.perf_counter() - t0
+    return CLOCK() - t0
 
 
 def interleaved(runs: dict, rounds: int, target_s=0.05):
@@ -80,10 +87,10 @@ def interleaved(runs: dict, rounds: int, target_s=0.05):
     times = {k: [] for k in runs}
     for _ in range(rounds):
         for k, r in runs.items():
-            t0 = time.perf_counter()
+            t0 = CLOCK()
             for _ in range(n[k]):
                 r()
-            times[k].append((time.perf_counter() - t0) / n[k] * 1e6)
+            times[k].append((CLOCK() - t0) / n[k] * 1e6)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -150,11 +157,16 @@ def main():
                     help="torch.set_num_threads for all three (default: PyTorch's choice); on a "
                          "2-core machine shared with other jobs, 1 avoids threads waiting on "
                          "descheduled peers")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="cpu: time calls by this thread's CPU time (robust to other jobs; "
+                         "use with --threads 1)")
     ap.add_argument("--profile", action="store_true",
                     help="time each statement of tempa's wrappers instead of comparing")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
+    global CLOCK
+    CLOCK = time.thread_time if a.clock == "cpu" else time.perf_counter
     names = [n for n in zoo.ALL if n != "graph_break_seed"]
     if a.only:
         names = [n for n in names if n in a.only.split(",")]
@@ -180,7 +192,7 @@ def main():
               f"compile {row.get('tc_compile', float('nan')):5.2f} s)  [{row['tempa_info']}]",
               file=sys.stderr, flush=True)
     print(f"\n{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}, "
+          f"torch {torch.__version__}, {a.clock} clock, "
           f"load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at end "
           f"{os.getloadavg()[0]:.2f}; per call µs (medians of {a.rounds} interleaved rounds)\n")
     print("| model | mode | eager µs | tempa µs | tempa speedup | tempa compile s | "
