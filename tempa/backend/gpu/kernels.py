@@ -195,11 +195,18 @@ def content_name(body: str, tag: str) -> str:
 def signature(kc) -> dict:
     """The pointer signature of a rendered kernel (every parameter is a tensor pointer)."""
     from ..codegen.triton import SIG
-    return {f"p{i}": "*" + SIG[b.dtype] for i, b in enumerate(kc.params)}
+    sig = {f"p{i}": "*" + SIG[b.dtype] for i, b in enumerate(kc.params)}
+    # size arguments of shape-generic kernels: plain int64, no value specialisation (the
+    # explicit signature and attributes below are all Triton assumes about them)
+    sig.update({f"ds{i}": "i64" for i in range(getattr(kc, "nsizes", 0))})
+    return sig
 
 
 def aligned(kc) -> list:
-    """Parameters the kernel may assume 16-byte aligned (the wrapper makes sure of it)."""
+    """Parameters the kernel may assume 16-byte aligned (the wrapper makes sure of it).
+    A shape-generic kernel carries the claims that hold at every size (gpu/dynamic.py)."""
+    if getattr(kc, "aligned_params", None) is not None:
+        return list(kc.aligned_params)
     out = []
     for i, b in enumerate(kc.params):
         item = b.dtype.itemsize
