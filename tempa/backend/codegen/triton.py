@@ -119,6 +119,12 @@ class libdevice:
     nearbyint = staticmethod(lambda x: tl.floor(x + 0.5))
     fmod = staticmethod(lambda a, b: a % b)
     log10 = staticmethod(lambda x: tl.log(x) * 0.4342944819032518)
+
+
+# Loop bounds of shape-generic kernels are int64 arguments; the interpreter holds a scalar
+# argument as a one-element array, which Python's range() rejects under numpy 2.
+def range(*bounds, _range=range):
+    return _range(*(int(b.handle.data.reshape(-1)[0]) if hasattr(b, "handle") else b for b in bounds))
 '''
 
 # C++ math function (m::name) -> Triton
