@@ -193,11 +193,12 @@ def content_name(body: str, tag: str) -> str:
 
 
 def signature(kc) -> dict:
-    """The pointer signature of a rendered kernel (every parameter is a tensor pointer)."""
+    """The signature of a rendered kernel: tensor pointers, then any size arguments."""
     from ..codegen.triton import SIG
     sig = {f"p{i}": "*" + SIG[b.dtype] for i, b in enumerate(kc.params)}
-    # size arguments of shape-generic kernels: plain int64, no value specialisation (the
-    # explicit signature and attributes below are all Triton assumes about them)
+    # size arguments of shape-generic kernels: plain int64. Compiled from this signature
+    # with attributes only for aligned pointers (_source), Triton assumes nothing about
+    # their values (no ==1 or %16 specialisation), so one binary serves every size
     sig.update({f"ds{i}": "i64" for i in range(getattr(kc, "nsizes", 0))})
     return sig
 
