@@ -124,12 +124,50 @@ class DynamicTarget:
 
     ``bind`` receives the prepared graph and the example inputs; ``compile_graph`` and
     ``build_training`` get the variant traced at the example sizes (the check point) and
-    trace the grid themselves."""
+    trace the grid themselves.
+
+    The renderer is behind a few hooks (``_plan``, ``_texts``, ``_literal``, ``_settle``,
+    ``_make_dplan``, ``_finish``, ``_static_*``): this class renders C++, and
+    gpu/dynamic.py's subclass renders Triton with the same grid, solver and fallback."""
     name = "cpu"
     decomps = staticmethod(table)
+    PARTS = ("C++", "wrapper")          # what the two texts of a rendering are called
 
     def __init__(self, dims):
         self.dims = dims
+
+    # -- the renderer's hooks (C++ here) -----------------------------------------------------
+    def _plan(self, gm, num_outputs, mutated, n_in, label, prefix="", nsizes=0, choices=None):
+        return plan_graph(gm, num_outputs, mutated, n_in, label, prefix, nsizes=nsizes, choices=choices)
+
+    def _texts(self, plan, n):
+        """(kernel text, wrapper text) of one rendering."""
+        return _texts(plan, n)
+
+    def _settle(self, plans, ex_plan):
+        """Called once the axis renderings exist, before any text is taken: a renderer may
+        fix size-driven choices (block sizes) from them. Nothing to do for C++."""
+
+    def _literal(self, part, expr, is_float):
+        if part == 0:
+            return f"(static_cast<double>({expr}))" if is_float else f"({expr})"
+        return f"float({expr})" if is_float else f"({expr})"
+
+    def _make_dplan(self, ex_plan, texts, n, made):
+        return _DynPlan(ex_plan, texts[0], texts[1], n)
+
+    def _finish(self, dplans):
+        return finish(dplans)
+
+    def _static_compile(self, gm, num_outputs, mutated, n_in, label):
+        from .compile_graph import compile_graph as static_compile
+        return static_compile(gm, num_outputs, mutated, n_in, label)
+
+    def _static_training(self, joint, n_in, single, plan_fn=None, finish_fn=None):
+        from .autograd import build_training
+        if plan_fn is None:
+            return build_training(joint, n_in, single)
+        return build_training(joint, n_in, single, plan_fn, finish_fn)
 
     def bind(self, pgm, examples, info):
 
@@ -202,8 +240,8 @@ class DynamicTarget:
             torch.set_num_threads(1)
             try:
                 inputs = self._inputs_at(tuple(ax[k] for ax, k in zip(self.axes, ix)))
-                tr = trace_forward(self.pgm, inputs, table())
-                self.traced[key] = trace_joint(tr, inputs, table()) if joint else tr
+                tr = trace_forward(self.pgm, inputs, self.decomps())
+                self.traced[key] = trace_joint(tr, inputs, self.decomps()) if joint else tr
             finally:
                 torch.set_num_threads(old)
             self.used_points.add(ix)
@@ -223,7 +261,7 @@ class DynamicTarget:
                 raise NotGeneric(self.reason)
             n = len(self.syms)
             choices = SizeChoices()
-            ex_plan = plan_graph(gm, num_outputs, mutated, n_in, label, nsizes=n, choices=choices)
+            ex_plan = self._plan(gm, num_outputs, mutated, n_in, label, nsizes=n, choices=choices)
             choices.replay = True
 
             def plan_at(ix):
@@ -231,33 +269,28 @@ class DynamicTarget:
                 if tr.num_outputs != num_outputs or tr.mutated != mutated:
                     raise NotGeneric("the graph's outputs change with the sizes")
                 choices.pos = 0
-                return plan_graph(tr.gm, tr.num_outputs, tr.mutated, n_in, label, nsizes=n, choices=choices)
-            call, gi = finish([self._template(plan_at, ex_plan)])[0]
+                return self._plan(tr.gm, tr.num_outputs, tr.mutated, n_in, label, nsizes=n, choices=choices)
+            call, gi = self._finish([self._template(plan_at, ex_plan)])[0]
             self.traced.clear()            # the traces were only needed to make the template
             self._generic(label)
             if self.ties:
-                from .compile_graph import compile_graph as static_compile
-
                 def one(inputs):
-                    tr = trace_forward(self.pgm, inputs, table())
-                    return static_compile(tr.gm, tr.num_outputs, tr.mutated, n_in, label)[0]
+                    tr = trace_forward(self.pgm, inputs, self.decomps())
+                    return self._static_compile(tr.gm, tr.num_outputs, tr.mutated, n_in, label)[0]
                 call = _with_fallback(call, per_shape(one, "tied sizes differ"))
             return call, gi
         except Exception as e:  # noqa: BLE001 - any failure here: per-shape code is correct
             self.traced.clear()
             self._per_shape_note(label, e)
-            from .compile_graph import compile_graph as static_compile
-
             def one(inputs):
-                tr = trace_forward(self.pgm, inputs, table())
-                return static_compile(tr.gm, tr.num_outputs, tr.mutated, n_in, label)[0]
-            call, gi = static_compile(gm, num_outputs, mutated, n_in, label)
+                tr = trace_forward(self.pgm, inputs, self.decomps())
+                return self._static_compile(tr.gm, tr.num_outputs, tr.mutated, n_in, label)[0]
+            call, gi = self._static_compile(gm, num_outputs, mutated, n_in, label)
             run = per_shape(one, str(e))
             run.per_shape[_key(self.examples)] = call
             return run, gi
 
     def build_training(self, joint, n_in, single):
-        from .autograd import build_training
         try:
             if self.reason:
                 raise NotGeneric(self.reason)
@@ -275,19 +308,19 @@ class DynamicTarget:
                             j.diff_outputs) != shape:
                         raise NotGeneric("the forward/backward split changes with the sizes")
                     choices.pos = 0
-                    return plan_graph(getattr(j, part), num_outputs, mutated, n_in2, label, prefix,
+                    return self._plan(getattr(j, part), num_outputs, mutated, n_in2, label, prefix,
                                       nsizes=n, choices=choices)
                 choices = SizeChoices()
-                ex_plan = plan_graph(g, num_outputs, mutated, n_in2, label, prefix, nsizes=n, choices=choices)
+                ex_plan = self._plan(g, num_outputs, mutated, n_in2, label, prefix, nsizes=n, choices=choices)
                 choices.replay = True
                 return self._template(plan_at, ex_plan)
-            fn, fw_info, bw_info = build_training(joint, n_in, single, plan_fn, finish)
+            fn, fw_info, bw_info = self._static_training(joint, n_in, single, plan_fn, self._finish)
             self.traced.clear()
             self._generic("training")
             if self.ties:
                 def one(inputs):
-                    j = trace_joint(trace_forward(self.pgm, inputs, table()), inputs, table())
-                    return build_training(j, n_in, single)[0]
+                    j = trace_joint(trace_forward(self.pgm, inputs, self.decomps()), inputs, self.decomps())
+                    return self._static_training(j, n_in, single)[0]
                 fn = _with_fallback(fn, per_shape(one, "tied sizes differ"))
             return fn, fw_info, bw_info
         except Exception as e:  # noqa: BLE001
@@ -295,9 +328,9 @@ class DynamicTarget:
             self._per_shape_note("training", e)
 
             def one(inputs):
-                j = trace_joint(trace_forward(self.pgm, inputs, table()), inputs, table())
-                return build_training(j, n_in, single)[0]
-            fn, fw_info, bw_info = build_training(joint, n_in, single)
+                j = trace_joint(trace_forward(self.pgm, inputs, self.decomps()), inputs, self.decomps())
+                return self._static_training(j, n_in, single)[0]
+            fn, fw_info, bw_info = self._static_training(joint, n_in, single)
             run = per_shape(one, str(e))
             run.per_shape[_key(self.examples)] = fn
             return run, fw_info, bw_info
@@ -337,11 +370,14 @@ class DynamicTarget:
 
         def render_at(ix):
             made[ix] = plan_at(ix)
-            return _texts(made[ix], n)
+            return self._texts(made[ix], n)
         base = (0,) * n
         axis_pts = [base] + [tuple(k if j == i else 0 for j in range(n)) for i in range(n) for k in (1, 2)]
-        texts = {ix: render_at(ix) for ix in axis_pts}
-        ex_texts = _texts(ex_plan, n)
+        for ix in axis_pts:
+            made[ix] = plan_at(ix)
+        self._settle([made[ix] for ix in axis_pts], ex_plan)
+        texts = {ix: self._texts(made[ix], n) for ix in axis_pts}
+        ex_texts = self._texts(ex_plan, n)
         skel = {}
 
         def split(ix, t):
@@ -350,7 +386,7 @@ class DynamicTarget:
                 mine, ref = parts[part], skel[base][part] if base in skel else parts[part]
                 if len(mine) != len(ref) or mine[0::3] != ref[0::3] or mine[2::3] != ref[2::3]:
                     raise NotGeneric("the generated code's structure depends on the sizes "
-                                     f"({'C++' if part == 0 else 'wrapper'}: {_first_diff(ref, mine)})")
+                                     f"({self.PARTS[part]}: {_first_diff(ref, mine)})")
             return parts
         skel[base] = split(base, texts[base])
         for ix in axis_pts[1:]:
@@ -398,10 +434,7 @@ class DynamicTarget:
                 expr = _render(poly)
                 used_syms |= {i for mono in poly for i, e in enumerate(mono) if e}
                 is_float = any(c in text for c in ".eE")
-                if part == 0:
-                    res[k] = f"(static_cast<double>({expr}))" if is_float else f"({expr})"
-                else:
-                    res[k] = f"float({expr})" if is_float else f"({expr})"
+                res[k] = self._literal(part, expr, is_float)
             out.append("".join(res))
         cpp_src, wsrc = out
         # tensors baked into the artifact must not depend on the sizes (the example's are used)
@@ -433,7 +466,7 @@ class DynamicTarget:
         wsrc = "\n".join(lines[:at] + prologue + lines[at:])
         if self.ties:
             wsrc = "from tempa.backend.dynamic import SizeMismatch as _SizeMismatch\n" + wsrc
-        return _DynPlan(ex_plan, cpp_src, wsrc, n)
+        return self._make_dplan(ex_plan, (cpp_src, wsrc), n, made)
 
 
 def importlib_config():

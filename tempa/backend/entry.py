@@ -97,11 +97,8 @@ def tempa_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None 
     dims = _dynamic_dims(gm)
     if _on_cuda(example_inputs):
         # CUDA inputs: Triton kernels, CUDA graphs, autotuning (tempa/backend/gpu)
+        # (symbolic sizes: shape-generic kernels, see gpu/dynamic.py)
         from .gpu import gpu_backend
-        if dims and not getattr(gpu_backend, "supports_dynamic", False):
-            from .dynamic import per_shape
-            return per_shape(lambda inputs: gpu_backend(gm, inputs, mode=mode, options=options),
-                             "the GPU backend compiles per shape")
         return gpu_backend(gm, list(example_inputs), mode=mode, options=options)
     if dims:
         # symbolic sizes: one shape-generic compile for every size (dynamic.py)

@@ -433,3 +433,170 @@ def test_interpreter_cat_pieces_load_only_their_own_range():
     for _, m in masks[1:]:
         definition = _re.search(rf"{m} = (.*)", body).group(1)
         assert "~" in definition, body       # excludes the earlier pieces' range
+
+
+# --- symbolic sizes: one shape-generic compile serves every size (issue 7) -----------------------
+
+def _dynamic_cases():
+    """name -> (callable, [args per call]); the first two calls differ in size, so the
+    frontend captures a graph with symbolic sizes on the second call."""
+    from tests.models.gpt import GPT, small_config
+    torch.manual_seed(0)
+    ln = nn.LayerNorm(100)
+    return {
+        "mlp_seed": (zoo.make("mlp_seed").model, [(torch.randn(b, 32),) for b in (8, 9, 10, 17, 33, 64)]),
+        "softmax_layernorm_rows": (lambda x: F.softmax(x, -1) + ln(x) * 2,
+                                   [(torch.randn(r, 100),) for r in (16, 17, 18, 40, 5)]),
+        # the reduced extent itself is symbolic: looped reductions, rows and columns
+        "reduced_dim_symbolic": (lambda x: (F.softmax(x, -1), x.sum(0), x.amax(-1)),
+                                 [(torch.randn(6, n),) for n in (100, 101, 150, 3000, 7)]),
+        "gpt": (GPT(small_config()).eval(),
+                [(torch.randint(0, 128, (b, t)),) for b, t in [(2, 16), (3, 17), (4, 9), (2, 30), (5, 12)]]),
+    }
+
+
+def _count_finishes(monkeypatch):
+    """Every compile of GPU kernels (static or generic) goes through compile.finish once."""
+    from tempa.backend.gpu import compile as gc
+    n = [0]
+    real = gc.finish
+
+    def counted(plans):
+        n[0] += 1
+        return real(plans)
+    monkeypatch.setattr(gc, "finish", counted)
+    return n
+
+
+def _run_dynamic(fn, calls, dev, backend, monkeypatch):
+    tempa.reset()
+    finishes = _count_finishes(monkeypatch)
+    compiled = tempa.compile(fn, backend=backend) if backend else tempa.compile(fn)
+    with torch.no_grad():
+        for args in calls:
+            args = _to(args, dev)
+            out, ref = compiled(*args), fn(*args)
+            for a, b in zip(out if isinstance(out, tuple) else (out,), ref if isinstance(ref, tuple) else (ref,)):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    infos = _info(compiled)
+    generic = [i for i in infos if i.dynamic]
+    assert generic and all(i.dynamic.startswith("generic") for i in generic), [i.dynamic for i in infos]
+    # the first size's static compile, then ONE generic compile for every later size
+    assert tempa.stats().captures <= 2 and finishes[0] <= 2, (tempa.stats(), finishes[0])
+    return generic[0]
+
+
+def _interp_backend():
+    from tempa.backend.gpu import gpu_backend
+
+    def backend(gm, ex):
+        return gpu_backend(gm, ex)
+    backend.supports_dynamic = True        # the frontend hands it graphs with symbolic sizes
+    return backend
+
+
+@interp
+@pytest.mark.parametrize("which", ["mlp_seed", "softmax_layernorm_rows", "reduced_dim_symbolic", "gpt"])
+def test_interpreter_dynamic_one_compile_for_all_sizes(which, monkeypatch):
+    fn, calls = _dynamic_cases()[which]
+    info = _run_dynamic(fn, calls, "cpu", _interp_backend(), monkeypatch)
+    src = info.inference.triton_source
+    assert "ds0" in src and "do_not_specialize" in src, src[-2000:]
+    assert "ds0 = a" in info.inference.wrapper_source
+    if which == "gpt":
+        # the causal mask buffer sliced to the symbolic length: still is_causal attention
+        assert any("is_causal=True" in n for n in info.notes), info.notes
+
+
+@interp
+def test_interpreter_dynamic_training_generic():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+    ref = copy.deepcopy(m)
+    tempa.reset()
+    compiled = tempa.compile(m, backend=_interp_backend())
+    for b in (8, 9, 12, 33):
+        x = torch.randn(b, 32)
+        compiled(x).square().mean().backward()
+        ref(x).square().mean().backward()
+    for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
+    assert any(i.dynamic.startswith("generic") for i in _info(compiled))
+    assert tempa.stats().captures <= 2
+
+
+@interp
+def test_interpreter_dynamic_falls_back_per_shape_and_says_why(monkeypatch):
+    from tempa.backend import dynamic
+    monkeypatch.setattr(dynamic, "MAX_SYMBOLS", 0)
+    finishes = _count_finishes(monkeypatch)
+    tempa.reset()
+    f = lambda x: F.softmax(x, -1) * 2       # noqa: E731
+    compiled = tempa.compile(f, backend=_interp_backend())
+    for r in (4, 5, 6, 7):
+        x = torch.randn(r, 30)
+        torch.testing.assert_close(compiled(x), f(x))
+    info = [i for i in _info(compiled) if i.dynamic][0]
+    assert info.dynamic.startswith("per-shape") and "symbols" in info.dynamic
+    assert finishes[0] == 4                  # one compile per size
+
+
+def test_generic_blocks_loop_over_a_symbolic_reduced_extent():
+    from tempa.backend.codegen import triton as tr
+    two_d, persistent, xb, rb, _ = tr.generic_blocks(64, 100, True, True)
+    assert two_d and not persistent and rb == 128
+    assert tr.generic_blocks(64, 100, False, True) == tr.blocks_for(64, 100, True)
+
+
+@cuda
+@pytest.mark.parametrize("which", ["mlp_seed", "softmax_layernorm_rows", "reduced_dim_symbolic", "gpt"])
+def test_dynamic_one_compile_for_all_sizes(which, monkeypatch):
+    from tempa.backend.gpu import kernels as K
+    fn, calls = _dynamic_cases()[which]
+    if isinstance(fn, nn.Module):
+        fn = fn.cuda()
+    jobs = []
+    real = K.compile_jobs
+
+    def counted(path, js, *a, **k):
+        jobs.extend(js)
+        return real(path, js, *a, **k)
+    monkeypatch.setattr(K, "compile_jobs", counted)
+    info = _run_dynamic(fn, calls, "cuda", None, monkeypatch)
+    # size arguments: int64, never claimed aligned or value-specialised
+    for j in jobs:
+        for i, (name, ty) in enumerate(j.signature.items()):
+            if name.startswith("ds"):
+                assert ty == "i64" and i not in j.aligned, (j.name, j.signature, j.aligned)
+    assert any(name.startswith("ds") for j in jobs for name in j.signature)
+    assert info.inference.launch == "direct"
+
+
+@cuda
+def test_dynamic_training_and_sizes_with_one_and_multiples_of_16():
+    """Sizes 1 and multiples of 16 are where Triton's value specialisation would differ."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).cuda()
+    ref = copy.deepcopy(m)
+    tempa.reset()
+    compiled = tempa.compile(m)
+    for b in (8, 9, 16, 12, 32, 1, 33, 2):
+        x = torch.randn(b, 32, device="cuda")
+        compiled(x).square().mean().backward()
+        ref(x).square().mean().backward()
+    for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4, msg=n)
+    assert any(i.dynamic.startswith("generic") for i in _info(compiled))
+
+
+@cuda
+def test_dynamic_reduce_overhead_shares_kernels(monkeypatch):
+    finishes = _count_finishes(monkeypatch)
+    tempa.reset()
+    ln = nn.LayerNorm(100).cuda()
+    f = lambda x: F.softmax(x, -1) + ln(x)   # noqa: E731
+    compiled = tempa.compile(f, mode="reduce-overhead")
+    for r in (16, 17, 18, 40, 5, 17):
+        x = torch.randn(r, 100, device="cuda")
+        torch.testing.assert_close(compiled(x).clone(), f(x), rtol=1e-4, atol=1e-4)
+    assert finishes[0] <= 2                   # CUDA graphs are recorded per shape, kernels are not

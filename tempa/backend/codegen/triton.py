@@ -119,6 +119,12 @@ class libdevice:
     nearbyint = staticmethod(lambda x: tl.floor(x + 0.5))
     fmod = staticmethod(lambda a, b: a % b)
     log10 = staticmethod(lambda x: tl.log(x) * 0.4342944819032518)
+
+
+# Loop bounds of shape-generic kernels are int64 arguments; the interpreter holds a scalar
+# argument as a one-element array, which Python's range() rejects under numpy 2.
+def range(*bounds, _range=range):
+    return _range(*(int(b.handle.data.reshape(-1)[0]) if hasattr(b, "handle") else b for b in bounds))
 '''
 
 # C++ math function (m::name) -> Triton
@@ -470,6 +476,8 @@ class KernelCode:
         self.rblock = 0
         self.persistent = True
         self.summary = ""
+        self.xnumel = 1               # outer positions: the grid is ceil(xnumel / xblock)
+        self.nsizes = 0               # trailing int64 size parameters ds0.. (shape-generic)
 
     def source(self, name):
         return self.body.replace("KERNEL_NAME", name)
@@ -499,13 +507,38 @@ def r_extent(m, ov) -> int:
     return n if (inner or rs) else 0
 
 
-def choose_blocks(plan: KernelPlan, ov, r_contiguous: bool):
-    """Launch parameters from sizes: (two_d, persistent, XBLOCK, RBLOCK, num_warps)."""
+def extents(plan: KernelPlan):
+    """(outer positions X, every member's r extent): what the block choice depends on."""
+    ov = [Var(f"x{d}", s) for d, s in enumerate(plan.outer)]
     X = 1
     for s in plan.outer:
         X *= s
-    exts = [r_extent(m, ov) for m in plan.members]
-    R = max(exts) if exts else 0
+    return X, tuple(r_extent(m, ov) for m in plan.members)
+
+
+def choose_blocks(plan: KernelPlan, ov, r_contiguous: bool):
+    """Launch parameters from sizes: (two_d, persistent, XBLOCK, RBLOCK, num_warps)."""
+    X, exts = extents(plan)
+    return blocks_for(X, max(exts) if exts else 0, r_contiguous)
+
+
+def generic_blocks(X: int, R: int, r_symbolic: bool, r_contiguous: bool):
+    """Launch parameters for a shape-generic kernel (backend/gpu/dynamic.py), fixed once for
+    every size: ``X``/``R`` are the largest samples. A reduced extent that changes with the
+    sizes cannot be held in one persistent tile (the tile is a compile-time constant), so
+    such a kernel loops over it, with a tile sized for the samples."""
+    if R == 0 or not r_symbolic:
+        return blocks_for(X, R, r_contiguous)
+    if r_contiguous or X < 64:
+        rb = min(2048, max(16, _np2(R)))
+        xb = max(1, min(_np2(X), max(1, 4096 // rb), 64))
+        work = xb * rb
+        return True, False, xb, rb, (8 if work >= 4096 else (4 if work >= 1024 else 2))
+    two_d, _, xb, rb, nw = blocks_for(X, 1 << 20, False)      # the column-reduction split
+    return two_d, False, xb, rb, nw
+
+
+def blocks_for(X: int, R: int, r_contiguous: bool):
     if R == 0:
         xb = min(1024, _np2(X))
         nw = 4 if xb >= 512 else (2 if xb >= 128 else 1)
@@ -536,15 +569,20 @@ def choose_blocks(plan: KernelPlan, ov, r_contiguous: bool):
 GPU_SMS = 132      # an H100/H200; only sets how far column reductions split their columns
 
 
-def render_kernel(plan: KernelPlan, r_contiguous: bool = True) -> KernelCode:
+def render_kernel(plan: KernelPlan, r_contiguous: bool = True, blocks=None, nsizes: int = 0) -> KernelCode:
+    """``blocks``: launch parameters fixed by the caller (as choose_blocks returns them);
+    ``nsizes`` > 0: a shape-generic rendering (gpu/dynamic.py) whose kernel takes the size
+    symbols ``ds0..`` as int64 arguments (the sizes in its text become expressions in them)."""
     from ..schedule import member_index
     kc = KernelCode()
     ov = [Var(f"x{d}", s) for d, s in enumerate(plan.outer)]
-    two_d, persistent, XB, RB, nw = choose_blocks(plan, ov, r_contiguous)
+    two_d, persistent, XB, RB, nw = blocks or choose_blocks(plan, ov, r_contiguous)
     X = 1
     for s in plan.outer:
         X *= s
     kc.grid = max(1, -(-X // XB))
+    kc.xnumel = X
+    kc.nsizes = nsizes
     kc.num_warps, kc.xblock, kc.rblock, kc.persistent = nw, XB, RB, persistent
     k = TritonEmitter(two_d)
     k.xb = XB
@@ -556,7 +594,8 @@ def render_kernel(plan: KernelPlan, r_contiguous: bool = True) -> KernelCode:
             params[target] = f"p{len(params)}"    # positional: identical kernels dedupe
         return params[target]
     k.param = pname
-    big = _needs_int64(plan)
+    # generic kernels index in int64: no int32 bound holds for every size they may see
+    big = bool(nsizes) or _needs_int64(plan)
     pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
     if two_d:
         k.line(f"xindex = {pid} * {XB} + tl.arange(0, {XB})[:, None]")
@@ -717,8 +756,14 @@ def render_kernel(plan: KernelPlan, r_contiguous: bool = True) -> KernelCode:
         if m in plan.barrier_after:
             k.line("tl.debug_barrier()")
     kc.params = list(params)
-    sig = ", ".join(params[b] for b in kc.params)
-    head = [f"@triton.jit", f"def KERNEL_NAME({sig}):"]
+    sizes = [f"ds{i}" for i in range(nsizes)]
+    sig = ", ".join([params[b] for b in kc.params] + sizes)
+    if sizes:
+        # Why: the JIT specialises integer arguments by value (== 1, divisible by 16); a
+        # kernel compiled at one size must not carry such an assumption to the others
+        head = [f"@triton.jit(do_not_specialize={sizes!r})", f"def KERNEL_NAME({sig}):"]
+    else:
+        head = [f"@triton.jit", f"def KERNEL_NAME({sig}):"]
     kc.body = "\n".join(head + k.lines) + "\n"
     kc.summary = ", ".join(summary)
     del t_store

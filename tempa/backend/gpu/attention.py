@@ -134,11 +134,28 @@ def _mask_source(mask_eq: fx.Node, placeholders):
     items = sl if isinstance(sl, tuple) else (sl,)
     for s in items:
         if isinstance(s, slice):
-            if any(not (x is None or type(x) is int) for x in (s.start, s.stop, s.step)):
+            if any(not (x is None or type(x) is int) for x in (s.start, s.step)):
+                return None
+            if not (s.stop is None or type(s.stop) is int or isinstance(s.stop, fx.Node)):
                 return None
         elif s is not Ellipsis and s is not None and type(s) is not int:
             return None
-    return placeholders.index(src), sl
+    return placeholders.index(src), _widen(items)
+
+
+def _widen(items):
+    """The slices to check a mask buffer with. A symbolic length (``bias[:, :, :T, :T]`` with
+    T a size symbol) is accepted only as the same prefix of the last two dims: then every
+    such prefix is causal iff the whole square buffer is, which is what is checked."""
+    sym = [s.stop for s in items if isinstance(s, slice) and isinstance(s.stop, fx.Node)]
+    if not sym:
+        return items if len(items) > 1 else items[0]
+    last = items[-2:]
+    if (len(items) < 2 or Ellipsis in items or len(set(sym)) != 1 or len(sym) != 2
+            or not all(isinstance(s, slice) and s.stop is sym[0] and s.start in (None, 0) and s.step in (None, 1)
+                       for s in last)):
+        return None
+    return tuple(items[:-2]) + (slice(None), slice(None))
 
 
 def _causal(t: torch.Tensor, sl) -> bool:
@@ -220,7 +237,7 @@ def rewrite(gm: fx.GraphModule, example_inputs):
             eq = new_nodes[pos[m.mask_eq]]
             src = _mask_source(eq, placeholders)
             causal = False
-            if src is not None and src[0] < len(example_inputs):
+            if src is not None and src[1] is not None and src[0] < len(example_inputs):
                 t = example_inputs[src[0]]
                 causal = isinstance(t, torch.Tensor) and _causal(t, src[1])
             if causal:

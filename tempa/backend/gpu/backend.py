@@ -106,6 +106,12 @@ def gpu_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = 
 
     def make(graph):
         target = GpuTarget(example_inputs, mode, options)
+        dims = _dynamic_dims(graph)
+        if dims:
+            # symbolic sizes: one shape-generic compile for every size (gpu/dynamic.py),
+            # or per-shape code where that cannot be made (said in tempa_info.dynamic)
+            from .dynamic import GpuDynamicTarget
+            target = GpuDynamicTarget(dims, target)
         compiled = build(graph, example_inputs, target)
         info = compiled.tempa_info
         info.notes.append(f"device: cuda, mode: {mode or 'default'}")
@@ -123,3 +129,15 @@ def gpu_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = 
     info = fast.tempa_info
     info.notes.append(guard.describe())
     return guard.wrap(fast, lambda: make(gm), info)
+
+
+# Graphs with symbolic sizes get shape-generic kernels (or per-shape ones, said in tempa_info).
+gpu_backend.supports_dynamic = True
+
+
+def _dynamic_dims(gm):
+    from ..dynamic import NotGeneric, dynamic_dims
+    try:
+        return dynamic_dims(gm)
+    except NotGeneric:
+        return []

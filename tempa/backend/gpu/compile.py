@@ -25,7 +25,7 @@ import torch
 from ..codegen import triton as tr
 from ..compile_graph import GraphInfo, eliminate_dead
 from ..ir import ComputedBuffer, ExternCall, Reduction, TV, extra_dtypes
-from ..lower.lowerings import lower_graph
+from ..lower.lowerings import DYN_SCALE, SIZE_CHOICES, lower_graph
 from ..schedule import _extern_buffers, _reads, nonunit, probe_loads, schedule
 from ..index import Var
 from . import kernels as K
@@ -74,6 +74,8 @@ class GpuPlan:
     label: str
     param_inputs: set              # input indices that were nn.Parameters at trace time
     autotune: object = None
+    not_fused: list = field(default_factory=list)
+    generic_wrapper: tuple = None  # (source, constants) of a shape-generic template
 
 
 def partition(sched) -> list:
@@ -159,7 +161,22 @@ def _r_contiguous(kp) -> bool:
 
 
 def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str = "graph",
-               prefix: str = "", param_inputs=frozenset(), autotune=None) -> GpuPlan:
+               prefix: str = "", param_inputs=frozenset(), autotune=None, nsizes: int = 0,
+               choices=None) -> GpuPlan:
+    """``nsizes`` > 0: one rendering of a shape-generic graph (gpu/dynamic.py): lowering
+    assumes sizes may grow and replays ``choices`` (as the CPU's plan_graph); the kernels
+    are rendered again with fixed blocks by ``rerender`` before their text is used."""
+    from ..compile_graph import DYNAMIC_SIZE_SCALE
+    token = DYN_SCALE.set(DYNAMIC_SIZE_SCALE if nsizes else 1)
+    token2 = SIZE_CHOICES.set(choices)
+    try:
+        return _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, param_inputs, autotune)
+    finally:
+        DYN_SCALE.reset(token)
+        SIZE_CHOICES.reset(token2)
+
+
+def _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, param_inputs, autotune) -> GpuPlan:
     with extra_dtypes(tr.EXTRA_DTYPES):
         lowered = lower_graph(gm, num_outputs, mutated)
         for cb in lowered.copy_backs:
@@ -176,7 +193,8 @@ def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str 
             if isinstance(it, ExternCall):
                 items.append(it)
             else:
-                items.append((it, tr.render_kernel(it, _r_contiguous(it))))
+                it.r_contiguous = _r_contiguous(it)
+                items.append((it, tr.render_kernel(it, it.r_contiguous)))
         tuned_from = len(autotune.log) if autotune is not None else 0
         if autotune is not None:
             # max-autotune: matmuls become GEMM templates with their epilogue fused, where
@@ -188,6 +206,31 @@ def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str 
         info.autotune = autotune.log[tuned_from:]
     info.aten_fallbacks = list(lowered.fallbacks)
     info.extern_calls = list(lowered.externs)
+    info.kernel_count = sum(1 for it in items if not isinstance(it, ExternCall))
+    info.mutated_inputs = list(mutated)
+    info.segment_count = info.kernel_count
+    plan = GpuPlan(lowered, items, info, num_inputs, label, set(param_inputs), autotune, list(sched.report))
+    _report(plan)
+    return plan
+
+
+def rerender(plan: GpuPlan, blocks: list, nsizes: int):
+    """Render ``plan``'s kernels again with launch parameters ``blocks`` (one per kernel, in
+    order) taking ``nsizes`` size arguments; kernel j is named ``KNAME{j}_`` until finish
+    names the deduplicated kernels (the name must not depend on the rendering)."""
+    j = 0
+    for i, it in enumerate(plan.items):
+        if isinstance(it, tuple):
+            kp = it[0]
+            kc = tr.render_kernel(kp, kp.r_contiguous, blocks[j], nsizes)
+            kc.name = f"KNAME{j}_"
+            plan.items[i] = (kp, kc)
+            j += 1
+    _report(plan)
+
+
+def _report(plan: GpuPlan):
+    info, items = plan.info, plan.items
     lines = []
     for it in items:
         if isinstance(it, ExternCall):
@@ -200,14 +243,9 @@ def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str 
             lines.append(f"  triton {mode} x{list(kp.outer)} XBLOCK={kc.xblock}"
                          + (f" RBLOCK={kc.rblock}" if kc.rblock else "") + f" warps={kc.num_warps}: {kc.summary}")
     info.fusion_report = "launches:\n" + "\n".join(lines) + (
-        "\nnot fused:\n  " + "\n  ".join(sched.report) if sched.report else "\nnot fused: (none)")
+        "\nnot fused:\n  " + "\n  ".join(plan.not_fused) if plan.not_fused else "\nnot fused: (none)")
     if info.autotune:
         info.fusion_report += "\nautotune:\n  " + "\n  ".join(info.autotune)
-    info.kernel_count = sum(1 for it in items if not isinstance(it, ExternCall))
-    info.mutated_inputs = list(mutated)
-    info.segment_count = info.kernel_count
-    plan = GpuPlan(lowered, items, info, num_inputs, label, set(param_inputs), autotune)
-    return plan
 
 
 def finish(plans: list) -> list:
@@ -215,6 +253,7 @@ def finish(plans: list) -> list:
     from ..codegen.triton import PRELUDE, INTERPRET_SHIM
     interp = K.interpret_mode()
     names: dict = {}               # kernel body -> name
+    renames: dict = {}             # plan -> {provisional name: name} (shape-generic templates)
     for p in plans:
         for it in p.items:
             if isinstance(it, tuple):
@@ -224,6 +263,7 @@ def finish(plans: list) -> list:
                         names[body] = K.content_name(body, "gemm")   # as autotuning named it
                     else:
                         names[body] = f"k{len(names)}_" + ("red" if it[1].rblock else "pw")
+                renames.setdefault(id(p), {})[it[1].name] = names[body]
                 it[1].name = names[body]
     src = PRELUDE + (INTERPRET_SHIM if interp else "") + "\n\n" + "\n\n".join(
         body.replace("KERNEL_NAME", name) for body, name in names.items())
@@ -232,11 +272,15 @@ def finish(plans: list) -> list:
     compiled = {}
     if not interp:
         codes = {}
+        aligned: dict = {}
         for p in plans:
             for it in p.items:
                 if isinstance(it, tuple):
                     codes[it[1].name] = it[1]
-        jobs = [K.Job(n, K.signature(kc), K.aligned(kc), kc.num_warps, getattr(kc, "num_stages", 1))
+                    # one kernel launched at several sites: claim only what holds at all
+                    a = set(K.aligned(it[1]))
+                    aligned[it[1].name] = aligned.get(it[1].name, a) & a
+        jobs = [K.Job(n, K.signature(kc), sorted(aligned[n]), kc.num_warps, getattr(kc, "num_stages", 1))
                 for n, kc in codes.items()]
         compiled = K.compile_jobs(path, jobs)
     out = []
@@ -248,7 +292,13 @@ def finish(plans: list) -> list:
         info.launch = "jit" if interp else "direct"
         stats.bump("kernels_compiled", info.unique_kernels)
         stats.bump("aten_fallbacks", len(info.aten_fallbacks))
-        call, wsrc = W.build(p, mod, compiled, interp)
+        rendered = None
+        if p.generic_wrapper is not None:
+            wsrc, consts = p.generic_wrapper
+            for old, new in renames.get(id(p), {}).items():
+                wsrc = wsrc.replace(old, new)
+            rendered = (wsrc, consts)
+        call, wsrc = W.build(p, mod, compiled, interp, rendered)
         info.wrapper_source = wsrc
         log = logs.get("code")
         if log.isEnabledFor(20):

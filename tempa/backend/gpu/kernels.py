@@ -193,13 +193,21 @@ def content_name(body: str, tag: str) -> str:
 
 
 def signature(kc) -> dict:
-    """The pointer signature of a rendered kernel (every parameter is a tensor pointer)."""
+    """The signature of a rendered kernel: tensor pointers, then any size arguments."""
     from ..codegen.triton import SIG
-    return {f"p{i}": "*" + SIG[b.dtype] for i, b in enumerate(kc.params)}
+    sig = {f"p{i}": "*" + SIG[b.dtype] for i, b in enumerate(kc.params)}
+    # size arguments of shape-generic kernels: plain int64. Compiled from this signature
+    # with attributes only for aligned pointers (_source), Triton assumes nothing about
+    # their values (no ==1 or %16 specialisation), so one binary serves every size
+    sig.update({f"ds{i}": "i64" for i in range(getattr(kc, "nsizes", 0))})
+    return sig
 
 
 def aligned(kc) -> list:
-    """Parameters the kernel may assume 16-byte aligned (the wrapper makes sure of it)."""
+    """Parameters the kernel may assume 16-byte aligned (the wrapper makes sure of it).
+    A shape-generic kernel carries the claims that hold at every size (gpu/dynamic.py)."""
+    if getattr(kc, "aligned_params", None) is not None:
+        return list(kc.aligned_params)
     out = []
     for i, b in enumerate(kc.params):
         item = b.dtype.itemsize

@@ -17,7 +17,11 @@ from ..codegen.wrapper import WrapperGen, _DTYPE_NAMES, _contig, _opname, reshap
 from ..ir import ExternCall
 
 
-def render(plan, interp: bool):
+def render(plan, interp: bool, nsizes: int = 0):
+    """The wrapper's source and its constants. ``nsizes`` > 0 (a shape-generic rendering,
+    gpu/dynamic.py): every launch also passes the size symbols ``ds0..`` (read from the inputs
+    in a prologue dynamic.py inserts), and grids are computed from the outer extent, so that
+    they are polynomials in the sizes like every other literal."""
     # TEMPA_GPU_CHECK=1: after every launch and extern call, report the first non-finite
     # value (a debugging aid; synchronises after every step)
     check = bool(os.environ.get("TEMPA_GPU_CHECK"))
@@ -79,12 +83,13 @@ def render(plan, interp: bool):
                     shape = tuple(alloc_shape.get(b, b.sizes))
                     strides = _contig(shape)
                 L.append(f"    {b.name} = _empty_strided({shape!r}, {strides!r}, dtype=torch.{dt}, device=_dev)")
-        ptrs = ", ".join(w.bufname(b) for b in kc.params)
+        ptrs = ", ".join([w.bufname(b) for b in kc.params] + [f"ds{i}" for i in range(getattr(kc, "nsizes", 0))])
         launches[kc.name] = True
+        grid = f"-(-{kc.xnumel} // {kc.xblock})" if nsizes else kc.grid
         if interp:
-            L.append(f"    _K_{kc.name}[({kc.grid},)]({ptrs})")
+            L.append(f"    _K_{kc.name}[({grid},)]({ptrs})")
         else:
-            L.append(f"    _R_{kc.name}({kc.grid}, 1, 1, _s, _F_{kc.name}, _M_{kc.name}, None, None, None, {ptrs})")
+            L.append(f"    _R_{kc.name}({grid}, 1, 1, _s, _F_{kc.name}, _M_{kc.name}, None, None, None, {ptrs})")
         if check:
             written = [w.bufname(m.target if m.kind == "alias" else m) for m in kp.members if m.kind in ("py", "alias")]
             L.append(f"    _chk({kc.name + ': ' + kc.summary[:80]!r}, {', '.join(written)})")
@@ -146,9 +151,10 @@ def _realign(t):
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
 
 
-def build(plan, mod, compiled: dict, interp: bool):
+def build(plan, mod, compiled: dict, interp: bool, rendered=None):
+    """``rendered``: (source, constants) made elsewhere (a shape-generic template)."""
     from .kernels import Launcher
-    src, consts = render(plan, interp)
+    src, consts = rendered or render(plan, interp)
     ns: dict = {}
     exec(compile(src, f"<tempa gpu wrapper {plan.label}>", "exec"), ns)
     if interp:
