@@ -227,3 +227,27 @@ class Launcher:
         self.run = ck.run              # loads the cubin into the current context
         self.function = ck.function
         self.meta = ck.packed_metadata
+        self.launch, self.cooperative, self.pdl = _c_launch(self.run)
+
+
+def _c_launch(run):
+    """(launch, cooperative, pdl): the wrapper calls ``launch(grid, 1, 1, stream, function,
+    cooperative, pdl, global_scratch, profile_scratch, metadata, hooks..., *args)``.
+
+    Why not ``run`` itself: Triton's launcher object wraps its C ``launch`` in a Python
+    ``__call__`` that defines a closure and sizes two scratch buffers on every launch, a
+    couple of microseconds each time; a GPT at batch 1 makes ~400 launches a call and is
+    bound by that host time. A kernel that needs no scratch memory (every kernel tempa
+    renders) gets the C function itself, with the arguments ``__call__`` would pass. Any
+    other launcher (scratch memory, another Triton's attribute names) keeps ``run``
+    behind a shim with the same argument list."""
+    launch = getattr(run, "launch", None)
+    coop = getattr(run, "launch_cooperative_grid", None)
+    pdl = getattr(run, "launch_pdl", None)
+    if (launch is not None and coop is not None and pdl is not None
+            and getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0):
+        return launch, coop, pdl
+
+    def through_run(gx, gy, gz, stream, function, _coop, _pdl, _gs, _ps, *args):
+        return run(gx, gy, gz, stream, function, *args)
+    return through_run, False, False

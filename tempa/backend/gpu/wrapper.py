@@ -89,7 +89,8 @@ def render(plan, interp: bool, nsizes: int = 0):
         if interp:
             L.append(f"    _K_{kc.name}[({grid},)]({ptrs})")
         else:
-            L.append(f"    _R_{kc.name}({grid}, 1, 1, _s, _F_{kc.name}, _M_{kc.name}, None, None, None, {ptrs})")
+            n = kc.name
+            L.append(f"    _L_{n}({grid}, 1, 1, _s, _F_{n}, _CO_{n}, _PDL_{n}, None, None, _M_{n}, None, None, None, {ptrs})")
         if check:
             written = [w.bufname(m.target if m.kind == "alias" else m) for m in kp.members if m.kind in ("py", "alias")]
             L.append(f"    _chk({kc.name + ': ' + kc.summary[:80]!r}, {', '.join(written)})")
@@ -102,8 +103,9 @@ def render(plan, interp: bool, nsizes: int = 0):
         if interp:
             head.append(f"    _K_{name} = _KS[{name!r}]")
         else:
-            head += [f"    _R_{name} = _KS[{name!r}].run", f"    _F_{name} = _KS[{name!r}].function",
-                     f"    _M_{name} = _KS[{name!r}].meta"]
+            head += [f"    _L_{name} = _KS[{name!r}].launch", f"    _F_{name} = _KS[{name!r}].function",
+                     f"    _M_{name} = _KS[{name!r}].meta", f"    _CO_{name} = _KS[{name!r}].cooperative",
+                     f"    _PDL_{name} = _KS[{name!r}].pdl"]
     head += [f"    {name} = {expr}" for expr, name in w.ops.items()]
     body = ["    " + x for x in L]
     return "\n".join(head + body + ["    return call"]) + "\n", w.consts
