@@ -166,12 +166,10 @@ class GraphBuilder:
         """The result of a ``_RULE_SHAPED`` call as a fake tensor, its shape worked out by
         tempa's metadata rule on the symbolic sizes; None where the rule does not apply
         (the fake kernel then decides, and raises eager's error for bad arguments)."""
-        if torch._C._is_any_autocast_enabled():
-            return None   # the rules do not model autocast's dtype changes
         try:
             meta = infer(kind, target, fake_args, fake_kwargs)
-        except Exception:  # NoRule, or a rule's error: let the fake kernel say it exactly
-            return None
+        except Exception:  # NoRule (autocast too), or a rule's error: the fake kernel
+            return None     # then decides, exactly as eager would
         if not isinstance(meta, MetaInfo):
             return None
         # Matmul and linear results are contiguous in eager for every input layout (the
