@@ -10,6 +10,7 @@ import re
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode, DataDependentOutputException, \
     DynamicOutputShapeException, UnsupportedOperatorException
 
@@ -24,7 +25,17 @@ _SIDE_EFFECT_TARGETS = {torch._C._set_grad_enabled, torch.amp.autocast_mode._ent
                         torch.amp.autocast_mode._exit_autocast, operator.setitem}
 
 
-_SYMBOLIC_MATMULS = {operator.matmul, torch.matmul, torch.bmm, "matmul", "bmm"}
+# Operations that symbolic captures shape with tempa's own rules (meta.py) instead of fake
+# tensors. Their fake kernels run ATen's composite matmul in C++, which on torch 2.11 reads
+# the plain (non-symbolic) sizes of a batched operand: with an input that requires grad the
+# read goes through the fake tensor's size handler, which calls int() on every SymInt and so
+# guards each symbol to its example value (the graph silently becomes static again, and the
+# next size recompiles); without one it raises "Cannot call numel() on tensor with symbolic
+# sizes". That covers every matmul that is not 2-d @ 2-d (a @ b, torch.matmul, Tensor.matmul)
+# and F.linear / nn.Linear when ATen routes it to matmul: no bias (a GPT's tied lm_head), or
+# a bias with a non-contiguous 3-d input. torch 2.13's fake kernels keep the symbols; the
+# rules give the same shapes on every version.
+_RULE_SHAPED = {operator.matmul, torch.matmul, "matmul", F.linear}
 
 
 class GraphBuilder:
@@ -128,8 +139,8 @@ class GraphBuilder:
             self._use_fake_tensors((args, kwargs))
         fake_args = _map(args, _to_fake)
         fake_kwargs = _map(kwargs, _to_fake)
-        if self.sizes is not None and target in _SYMBOLIC_MATMULS:
-            result = self._symbolic_matmul(*fake_args, **fake_kwargs)
+        if self.sizes is not None and target in _RULE_SHAPED:
+            result = self._shape_by_rule(kind, target, fake_args, fake_kwargs)
             if result is not None:
                 node = self.graph.create_node(kind, target, node_args, node_kwargs)
                 return self.wrap(node, result, target)
@@ -151,31 +162,21 @@ class GraphBuilder:
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
         return self.wrap(node, result, target)
 
-    def _symbolic_matmul(self, a, b):
-        """Batched matmul with symbolic sizes, shaped here: some PyTorch releases' fake
-        kernel (2.11) specializes the batch and length sizes of a 4-d matmul to constants,
-        which would make a dynamic graph static again."""
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or \
-                a.dim() < 3 or b.dim() < 2 or a.dtype != b.dtype:
+    def _shape_by_rule(self, kind, target, fake_args, fake_kwargs):
+        """The result of a ``_RULE_SHAPED`` call as a fake tensor, its shape worked out by
+        tempa's metadata rule on the symbolic sizes; None where the rule does not apply
+        (the fake kernel then decides, and raises eager's error for bad arguments)."""
+        try:
+            meta = infer(kind, target, fake_args, fake_kwargs)
+        except Exception:  # NoRule (autocast too), or a rule's error: the fake kernel
+            return None     # then decides, exactly as eager would
+        if not isinstance(meta, MetaInfo):
             return None
-        if a.shape[-1] != b.shape[-2]:
-            return None   # let the fake kernel raise eager's error
-        batch_a, batch_b = list(a.shape[:-2]), list(b.shape[:-2])
-        n = max(len(batch_a), len(batch_b))
-        batch_a = [1] * (n - len(batch_a)) + batch_a
-        batch_b = [1] * (n - len(batch_b)) + batch_b
-        batch = []
-        for x, y in zip(batch_a, batch_b):
-            if x == 1:
-                batch.append(y)
-            elif y == 1 or x == y:
-                batch.append(x)
-            else:
-                return None
-        grad = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+        # Matmul and linear results are contiguous in eager for every input layout (the
+        # static path's rules and their differential test assume the same).
         with self.fake_mode:
-            return torch.empty(batch + [a.shape[-2], b.shape[-1]], dtype=a.dtype,
-                               device=a.device, requires_grad=grad)
+            return torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype,
+                                       device=meta.device, requires_grad=meta.requires_grad)
 
     def _to_node(self, v):
         if isinstance(v, TensorVar):

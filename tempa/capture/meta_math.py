@@ -131,6 +131,8 @@ def _arg(x, dim=None, keepdim=False):
 # -- linear algebra ------------------------------------------------------------------------
 
 def _linear(x, weight, bias=None):
+    if x.dtype != weight.dtype or (bias is not None and bias.dtype != x.dtype):
+        raise NoRule()   # eager raises a dtype error: let fake tensors produce it exactly
     if weight.dim() != 2 or x.dim() == 0 or x.shape[-1] != weight.shape[1]:
         raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied "
                            f"({math.prod(x.shape[:-1])}x{x.shape[-1] if x.dim() else 0} and "

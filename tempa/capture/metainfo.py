@@ -131,13 +131,21 @@ def _promote(a, b) -> torch.dtype:
 
 
 def _broadcast(*shapes) -> tuple:
+    # Compares sizes pairwise instead of collecting them in a set: symbolic sizes (SymInt)
+    # are not hashable, and each comparison is then one ShapeEnv decision (a symbol >= 2 is
+    # never 1; two symbols that must broadcast are guarded equal), as in PyTorch's kernels.
     out = []
     for dims in _zip_right(shapes):
-        sizes = {d for d in dims if d != 1}
-        if len(sizes) > 1:
-            raise RuntimeError(f"The size of tensor a must match the size of tensor b "
-                               f"(shapes {[tuple(s) for s in shapes]})")
-        out.append(sizes.pop() if sizes else 1)
+        size = 1
+        for d in dims:
+            if d == 1:
+                continue
+            if size == 1:
+                size = d
+            elif d != size:
+                raise RuntimeError(f"The size of tensor a must match the size of tensor b "
+                                   f"(shapes {[tuple(s) for s in shapes]})")
+        out.append(size)
     return tuple(out)
 
 

@@ -4,6 +4,7 @@ import logging
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import tempa
 from tests.models import zoo, gpt as gpt_mod
@@ -154,3 +155,41 @@ def test_float_computed_from_sizes():
         x = torch.randn(n, 4)
         assert_same(fast(x), f(x))
     assert tempa.stats().captures == 1
+
+
+# Every matmul that is not 2-d @ 2-d, and F.linear where ATen routes it to matmul (no bias,
+# or a non-contiguous 3-d input), goes through ATen's composite matmul. On torch 2.11 its
+# fake kernel pinned the symbolic sizes to their example values (with an input that needs
+# grad) or raised (without), so each new size recompiled, or the capture was dropped for
+# eager. The GPT's tied lm_head is `F.linear(x, wte.weight)` with no bias. These must give
+# one symbolic graph on every torch version, in grad mode and under no_grad.
+_W = torch.randn(6, 8, requires_grad=True)
+_B = torch.randn(6, requires_grad=True)
+_MATMUL_CASES = {
+    "linear_3d_no_bias": (lambda x: F.linear(x, _W), (2, 8)),
+    "linear_3d_bias_non_contiguous": (lambda x: F.linear(x.transpose(0, 1), _W, _B), (2, 8)),
+    "linear_4d_no_bias": (lambda x: F.linear(x.unsqueeze(1), _W), (2, 8)),
+    "matmul_3d_2d": (lambda x: x @ _W.t(), (2, 8)),
+    "matmul_2d_3d": (lambda x: torch.matmul(_W, x.transpose(1, 2)), (2, 8)),
+    "matmul_3d_1d": (lambda x: x.matmul(_B.new_ones(8)), (2, 8)),
+    "matmul_1d_3d": (lambda x: _B.new_ones(8) @ x.transpose(1, 2), (2, 8)),
+    "matmul_4d_4d_attention": (lambda x: (x.unsqueeze(1) @ x.unsqueeze(1).transpose(-2, -1)).softmax(-1), (2, 8)),
+}
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+@pytest.mark.parametrize("name", sorted(_MATMUL_CASES))
+def test_matmul_and_linear_keep_sizes_symbolic(name, grad):
+    fn, _ = _MATMUL_CASES[name]
+    fast = tempa.compile(fn, backend="eager", dynamic=True)
+    with torch.set_grad_enabled(grad):
+        for b, t in [(2, 5), (3, 7), (4, 11), (5, 3)]:
+            x = torch.randn(b, t, 8, requires_grad=grad)
+            out = fast(x)
+            assert_same(out, fn(x))
+            assert out.requires_grad == grad
+    assert tempa.stats().captures == 1, tempa.stats()
+    (entry,) = tempa.entries(fast)
+    # dim 2 (8, the weight's) is pinned, correctly; the batch and length must stay symbols
+    pinned = [g for g in entry.guards if "specialized" in g and not g.startswith("x.shape[2]")]
+    assert not pinned, pinned

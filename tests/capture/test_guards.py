@@ -170,6 +170,25 @@ def test_outer_autocast_is_captured_and_guarded():
     assert tempa.stats().captures == 2
 
 
+def test_dtype_read_under_autocast_is_autocasts():
+    # Code that reads a result's dtype under autocast sees what eager sees (bfloat16 from a
+    # linear), static and symbolic captures alike.
+    w = torch.randn(6, 8)
+
+    def f(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = torch.nn.functional.linear(x, w)
+            return y * 2 if y.dtype == torch.bfloat16 else y - 1
+
+    for dynamic in (False, True):
+        tempa.reset()
+        fast = tempa.compile(f, backend="eager", dynamic=dynamic)
+        for x in (torch.randn(3, 8), torch.randn(2, 5, 8)):
+            out = fast(x)
+            assert out.dtype == torch.bfloat16
+            assert_same(out, f(x))
+
+
 def test_model_half_and_double_after_compile():
     model = Mlp().eval()
     fast = tempa.compile(model, backend="eager")
