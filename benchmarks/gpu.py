@@ -198,6 +198,9 @@ def main():
                 r = dict(row=key, system=system, mode=mode or "default", ms=float("nan"), compile_s=float("nan"),
                          err=float("nan"), notes=f"FAILED {type(e).__name__}: {str(e)[:120]}")
             results.append(r)
+            # one line per cell as it finishes, so a run cut short still reports what it measured
+            print(f"  {r['row']:10s} {r['system']:14s} {r['mode']:16s} {r['ms']:9.3f} ms  compile {r['compile_s']:6.2f} s"
+                  f"  err {r['err']:.1e}  {r['notes']}", flush=True)
             log.write(json.dumps(r) + "\n")
             log.flush()
             torch.cuda.empty_cache()
