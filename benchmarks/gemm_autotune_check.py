@@ -38,17 +38,9 @@ def make_case(name):
     """(module or function, inputs, tolerance vs eager)."""
     import torch
     import torch.nn as nn
+    from benchmarks.gpu import Autocast      # bf16 autocast inside forward, as in gpu.py
     torch.manual_seed(0)
     dev = "cuda"
-
-    class Autocast(nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, *a):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                return self.m(*a)
 
     class ProjResidual(nn.Module):      # GPT-2 124M attention/MLP output projection + residual
         def __init__(self):
