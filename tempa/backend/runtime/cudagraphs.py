@@ -3,8 +3,9 @@
 Why: on small inputs a GPU graph's time is the CPU's time to launch its kernels (a few
 microseconds each); a CUDA graph launches all of them with one call.
 
-How (one ``CudaGraphRunner`` per compiled graph, i.e. per input shape: the frontend compiles
-size-baking backends per shape, so a new shape records a new graph):
+How (one ``CudaGraphRunner`` per compiled graph and input shape: a CUDA graph holds fixed
+addresses and sizes, so a new shape records a new graph; a graph with symbolic sizes shares
+its shape-generic kernels between the recordings, gpu/dynamic.py):
 
   * static inputs: arguments that are ``nn.Parameter``s are used in place (their addresses
     are fixed; if a different tensor object arrives in a parameter slot the graph is
