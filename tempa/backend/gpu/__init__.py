@@ -8,7 +8,7 @@
   attention.py                   softmax(QK^T)V with a causal mask -> scaled_dot_product_attention
   gemm.py, gemm_template.py,     max-autotune: matmul sites and their pointwise epilogues, the
   gemm_tune.py                   Triton GEMM template, tuning it against cuBLAS
-The Triton renderer itself is codegen/triton.py; CUDA graphs and autotuning live in runtime/.
+The Triton renderer itself is codegen/triton.py (kernels) and codegen/triton_emit.py (the emitter); CUDA graphs and autotuning live in runtime/.
 """
 from .backend import GpuTarget, gpu_backend
 

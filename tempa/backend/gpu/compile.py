@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..codegen import triton as tr
+from ..codegen.triton_emit import EXTRA_DTYPES
 from ..compile_graph import GraphInfo, eliminate_dead
 from ..ir import ComputedBuffer, ExternCall, Reduction, TV, extra_dtypes
 from ..lower.lowerings import DYN_SCALE, SIZE_CHOICES, lower_graph
@@ -177,7 +178,7 @@ def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str 
 
 
 def _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, param_inputs, autotune) -> GpuPlan:
-    with extra_dtypes(tr.EXTRA_DTYPES):
+    with extra_dtypes(EXTRA_DTYPES):
         lowered = lower_graph(gm, num_outputs, mutated)
         for cb in lowered.copy_backs:
             cb.target._mutated = True      # written in place: no alignment assumption
@@ -250,7 +251,7 @@ def _report(plan: GpuPlan):
 
 def finish(plans: list) -> list:
     """Compile every plan's kernels as ONE module (deduplicated, in parallel), then wrappers."""
-    from ..codegen.triton import PRELUDE, INTERPRET_SHIM
+    from ..codegen.triton_emit import PRELUDE, INTERPRET_SHIM
     interp = K.interpret_mode()
     names: dict = {}               # kernel body -> name
     renames: dict = {}             # plan -> {provisional name: name} (shape-generic templates)

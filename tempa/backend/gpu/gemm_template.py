@@ -27,8 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..codegen import triton as tr
-from ..codegen.triton import TL, TritonEmitter, phys
+from ..codegen.triton_emit import TL, TritonEmitter, literal, phys
 from ..index import Indirect, Ix, Var
 from ..ir import CVal
 from ..lower.core import bcast
@@ -164,10 +163,10 @@ def render(site, cfg: GemmConfig, interpret: bool = False, tf32: bool | None = N
     idx = [Ix.of(v) for v in ov]
     val = "g_acc"
     if site.alpha != 1:
-        L(f"g_acc = g_acc * {tr.literal(site.alpha, torch.float32)}")
+        L(f"g_acc = g_acc * {literal(site.alpha, torch.float32)}")
     if site.bias is not None:
         bias = k.cast(bcast(site.bias, site.out.sizes)(k, idx), torch.float32)
-        term = bias.expr if site.beta == 1 else f"{bias.expr} * {tr.literal(site.beta, torch.float32)}"
+        term = bias.expr if site.beta == 1 else f"{bias.expr} * {literal(site.beta, torch.float32)}"
         L(f"g_val = g_acc + {term}")
         val = "g_val"
     if site.dtype in HALF:

@@ -25,7 +25,7 @@ from dataclasses import replace
 
 import torch
 
-from ..codegen.triton import PRELUDE
+from ..codegen.triton_emit import PRELUDE
 from ..ir import TV
 from ..runtime.autotune import cuda_timer
 from . import kernels as K

@@ -194,7 +194,7 @@ def content_name(body: str, tag: str) -> str:
 
 def signature(kc) -> dict:
     """The signature of a rendered kernel: tensor pointers, then any size arguments."""
-    from ..codegen.triton import SIG
+    from ..codegen.triton_emit import SIG
     sig = {f"p{i}": "*" + SIG[b.dtype] for i, b in enumerate(kc.params)}
     # size arguments of shape-generic kernels: plain int64. Compiled from this signature
     # with attributes only for aligned pointers (_source), Triton assumes nothing about

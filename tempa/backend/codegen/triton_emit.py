@@ -1,0 +1,439 @@
+"""The Triton side of the emitter interface: IR bodies written once for C++ also render Triton.
+
+The IR bodies are closures that call an emitter (``k.load``, ``k.op``, ``k.cast``,
+``k.piecewise``...). ``TritonEmitter`` implements that interface by writing Triton
+statements instead of C++ ones, translating each C++ op template (``"m::exp({0})"``,
+``"{0} ? {1} : {2}"``) into its Triton spelling. Also here: the dtype tables, the prelude
+every kernel module starts with (helpers such as ``t_max``), and the shim that lets the
+same module run under Triton's CPU interpreter. Kernels themselves: codegen/triton.py.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import torch
+
+from ..index import FloorDiv, Indirect, Ix, Mod, Var, _DivMod
+from ..ir import CVal, Unlowerable
+
+TL = {
+    torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
+    torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32",
+    torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
+}
+SIG = {
+    torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16", torch.bfloat16: "bf16",
+    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
+    torch.uint8: "u8", torch.bool: "i1",
+}
+HALF = (torch.float16, torch.bfloat16)
+# The dtypes the GPU lowering accepts beyond the C++ ones (see ir.extra_dtypes).
+EXTRA_DTYPES = {torch.float16: "half", torch.bfloat16: "bfloat16"}
+
+# Helpers every kernel module starts with. Why our own max/min: tl.maximum drops NaNs, eager
+# propagates them (relu(nan) = nan).
+PRELUDE = '''import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+
+@triton.jit
+def t_max(a, b):
+    return tl.where((a != a) | (a > b), a, b)
+
+
+@triton.jit
+def t_min(a, b):
+    return tl.where((a != a) | (a < b), a, b)
+
+
+@triton.jit
+def t_or(a, b):
+    return a | b
+
+
+@triton.jit
+def t_and(a, b):
+    return a & b
+
+
+@triton.jit
+def t_mul(a, b):
+    return a * b
+
+
+@triton.jit
+def t_remainder(a, b):
+    r = a % b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+@triton.jit
+def t_ifloordiv(a, b):
+    q = a // b
+    return tl.where(((a % b) != 0) & ((a < 0) != (b < 0)), q - 1, q)
+
+
+@triton.jit
+def t_sign(a):
+    return (a > 0).to(a.dtype) - (a < 0).to(a.dtype)
+
+
+@triton.jit
+def t_argmax_combine(v1, i1, v2, i2):
+    pick2 = (v2 > v1) | ((v2 != v2) & (v1 == v1)) | ((v2 == v1) & (i2 < i1)) | ((v2 != v2) & (v1 != v1) & (i2 < i1))
+    return tl.where(pick2, v2, v1), tl.where(pick2, i2, i1)
+
+
+@triton.jit
+def t_argmin_combine(v1, i1, v2, i2):
+    pick2 = (v2 < v1) | ((v2 != v2) & (v1 == v1)) | ((v2 == v1) & (i2 < i1)) | ((v2 != v2) & (v1 != v1) & (i2 < i1))
+    return tl.where(pick2, v2, v1), tl.where(pick2, i2, i1)
+'''
+
+# The interpreter (TRITON_INTERPRET=1, used by CPU-only tests) has no libdevice: a few
+# stand-ins, correct but not fast.
+INTERPRET_SHIM = '''
+
+class libdevice:
+    tanh = staticmethod(lambda x: 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0)
+    log1p = staticmethod(lambda x: tl.log(1.0 + x))
+    expm1 = staticmethod(lambda x: tl.exp(x) - 1.0)
+    pow = staticmethod(lambda a, b: tl.exp(b * tl.log(a)))
+    trunc = staticmethod(lambda x: tl.where(x < 0, tl.ceil(x), tl.floor(x)))
+    nearbyint = staticmethod(lambda x: tl.floor(x + 0.5))
+    fmod = staticmethod(lambda a, b: a % b)
+    log10 = staticmethod(lambda x: tl.log(x) * 0.4342944819032518)
+
+
+# Loop bounds of shape-generic kernels are int64 arguments; the interpreter holds a scalar
+# argument as a one-element array, which Python's range() rejects under numpy 2.
+def range(*bounds, _range=range):
+    return _range(*(int(b.handle.data.reshape(-1)[0]) if hasattr(b, "handle") else b for b in bounds))
+'''
+
+# C++ math function (m::name) -> Triton
+MATH = {
+    "exp": "tl.exp", "exp2": "tl.exp2", "log": "tl.log", "log2": "tl.log2", "log10": "libdevice.log10",
+    "log1p": "libdevice.log1p", "expm1": "libdevice.expm1", "sqrt": "tl.sqrt_rn", "sin": "tl.sin",
+    "cos": "tl.cos", "tan": "libdevice.tan", "tanh": "libdevice.tanh", "sinh": "libdevice.sinh",
+    "cosh": "libdevice.cosh", "asin": "libdevice.asin", "acos": "libdevice.acos",
+    "atan": "libdevice.atan", "asinh": "libdevice.asinh", "acosh": "libdevice.acosh",
+    "atanh": "libdevice.atanh", "erf": "tl.erf", "erfc": "libdevice.erfc",
+    "lgamma": "libdevice.lgamma", "floor": "tl.floor", "ceil": "tl.ceil",
+    "trunc": "libdevice.trunc", "nearbyint": "libdevice.nearbyint", "fabs": "tl.abs",
+    "abs": "tl.abs", "pow": "libdevice.pow", "atan2": "libdevice.atan2", "fmod": "libdevice.fmod",
+    "isnan": "t_isnan", "max": "t_max",
+}
+_TERNARY = re.compile(r"^(.*?) \? (.*) : (.*)$")
+
+
+def phys(dt):
+    """The dtype a value is computed in (half types in fp32)."""
+    return torch.float32 if dt in HALF else dt
+
+
+def translate(tpl: str, cdt) -> str:
+    """A C++ op template of lowerings.py -> the Triton expression template."""
+    isf = cdt.is_floating_point
+    isb = cdt == torch.bool
+    one, zero = ("1.0", "0.0") if isf else (("True", "False") if isb else ("1", "0"))
+    s = tpl.replace("({T})1", one).replace("({T})0", zero)
+    if s == "false":
+        return "({0} != {0})"
+    if s == "m::max({0}, " + zero + ")":           # relu, NaN-propagating
+        return "tl.where({0} < 0, " + zero + ", {0})"
+    m = _TERNARY.match(s)
+    if m:
+        s = f"tl.where({m.group(1)}, {m.group(2)}, {m.group(3)})"
+    if s.startswith("!"):
+        s = f"({s[1:]} == 0)"
+    s = s.replace("&&", "&").replace("||", "|")
+    if not isf and not isb:
+        s = s.replace(" / ", " // ")
+
+    def fn(name):
+        if name in ("t_max", "t_min"):
+            return ("t_or" if name == "t_max" else "t_and") if isb else name
+        if name in ("t_floor", "t_ceil", "t_round", "t_trunc"):
+            if not isf:
+                return ""
+            return {"t_floor": "tl.floor", "t_ceil": "tl.ceil", "t_round": "libdevice.nearbyint",
+                    "t_trunc": "libdevice.trunc"}[name]
+        if name == "t_sign":
+            return "" if isb else "t_sign"
+        if name == "t_not":
+            return "t_lnot" if isb else "t_bnot"
+        if name == "t_pow":
+            if not isf:
+                raise Unlowerable("integer pow on the GPU")
+            return "libdevice.pow"
+        if name == "t_fmod":
+            return "libdevice.fmod" if isf else "t_imod"
+        if name == "t_remainder":
+            return "t_remainder"
+        if name == "t_floordiv":
+            return "t_ffloordiv" if isf else "t_ifloordiv"
+        raise Unlowerable(f"no Triton spelling for {name}")
+    s = re.sub(r"\bm::(\w+)\(", lambda mm: MATH.get(mm.group(1), "?" + mm.group(1)) + "(", s)
+    if "?" in s:
+        raise Unlowerable(f"no Triton spelling for {tpl}")
+    s = re.sub(r"\b(t_\w+)\(", lambda mm: fn(mm.group(1)) + "(", s)
+    # a few helpers that are simple enough to inline
+    s = re.sub(r"\bt_isnan\(([^()]*)\)", r"(\1 != \1)", s)
+    s = re.sub(r"\bt_bnot\(([^()]*)\)", r"(~\1)", s)
+    s = re.sub(r"\bt_lnot\(([^()]*)\)", r"(\1 == 0)", s)
+    s = re.sub(r"\bt_imod\(([^(),]*), ([^()]*)\)", r"(\1 % \2)", s)
+    s = re.sub(r"\bt_ffloordiv\(([^(),]*), ([^()]*)\)", r"tl.floor(\1 / \2)", s)
+    return s
+
+
+def translate_cond(cond: str) -> str:
+    """A C++ condition built by lowerings from ``Ix.c()`` strings -> Triton."""
+    if cond.strip() == "true":
+        return "True"
+    parts = [p.strip() for p in cond.split("&&")]
+    parts = [re.sub(r"\) / (\d+)\)", r") // \1)", p) for p in parts]
+    return " & ".join(f"({p})" for p in parts)
+
+
+def literal(v, dt) -> str:
+    if dt == torch.bool or isinstance(v, bool):
+        return "True" if v else "False"
+    if dt.is_floating_point:
+        v = float(v)
+        if math.isnan(v):
+            return 'float("nan")'
+        if math.isinf(v):
+            return 'float("-inf")' if v < 0 else 'float("inf")'
+        return repr(v)
+    return str(int(v))
+
+
+class TritonEmitter:
+    """The emitter interface of codegen/emit.py, writing Triton. Values are Triton variables
+    of shape [XBLOCK] (1-D kernels), [XBLOCK, 1] (x level) or [XBLOCK, RBLOCK] (r level)."""
+
+    def __init__(self, two_d: bool):
+        self.lines: list[str] = []
+        self.scopes: list[dict] = [{}]
+        self.depth = 1
+        self.load_hook = None
+        self.names = [0]
+        self.loads: list = []
+        self.two_d = two_d
+        self.rlevel: set = set()        # names of variables that are [XBLOCK, RBLOCK]
+        self.consts: dict = {}          # expr -> python value for constant CVals
+        self.alias: dict = {}           # IR var name -> Triton variable
+        self.xvars: set = set()
+        self.masks: list = []           # piecewise conditions in force (for loads)
+        self.rmask = None               # the current r mask variable (None outside r scopes)
+        self.param = None               # buf -> kernel parameter name (set by the renderer)
+        self.xlevel_ind: set = set()    # indirect indices of x level
+        self.xb = 1
+
+    # -- plumbing -----------------------------------------------------------------------
+    def tmp(self, prefix="t"):
+        self.names[0] += 1
+        return f"{prefix}{self.names[0]}"
+
+    def line(self, s: str):
+        self.lines.append("    " * self.depth + s)
+
+    def push(self):
+        self.scopes.append({})
+
+    def pop(self):
+        self.scopes.pop()
+
+    def _cse(self, expr: str, r: bool, prefix="t") -> str:
+        key = expr
+        for sc in reversed(self.scopes):
+            if key in sc:
+                return sc[key]
+        name = self.tmp(prefix)
+        self.line(f"{name} = {expr}")
+        self.scopes[-1][key] = name
+        if r:
+            self.rlevel.add(name)
+        return name
+
+    def is_r(self, expr: str) -> bool:
+        return any(tok in self.rlevel for tok in re.findall(r"[A-Za-z_]\w*", expr))
+
+    # -- index rendering ----------------------------------------------------------------
+    def ix(self, ix) -> str:
+        ix = Ix.of(ix)
+        parts = []
+        for a, c in ix.terms:
+            s = self._atom(a)
+            parts.append(s if c == 1 else f"{c}*{s}")
+        if ix.const or not parts:
+            parts.append(str(ix.const))
+        return " + ".join(parts).replace("+ -", "- ")
+
+    def _atom(self, a) -> str:
+        if isinstance(a, Var):
+            return self.alias.get(a.name, a.name)
+        if isinstance(a, Indirect):
+            return a.name
+        if isinstance(a, FloorDiv):
+            return f"(({self.ix(a.e)}) // {a.d})"
+        if isinstance(a, Mod):
+            return f"(({self.ix(a.e)}) % {a.d})"
+        raise Unlowerable(f"index atom {a!r}")
+
+    def _levels(self, ix):
+        """(has an x-level term, has an r-level term)."""
+        hx = hr = False
+        for a, _ in Ix.of(ix).terms:
+            if isinstance(a, _DivMod):
+                x, r = self._levels(a.e)
+            else:
+                name = self.alias.get(a.name, a.name)
+                r = name in self.rlevel
+                x = name in self.xvars or (isinstance(a, Indirect) and name in self.xlevel_ind)
+                if r and isinstance(a, Indirect):
+                    x = True
+            hx, hr = hx or x, hr or r
+        return hx, hr
+
+    def _shaped(self, ix_s: str, hx: bool, hr: bool, want_r: bool) -> str:
+        """Add zero tensors so the index has the full shape of its level."""
+        add = []
+        if not hx:
+            add.append("xz")
+        if want_r and not hr:
+            add.append("rz")
+        return ix_s if not add else f"{ix_s} + {' + '.join(add)}"
+
+    # -- the operations bodies use -------------------------------------------------------
+    def load(self, buf, ix: Ix) -> CVal:
+        self.loads.append((buf, ix))
+        if self.load_hook is not None:
+            hooked = self.load_hook(buf, ix)
+            if hooked is not None:
+                return hooked
+        ix = Ix.of(ix) - buf.offset        # kernel pointers already point at the tensor's data
+        s = self.ix(ix)
+        hx, hr = self._levels(ix)
+        want_r = self.two_d and (hr or any(self.is_r(m) for m in self.masks))
+        masks = ["xmask"] + ([self.rmask] if (want_r and self.rmask) else []) + list(self.masks)
+        idx = self._shaped(s, hx, hr, want_r)
+        mask = " & ".join(masks)
+        expr = f"tl.load({self.param(buf)} + ({idx}), mask={mask}, other=0)"
+        if buf.dtype in HALF:
+            expr += ".to(tl.float32)"
+        return CVal(self._cse(expr, want_r), buf.dtype)
+
+    def op(self, template: str, rdt, vals, cdt=None) -> CVal:
+        cdt = cdt or rdt
+        tpl = translate(template, cdt)
+        exprs = [v.expr for v in vals]
+        expr = tpl.format(*exprs)
+        if all(v.expr in self.consts for v in vals):
+            try:
+                value = eval(expr, {"float": float, "True": True, "False": False})  # noqa: S307 - our own literal text
+                return self.const(value, rdt)
+            except Exception:  # noqa: BLE001 - not a plain Python expression: emit it
+                pass
+        return CVal(self._cse(expr, any(self.is_r(e) for e in exprs)), rdt)
+
+    def cast(self, v: CVal, dt) -> CVal:
+        if v.dtype == dt:
+            return v
+        if v.expr in self.consts:
+            return self.const(self.consts[v.expr], dt)
+        r = self.is_r(v.expr)
+        if dt == torch.bool:
+            return CVal(self._cse(f"({v.expr} != 0)", r), dt)
+        src, dst = phys(v.dtype), phys(dt)
+        expr = v.expr if src == dst else f"{v.expr}.to({TL[dst]})"
+        if dt in HALF and v.dtype not in HALF:
+            expr = f"{v.expr}.to({TL[dt]}).to(tl.float32)"     # round as eager's cast does
+        elif dt in HALF and v.dtype in HALF and dt != v.dtype:
+            expr = f"{v.expr}.to({TL[dt]}).to(tl.float32)"
+        if expr == v.expr:
+            return CVal(v.expr, dt)
+        return CVal(self._cse(expr, r), dt)
+
+    def const(self, v, dt=None) -> CVal:
+        if dt is None:
+            dt = torch.bool if isinstance(v, bool) else (torch.int64 if isinstance(v, int) else torch.float64)
+        if dt == torch.bool:
+            v = bool(v)
+        elif dt.is_floating_point:
+            v = float(v)
+        else:
+            v = int(v)
+        s = literal(v, dt)
+        self.consts[s] = v
+        return CVal(s, dt)
+
+    def index(self, ix) -> CVal:
+        ix = Ix.of(ix)
+        hx, hr = self._levels(ix)
+        want_r = self.two_d and hr
+        s = self._shaped(self.ix(ix), hx, hr, want_r)
+        return CVal(self._cse(f"({s}).to(tl.int64)", want_r), torch.int64)
+
+    def indirect(self, v: CVal, size: int) -> Ix:
+        r = self.is_r(v.expr)
+        name = self.tmp("ind")
+        self.line(f"{name} = {v.expr}.to(tl.int64)" if v.expr not in self.consts else
+                  f"{name} = tl.full([1], {v.expr}, tl.int64)")
+        self.line(f"{name} = tl.where({name} < 0, {name} + {size}, {name})")
+        # out of range: read row 0 instead of faulting (eager raises a device assert)
+        self.line(f"{name} = tl.where(({name} >= 0) & ({name} < {size}), {name}, 0)")
+        if r:
+            self.rlevel.add(name)
+        else:
+            self.xlevel_ind.add(name)
+        return Ix.of(Indirect(name, 0, max(size - 1, 0)))
+
+    def piecewise(self, branches, dt) -> CVal:
+        """``[(cond, body_fn), ...]``: the first true condition's body gives the value. Every
+        branch is computed, then selected. Why each branch's loads are masked by "my
+        condition and no earlier one": C++ evaluates only the taken branch, but here every
+        branch runs on every lane, and a branch's index is only in bounds on its own range
+        (a ``cat``'s second piece reads ``x - 768``: negative where the first piece holds)."""
+        conds, vals = [], []
+        earlier = None                  # name of "an earlier condition holds", once there is one
+        for cond, fn in branches:
+            if len(conds) >= 2:
+                earlier = self._cond(f"({earlier} | {conds[-1]})")
+            elif conds:
+                earlier = conds[0]
+            c = translate_cond(cond)
+            cname = None if c == "True" else self._cond(c)
+            if earlier is None:
+                mask = cname
+            elif cname is None:
+                mask = self._cond(f"(~{earlier})")
+            else:
+                mask = self._cond(f"({cname} & ~{earlier})")
+            if mask is not None:
+                self.masks.append(mask)
+            self.push()
+            v = self.cast(fn(self), dt)
+            self.pop()
+            if mask is not None:
+                self.masks.pop()
+            conds.append(cname)
+            vals.append(v)
+            if cname is None:
+                break
+        out = vals[-1].expr if conds[-1] is None else literal(0, dt)
+        start = len(vals) - 1 if conds[-1] is None else len(vals)
+        for i in range(start - 1, -1, -1):
+            out = f"tl.where({conds[i]}, {vals[i].expr}, {out})"
+        r = self.is_r(out)
+        return CVal(self._cse(out, r), dt)
+
+    def _cond(self, c: str) -> str:
+        """A condition as a named temporary, at r level when it involves r values."""
+        name = self._cse(c, self.is_r(c) if self.two_d else False, "c")
+        if not self.is_r(name) and self.two_d and self.is_r(c):
+            self.rlevel.add(name)
+        return name
