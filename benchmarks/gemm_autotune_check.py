@@ -72,20 +72,8 @@ def make_case(name):
 
 
 def cuda_ms(fn, args, iters=50):
-    import torch
-    for _ in range(3):
-        fn(*args)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn(*args)
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    times.sort()
-    return times[len(times) // 2]
+    from benchmarks.gpu import median_ms      # CUDA events, warm-up, median
+    return median_ms(lambda: fn(*args), warmup=3, reps=iters)
 
 
 def rel_err(a, b):

@@ -83,21 +83,14 @@ METHOD_RULES: dict = {}
 
 def _register():
     fr, mr = FUNCTION_RULES, METHOD_RULES
-    for name in _UNARY_SAME_NAMES:
-        rule = _unary_same
-        for ns in (torch, F, torch.special):
-            fn = getattr(ns, name, None)
-            if fn is not None:
-                fr[fn] = rule
-        mr[name] = rule
-        mr[name + "_"] = _inplace
-    for name in _UNARY_FLOAT_NAMES:
-        for ns in (torch, F, torch.special):
-            fn = getattr(ns, name, None)
-            if fn is not None:
-                fr[fn] = _unary_float
-        mr[name] = _unary_float
-        mr[name + "_"] = _inplace
+    for names, rule in ((_UNARY_SAME_NAMES, _unary_same), (_UNARY_FLOAT_NAMES, _unary_float)):
+        for name in names:
+            for ns in (torch, F, torch.special):
+                fn = getattr(ns, name, None)
+                if fn is not None:
+                    fr[fn] = rule
+            mr[name] = rule
+            mr[name + "_"] = _inplace
     fr[F.relu] = fr[torch.relu] = _unary_same
     fr[F.dropout] = fr[torch.dropout] = _dropout
     mr["contiguous"] = lambda x, *a, **k: x if x.is_contiguous() else _like(x)

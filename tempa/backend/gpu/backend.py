@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import importlib
-import warnings
 
 import torch
 
@@ -99,7 +98,7 @@ def gpu_decomps() -> dict:
 
 def gpu_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = None,
                 options: dict | None = None):
-    from ..entry import build
+    from ..entry import _dynamic_dims, build
     from . import attention
     options = dict(options or {})
     example_inputs = list(example_inputs)
@@ -133,11 +132,3 @@ def gpu_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = 
 
 # Graphs with symbolic sizes get shape-generic kernels (or per-shape ones, said in tempa_info).
 gpu_backend.supports_dynamic = True
-
-
-def _dynamic_dims(gm):
-    from ..dynamic import NotGeneric, dynamic_dims
-    try:
-        return dynamic_dims(gm)
-    except NotGeneric:
-        return []
