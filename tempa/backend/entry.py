@@ -94,12 +94,12 @@ def _on_cuda(example_inputs) -> bool:
 
 def tempa_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = None,
                   options: dict | None = None):
-    dims = _dynamic_dims(gm)
     if _on_cuda(example_inputs):
         # CUDA inputs: Triton kernels, CUDA graphs, autotuning (tempa/backend/gpu)
         # (symbolic sizes: shape-generic kernels, see gpu/dynamic.py)
         from .gpu import gpu_backend
         return gpu_backend(gm, list(example_inputs), mode=mode, options=options)
+    dims = _dynamic_dims(gm)
     if dims:
         # symbolic sizes: one shape-generic compile for every size (dynamic.py)
         from .dynamic import DynamicTarget
