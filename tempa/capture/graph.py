@@ -80,6 +80,9 @@ class GraphBuilder:
         if dims:
             fake = self.fake_mode.from_tensor(tensor, symbolic_context=self.sizes.context_for(tensor, dims))
             self.sizes.register(fake, expr, node)
+            # a size of 0 or 1 stays a constant (shapes.make_shape_env): the graph is then
+            # specialised to it, so the guard must check it like any static dimension
+            dims = {d for d in dims if isinstance(fake.shape[d], torch.SymInt)}
         else:
             fake = self._example_of(tensor)
         var = TensorVar(node, fake)

@@ -193,3 +193,21 @@ def test_matmul_and_linear_keep_sizes_symbolic(name, grad):
     # dim 2 (8, the weight's) is pinned, correctly; the batch and length must stay symbols
     pinned = [g for g in entry.guards if "specialized" in g and not g.startswith("x.shape[2]")]
     assert not pinned, pinned
+
+
+def test_size_one_after_a_dimension_became_dynamic_is_its_own_static_graph():
+    """Size 1 stays a constant in capture (as in torch.compile), so a batch of 1 that
+    arrives after batch became dynamic is captured for 1 and guarded on it. A regression:
+    its guard said "any size" and served the next batch of 33 with code made for 1."""
+    torch.manual_seed(0)
+    m = zoo.make("mlp_seed").model
+    tempa.reset()
+    compiled = tempa.compile(m)
+    with torch.no_grad():
+        for b in (8, 9, 33, 1, 33, 2):
+            x = torch.randn(b, 32)
+            torch.testing.assert_close(compiled(x), m(x))
+    guards = [" ".join(e.guards) for e in tempa.entries(compiled)]
+    one = [g for g in guards if "of shape (1, " in g]
+    assert len(one) == 1, guards
+    assert tempa.stats().captures == 3

@@ -126,17 +126,6 @@ class GpuDynamicTarget(DynamicTarget):
     def _finish(self, dplans):
         return gc.finish(dplans)
 
-    def build_training(self, joint, n_in, single):
-        # Shape-generic training kernels pass the interpreter tests but failed their CUDA
-        # test on the H200 (2026-11-30, cause not found before the device time ran out), so
-        # the training variant stays per shape: one compile per size, results as the static
-        # path. Inference graphs are generic (their CUDA tests passed).
-        saved, self.reason = self.reason, self.reason or TRAINING_PER_SHAPE
-        try:
-            return super().build_training(joint, n_in, single)
-        finally:
-            self.reason = saved
-
     def _static_compile(self, gm, num_outputs, mutated, n_in, label):
         return self.gpu.compile_graph(gm, num_outputs, mutated, n_in, label)
 
@@ -149,7 +138,3 @@ class GpuDynamicTarget(DynamicTarget):
 
 def _offset(b):
     return (b.offset + getattr(b, "base_offset", 0)) * b.dtype.itemsize
-
-
-TRAINING_PER_SHAPE = ("training graphs are compiled per shape on the GPU (shape-generic "
-                      "training kernels are not verified on a GPU yet)")
