@@ -179,14 +179,14 @@ def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str 
 
 def _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, param_inputs, autotune) -> GpuPlan:
     with extra_dtypes(EXTRA_DTYPES):
-        lowered = lower_graph(gm, num_outputs, mutated)
+        lowered = lower_graph(gm, num_outputs, mutated, shared_reads=3)
         for cb in lowered.copy_backs:
             cb.target._mutated = True      # written in place: no alignment assumption
         for st in lowered.steps:
             if isinstance(st, ExternCall) and st.op in GPU_EXTERNS:
                 st.fallback = False
         eliminate_dead(lowered)
-        sched = schedule(lowered.steps, lowered.copy_backs, lowered.outputs)
+        sched = schedule(lowered.steps, lowered.copy_backs, lowered.outputs, gpu=True)
         parts = partition(sched)
         plan_memory(parts, lowered)
         items = []

@@ -29,9 +29,15 @@ __all__ = ["lower_graph", "LOWERINGS", "register", "literal", "DYN_SCALE", "SIZE
            "pointwise", "reductions", "views"]
 
 
-def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list) -> LoweredGraph:
+def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_reads=None) -> LoweredGraph:
     """Lower a functional ATen graph whose outputs are (user outputs..., new values of the
-    inputs in ``mutated``..., [saved tensors...])."""
+    inputs in ``mutated``..., [saved tensors...]).
+
+    ``shared_reads`` (the GPU: 3): a value with several users that reads this many buffers
+    is stored once instead of recomputed by each user. Why: a transformer's residual stream
+    is a chain of adds, each cheap, so the cost rule alone inlines it for several layers and
+    layer i's kernels re-read all i earlier sublayer outputs: extra memory traffic on every
+    layer, and no two layers' kernels alike (each is compiled by Triton on its own)."""
     ctx = LowerCtx()
     g = ctx.g
     env: dict = {}
@@ -72,6 +78,9 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list) -> LoweredG
                 ctx.realized.clear()
             v = env[n]
             if isinstance(v, TV) and v.cost > INLINE_COST and (len(n.users) > 1 or v.cost > 4 * INLINE_COST):
+                env[n] = ctx.realize(v, str(n.target))
+            elif (shared_reads and isinstance(v, TV) and v.strided is None
+                  and v.cost > 1 and len(n.users) > 1 and _buffers_read(v) >= shared_reads):
                 env[n] = ctx.realize(v, str(n.target))
         elif n.op == "output":
             outs = list(n.args[0])
@@ -151,3 +160,12 @@ def _lower_node(ctx: LowerCtx, n: fx.Node, args, kwargs):
         except Unlowerable:
             pass
     return ctx.extern(n, args, kwargs, fallback=True)
+
+
+def _buffers_read(tv: TV) -> int:
+    """How many distinct buffers computing ``tv`` at one index loads."""
+    from ..codegen.emit import Emitter
+    from ..index import Ix, Var
+    k = Emitter()
+    tv.load(k, [Ix.of(Var(f"_b{d}", s)) if s != 1 else Ix() for d, s in enumerate(tv.sizes)])
+    return len({b for b, _ in k.loads})
