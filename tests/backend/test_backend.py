@@ -52,6 +52,20 @@ def test_softmax_at_most_two_kernels():
     check(lambda x: F.log_softmax(x, 1), torch.randn(4, 7, 5), max_kernels=2, fallbacks_ok=False)
 
 
+def test_softmax_computes_each_exp_once():
+    # the sum's loop keeps exp(x - max) in the output row and the output loop reads it back
+    # (codegen/reuse.py); masked rows (exp(-inf) = 0) and a non-multiple of 8 row length
+    mask = torch.tril(torch.ones(13, 13, dtype=torch.bool))
+    for fn in (lambda x: torch.softmax(x, -1),
+               lambda x: torch.softmax(x.masked_fill(~mask, float("-inf")), -1),
+               lambda x: torch.softmax(x, -1) * x):          # the output is read again
+        c = check(fn, torch.randn(3, 13, 13), fallbacks_ok=False)
+        assert c.tempa_info.cpp_source.count("m::exp(") == 1, c.tempa_info.cpp_source
+    # log_softmax's output loop has no exp(x - max) to reuse: nothing stored, nothing read
+    c = check(lambda x: F.log_softmax(x, -1), torch.randn(5, 21), fallbacks_ok=False)
+    assert "kept" not in c.tempa_info.cpp_source, c.tempa_info.cpp_source
+
+
 def test_mlp_is_one_cpp_call():
     m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
     x = torch.randn(8, 32)

@@ -16,6 +16,7 @@ from ..schedule import Group, member_index, nonunit, red_vars
 from ..lower.core import DYN_SCALE, size_choice
 from .emit import Emitter, ctype
 from .prelude import prelude, reduction_clause  # noqa: F401  (prelude: used by the build step)
+from .reuse import reuse_pairs
 
 # Work (element-operations) below which a loop nest runs on one thread: waking the OpenMP
 # team costs a few microseconds, which is the whole budget of a small model's call, and it
@@ -56,8 +57,8 @@ class SegmentCode:
 def render_segment(name: str, groups: list, local: set, kernel_no: list, nsizes: int = 0) -> SegmentCode:
     """``nsizes`` > 0: a shape-generic rendering (backend/dynamic.py). The function takes the
     size symbols as trailing ``int64_t ds0, ds1, ...`` arguments, and no choice depends on a
-    size's magnitude: OpenMP decides at run time (an ``if`` clause), and the arena is on the
-    heap with one slot per buffer (slot reuse compares sizes)."""
+    size's magnitude: OpenMP decides at run time (an ``if`` clause), and the arena (one slot
+    per buffer: slot reuse compares sizes) is on the stack or the heap as its size decides."""
     seg = SegmentCode(name)
     seg.nsizes = nsizes
     params: dict = {}
@@ -86,15 +87,24 @@ def render_segment(name: str, groups: list, local: set, kernel_no: list, nsizes:
     sig = ", ".join([f"{'const ' if not _written(b, groups) else ''}{ctype(b.dtype)}* __restrict__ {b.name}"
                      for b in seg.params] + [f"int64_t ds{i}" for i in range(nsizes)])
     out = [f'extern "C" int {name}({sig}) {{', "  int err = 0;"]
-    heap = arena_size > ARENA_STACK_LIMIT or (nsizes and arena_size)
-    if arena_size:
-        if not heap:
-            out.append(f"  alignas(64) char arena[{arena_size}];")
-        else:
-            out.append(f"  char* arena = static_cast<char*>(aligned_alloc(64, {arena_size}));")
+    heap = arena_size > ARENA_STACK_LIMIT
+    if arena_size and nsizes:
+        # The size is a polynomial in the sizes: the stack when it fits (a heap allocation
+        # and free per call cost the seed MLP's generic build ~0.1 µs of its ~3 µs kernel),
+        # the heap when it does not (rounded up: aligned_alloc wants a multiple of 64).
+        out.append(f"  const int64_t arena_bytes = {arena_size};")
+        out.append(f"  alignas(64) char arena_stack[{ARENA_STACK_LIMIT}];")
+        out.append(f"  char* arena = arena_bytes <= {ARENA_STACK_LIMIT} ? arena_stack : "
+                   "static_cast<char*>(aligned_alloc(64, (arena_bytes + 63) / 64 * 64));")
+    elif arena_size and not heap:
+        out.append(f"  alignas(64) char arena[{arena_size}];")
+    elif arena_size:
+        out.append(f"  char* arena = static_cast<char*>(aligned_alloc(64, {arena_size}));")
     out += arena_lines
     out += body.lines
-    if heap:
+    if arena_size and nsizes:
+        out.append("  if (arena != arena_stack) free(arena);")
+    elif heap:
         out.append("  free(arena);")
     out.append("  return err;")
     out.append("}")
@@ -195,8 +205,11 @@ def _render_group(k: Emitter, g: Group, local: set, need, kernel_no, generic=Fal
         need(buf)
         return None
     k.load_hook = hook
+    pairs = reuse_pairs(g.members, ov, locals_here)
+    holds: dict = {}                   # pointwise member -> (canonical id, store line index)
     for m in g.members:
-        _render_member(k, m, ov, locals_here)
+        _render_member(k, m, ov, locals_here, pairs.get(m), holds)
+    k.lines[start:] = [l for l in k.lines[start:] if l]    # blanked reuse lines (never empty else)
     for _ in ov:
         k.pop()
         k.line("}")
@@ -233,21 +246,41 @@ def _loops_close(k, vars_):
         k.line("}")
 
 
-def _render_member(k: Emitter, m: ComputedBuffer, ov, locals_here):
+def _render_member(k: Emitter, m: ComputedBuffer, ov, locals_here, keep_in=None, holds=None):
+    """``keep_in``: the pointwise member whose output row also stores this sum's terms, for
+    its own loop to read back (codegen/reuse.py); ``holds`` records what was stored where."""
     tag = m.name
     idx, inner = member_index(m, ov, f"i_{tag}_")
     t = ctype(m.dtype)
     if not isinstance(m.body, Reduction):
         _loops_open(k, inner, True)
+        held = (holds or {}).get(m)
+        if held:
+            # the stored terms, read back where this loop computes the same value; the read
+            # (and the sum's store) are blanked below if it never does
+            cid, store_at = held
+            name = k.tmp("kept")
+            read_at = len(k.lines)
+            k.line(f"const {t} {name} = {m.cname}[{m.index(idx).c()}];")
+            k.reuse[cid] = slot = [name, False]
         v = k.cast(m.body.fn(k, idx), m.dtype)
         if m in locals_here:
             k.line(f"const {t} {locals_here[m]} = {v.expr};")
         else:
             k.line(f"{m.cname}[{m.index(idx).c()}] = {v.expr};")
+        if held:
+            del k.reuse[cid]
+            if not slot[1]:
+                k.lines[read_at] = k.lines[store_at] = ""
         _loops_close(k, inner)
         return
     red = m.body
     rv = [Var(f"r_{tag}_{d}", s) for d, s in enumerate(red.rsizes)]
+    if keep_in is not None:
+        # the row variable is named as keep_in's inner loop variable, so that the terms'
+        # loads read the same index text in both loops (their canonical forms then match)
+        kidx, (kvar,) = member_index(keep_in, ov, f"i_{keep_in.name}_")
+        rv = [kvar]
     _loops_open(k, inner, False)
     acc_t = ctype(red.acc_dtype)
     acc = f"acc_{tag}"
@@ -261,6 +294,9 @@ def _render_member(k: Emitter, m: ComputedBuffer, ov, locals_here):
     v = k.cast(red.fn(k, idx, [Ix.of(x) for x in rv]), red.acc_dtype)
     if red.rtype == "sum":
         k.line(f"{acc} += {v.expr};")
+        if keep_in is not None and v.expr in k.canon:
+            holds[keep_in] = (k.canon[v.expr], len(k.lines))
+            k.line(f"{keep_in.cname}[{keep_in.index(kidx).c()}] = {v.expr};")
     elif red.rtype == "prod":
         k.line(f"{acc} *= {v.expr};")
     elif red.rtype in ("max", "min"):

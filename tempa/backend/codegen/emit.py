@@ -3,13 +3,23 @@
 One class serves two purposes. Rendering: it appends C++ statements (with common
 subexpressions shared within a scope). Probing: the scheduler runs a body with a load hook
 that records which buffer is read at which index, and throws the text away.
+
+Each temporary also gets a canonical form (its expression with the temporaries it reads
+replaced by their own canonical forms, interned), so that a value computed in one loop can
+be recognised when another loop computes it again under other names: ``reuse`` maps such a
+form to a variable that already holds the value (codegen/reuse.py).
 """
 from __future__ import annotations
+
+import re
 
 import torch
 
 from ..index import Indirect, Ix
 from ..ir import CTYPES, CVal, Unlowerable
+
+
+_TEMP = re.compile(r"\bt\d+\b")     # the temporaries _cse declares
 
 
 def ctype(dt):
@@ -27,6 +37,9 @@ class Emitter:
         self.load_hook = load_hook
         self.names = names if names is not None else [0]
         self.loads: list = []
+        self.canon: dict = {}           # temporary -> canonical id of its value
+        self._interned: dict = {}       # (ctype, canonical expression) -> id
+        self.reuse: dict = {}           # canonical id -> [variable holding it, used?]
 
     def tmp(self, prefix="t"):
         self.names[0] += 1
@@ -43,14 +56,27 @@ class Emitter:
         self.scopes.pop()
         self.depth -= 1
 
+    def canonical(self, t: str, expr: str) -> str:
+        """The canonical id of the value ``expr`` (of C type ``t``): equal for equal values
+        built from the same loads, whatever the temporaries are called."""
+        ce = _TEMP.sub(lambda m: self.canon.get(m.group(0), m.group(0)), expr)
+        return self._interned.setdefault((t, ce), f"@{len(self._interned)}")
+
     def _cse(self, t: str, expr: str) -> str:
         key = (t, expr)
         for sc in reversed(self.scopes):
             if key in sc:
                 return sc[key]
+        cid = self.canonical(t, expr)
+        slot = self.reuse.get(cid)
+        if slot is not None:
+            slot[1] = True
+            self.scopes[-1][key] = slot[0]
+            return slot[0]
         name = self.tmp()
         self.line(f"const {t} {name} = {expr};")
         self.scopes[-1][key] = name
+        self.canon[name] = cid
         return name
 
     # -- the operations bodies use -------------------------------------------------------
