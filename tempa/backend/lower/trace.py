@@ -26,6 +26,8 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import nodynamo
+
 aten = torch.ops.aten
 
 
@@ -235,7 +237,7 @@ def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict) -> Traced:
             ph.meta["tm"] = None
             ph.meta["value"] = t
     fn = torch.func.functionalize(gm, remove="mutations")
-    with torch.enable_grad(), _attention_for(inputs), rec:
+    with torch.enable_grad(), _attention_for(inputs), nodynamo.resolved(), rec:
         out = fn(*clones)
     single = not isinstance(out, (tuple, list))
     outs = [out] if single else list(out)
@@ -294,7 +296,7 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
     for n, c in zip(phs, clones):
         env[n] = c
     out_vals = None
-    with rec:
+    with nodynamo.resolved(), rec:
         for n in traced.gm.graph.nodes:
             if n.op == "placeholder":
                 continue
