@@ -35,6 +35,7 @@ T = collections.defaultdict(float)     # phase -> seconds
 N = collections.Counter()              # phase -> calls
 _depth = collections.Counter()         # phase -> active calls (recursion counts once)
 RENDERED = []                          # every KernelCode rendered (GPU backend)
+WRITTEN = []                           # paths of the generated Triton modules
 
 
 def _timed(module: str, attr: str, phase: str | None = None):
@@ -83,6 +84,13 @@ def instrument(backend: str):
         tr.render_kernel = keep
         _timed(G, "finish", "finish (dedup, module, wrappers)")
         _timed("tempa.backend.gpu.kernels", "write_module")
+        K = importlib.import_module("tempa.backend.gpu.kernels")
+        write = K.write_module
+
+        def keep_path(src):
+            WRITTEN.append(write(src))
+            return WRITTEN[-1]
+        K.write_module = keep_path
         _timed("tempa.backend.gpu.kernels", "load_module", "load_module (exec)")
         _timed("tempa.backend.gpu.wrapper", "build", "wrapper build")
     else:
@@ -112,6 +120,33 @@ class _Stop(Exception):
     """--no-run: leave the first call once the backend has compiled."""
 
 
+def triton_compile(arch: int = 90):
+    """Compile this run's kernels for an sm_{arch} GPU as the CUDA path would (worker
+    processes fill Triton's cache, then the parent's own compile calls hit it): Triton
+    compiles for a GPU target without one. Not the launchers (they need the driver).
+    Returns (seconds in workers, seconds in the parent, kernel count)."""
+    from triton.backends.compiler import GPUTarget
+    import triton
+    from tempa.backend.codegen.triton_emit import INTERPRET_SHIM
+    from tempa.backend.gpu import kernels as K
+    src = open(WRITTEN[-1]).read().replace(INTERPRET_SHIM, "")
+    os.environ.pop("TRITON_INTERPRET", None)          # the workers compile, not interpret
+    path = K.write_module(src)
+    codes = {}
+    for kc in RENDERED:
+        codes.setdefault(kc.name, kc)
+    jobs = [K.Job(n, K.signature(kc), K.aligned(kc), kc.num_warps, getattr(kc, "num_stages", 1), cost=len(kc.body))
+            for n, kc in codes.items()]
+    tgt = GPUTarget("cuda", arch, 32)
+    t0 = time.perf_counter()
+    K._prefill(path, jobs, tgt)
+    t1 = time.perf_counter()
+    mod = K.load_module(path)
+    for j in jobs:
+        triton.compile(K._source(mod, j), target=tgt, options={"num_warps": j.num_warps, "num_stages": j.num_stages})
+    return t1 - t0, time.perf_counter() - t1, len(jobs)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", choices=("gpu", "cpu"), default="gpu")
@@ -119,9 +154,15 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--narrow", action="store_true",
+                    help="the same graph at d=96, vocab 512: tracing runs the graph on real tensors, "
+                         "and on this CPU that compute (a GPU's is asynchronous and negligible) would "
+                         "otherwise hide tempa's own Python time")
     ap.add_argument("--autocast", action="store_true", help="bf16 CPU autocast inside forward")
     ap.add_argument("--profile", default="", help="write a cProfile of the first call here")
     ap.add_argument("--no-run", action="store_true", help="stop after compiling (skip the first run)")
+    ap.add_argument("--triton", action="store_true",
+                    help="then compile the kernels for an H100/H200 (sm_90) as the CUDA path would")
     a = ap.parse_args()
     if a.backend == "gpu" and os.environ.get("TRITON_INTERPRET") != "1":
         sys.exit("--backend gpu on this machine needs TRITON_INTERPRET=1")
@@ -140,7 +181,8 @@ def main():
 
     instrument(a.backend)
     torch.manual_seed(0)
-    model = GPT(gpt124m_config(n_layer=a.layers))
+    vocab = 512 if a.narrow else 50304
+    model = GPT(gpt124m_config(n_layer=a.layers, **(dict(n_embd=96, vocab_size=vocab) if a.narrow else {})))
     model.train(a.mode == "train")
     if a.autocast:
         class Autocast(torch.nn.Module):
@@ -152,8 +194,8 @@ def main():
                 with torch.autocast("cpu", dtype=torch.bfloat16):
                     return self.m(*args)
         model = Autocast(model)
-    idx = torch.randint(0, 50304, (a.batch, a.seq))
-    targets = torch.randint(0, 50304, (a.batch, a.seq))
+    idx = torch.randint(0, vocab, (a.batch, a.seq))
+    targets = torch.randint(0, vocab, (a.batch, a.seq))
 
     backend_s = [0.0]
     if a.backend == "gpu":
@@ -199,7 +241,7 @@ def main():
         prof.disable()
         prof.dump_stats(a.profile)
 
-    print(f"GPT-124M {a.layers} layers, batch {a.batch} x T={a.seq}, {a.mode}, backend {a.backend}"
+    print(f"GPT-124M{' graph at d=96, vocab 512' if a.narrow else ''} {a.layers} layers, batch {a.batch} x T={a.seq}, {a.mode}, backend {a.backend}"
           f"{' (Triton interpreter)' if a.backend == 'gpu' else ''}{', bf16 autocast' if a.autocast else ''}")
     print(f"  import torch {t_torch:6.2f} s, import tempa{' + gpu + triton' if a.backend == 'gpu' else ''} "
           f"{t_tempa:6.2f} s")
@@ -210,6 +252,10 @@ def main():
     if a.backend == "gpu":
         s, n = gpu_only_work()
         print(f"    {'signatures+alignment (GPU only)':36s} {s:7.3f} s  ({n} kernels)")
+    if a.backend == "gpu" and a.triton:
+        w, p, n = triton_compile()
+        print(f"  Triton compile for sm_90 ({n} kernels, {os.cpu_count()} cores): workers {w:6.2f} s, "
+              f"parent (cache hits) {p:6.2f} s")
     print(f"  stats: {tempa.stats()}")
     print(f"  torch._dynamo imported: {'torch._dynamo' in sys.modules}")
 
