@@ -12,9 +12,12 @@ vocab 50304) at a small batch and length (default 1 x 64) so that running its fi
 the interpreter stays cheap; compile time does not depend on the batch size.
 
 Each phase's time is inclusive of what it calls; the phases listed do not nest in one
-another, except that "backend" holds every phase below it. "capture" is the first call's
-time outside the backend minus the first run. The cache directory starts empty (a fresh
-temporary directory), so nothing comes from the disk cache.
+another, except that "backend" holds every phase below it. "capture+run" is the first
+call's time outside the backend (with --no-run: capture alone). The cache directory starts
+empty (a fresh temporary directory), so nothing comes from the disk cache.
+
+On this shared 2-core machine, run with OMP_NUM_THREADS=1 and --narrow to see tempa's own
+Python time: tracing executes the graph, and oversubscribed ATen threads make that vary 5x.
 """
 from __future__ import annotations
 
@@ -135,8 +138,10 @@ def triton_compile(arch: int = 90):
     codes = {}
     for kc in RENDERED:
         codes.setdefault(kc.name, kc)
-    jobs = [K.Job(n, K.signature(kc), K.aligned(kc), kc.num_warps, getattr(kc, "num_stages", 1), cost=len(kc.body))
-            for n, kc in codes.items()]
+    jobs = []
+    for n, kc in codes.items():
+        jobs.append(K.Job(n, K.signature(kc), K.aligned(kc), kc.num_warps, getattr(kc, "num_stages", 1)))
+        jobs[-1].cost = len(kc.body)           # as gpu/compile.py's finish sets it
     tgt = GPUTarget("cuda", arch, 32)
     t0 = time.perf_counter()
     K._prefill(path, jobs, tgt)
@@ -224,16 +229,13 @@ def main():
         prof = cProfile.Profile()
         prof.enable()
     t0 = time.perf_counter()
-    run_s = 0.0
     try:
         if a.mode == "infer":
             with torch.no_grad():
-                out = compiled(idx)
+                compiled(idx)
         else:
             logits, loss = compiled(idx, targets)     # as benchmarks/gpu.py's training step
-            tb = time.perf_counter()
-            loss.backward()
-            run_s += time.perf_counter() - tb      # the backward graph compiled already
+            loss.backward()                           # (its graph compiled with the forward)
     except _Stop:
         pass
     total = time.perf_counter() - t0
