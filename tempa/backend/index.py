@@ -15,13 +15,14 @@ class Atom:
 
 
 class Var(Atom):
-    __slots__ = ("name", "size")
+    __slots__ = ("name", "size", "_key")
 
     def __init__(self, name: str, size: int):
         self.name, self.size = name, size
+        self._key = ("v", name)        # atoms are immutable; keys sort every Ix built
 
     def key(self):
-        return ("v", self.name)
+        return self._key
 
     def rng(self):
         return 0, max(self.size - 1, 0)
@@ -41,13 +42,14 @@ class Var(Atom):
 
 class Indirect(Atom):
     """An index read from a tensor at run time (embedding, gather); bounds-checked in C++."""
-    __slots__ = ("name", "lo", "hi")
+    __slots__ = ("name", "lo", "hi", "_key")
 
     def __init__(self, name: str, lo: int, hi: int):
         self.name, self.lo, self.hi = name, lo, hi
+        self._key = ("i", name)
 
     def key(self):
-        return ("i", self.name)
+        return self._key
 
     def rng(self):
         return self.lo, self.hi
@@ -66,21 +68,30 @@ class Indirect(Atom):
 
 
 class _DivMod(Atom):
-    __slots__ = ("e", "d")
+    __slots__ = ("e", "d", "_key", "_h")
+    TAG = ""
 
     def __init__(self, e: "Ix", d: int):
         self.e, self.d = e, d
+        self._key = self._h = None
+
+    def key(self):
+        if self._key is None:
+            self._key = (self.TAG, self.e.key(), self.d)
+        return self._key
 
     def __eq__(self, o):
         return type(o) is type(self) and o.d == self.d and o.e == self.e
 
     def __hash__(self):
-        return hash((type(self).__name__, self.e, self.d))
+        if self._h is None:
+            self._h = hash((type(self).__name__, self.e, self.d))
+        return self._h
 
 
 class FloorDiv(_DivMod):
-    def key(self):
-        return ("d", self.e.key(), self.d)
+    __slots__ = ()
+    TAG = "d"
 
     def rng(self):
         lo, hi = self.e.rng()
@@ -94,8 +105,8 @@ class FloorDiv(_DivMod):
 
 
 class Mod(_DivMod):
-    def key(self):
-        return ("m", self.e.key(), self.d)
+    __slots__ = ()
+    TAG = "m"
 
     def rng(self):
         return 0, self.d - 1
@@ -109,28 +120,43 @@ class Mod(_DivMod):
 
 class Ix:
     """const + sum(coef * atom), canonical (terms sorted by atom key, no zero coefs)."""
-    __slots__ = ("terms", "const", "_h")
+    __slots__ = ("terms", "const", "_h", "_key")
 
     def __init__(self, terms=(), const: int = 0):
         d = {}
         for a, c in terms:
             d[a] = d.get(a, 0) + c
-        _recombine(d)
+        for a in d:
+            if type(a) is Mod:
+                _recombine(d)
+                break
         const = int(const) + d.pop(_CONST, 0)
-        self.terms = tuple(sorted(((a, c) for a, c in d.items() if c), key=lambda t: t[0].key()))
+        self.terms = tuple(sorted(((a, c) for a, c in d.items() if c), key=_term_key))
         self.const = const
-        self._h = None
+        self._h = self._key = None
+
+    @staticmethod
+    def _canonical(terms: tuple, const: int) -> "Ix":
+        """An Ix from terms already in canonical form (sorted, merged, no zero, nothing to
+        recombine). Why: lowering builds ~10^5 index expressions for a GPT; most are a
+        canonical one scaled or a single atom, which need no normalising."""
+        ix = object.__new__(Ix)
+        ix.terms, ix.const = terms, const
+        ix._h = ix._key = None
+        return ix
 
     @staticmethod
     def of(x) -> "Ix":
         if isinstance(x, Ix):
             return x
         if isinstance(x, Atom):
-            return Ix(((x, 1),))
-        return Ix((), int(x))
+            return Ix._canonical(((x, 1),), 0)
+        return Ix._canonical((), int(x))
 
     def key(self):
-        return (tuple((a.key(), c) for a, c in self.terms), self.const)
+        if self._key is None:
+            self._key = (tuple((a.key(), c) for a, c in self.terms), self.const)
+        return self._key
 
     def __eq__(self, o):
         o = Ix.of(o)
@@ -152,7 +178,11 @@ class Ix:
 
     def __mul__(self, k: int):
         k = int(k)
-        return Ix(tuple((a, c * k) for a, c in self.terms), self.const * k)
+        terms = tuple((a, c * k) for a, c in self.terms)
+        if k == 0 or any(type(a) is Mod for a, _ in terms):
+            return Ix(terms, self.const * k)
+        # scaling keeps the order (by atom), and with no Mod there is nothing to recombine
+        return Ix._canonical(terms, self.const * k)
 
     __rmul__ = __mul__
 
@@ -265,6 +295,10 @@ class _Const(Atom):
 _CONST = _Const()
 
 
+def _term_key(t):
+    return t[0].key()
+
+
 def contiguous_strides(sizes) -> tuple:
     strides, acc = [], 1
     for s in reversed(sizes):
@@ -274,11 +308,20 @@ def contiguous_strides(sizes) -> tuple:
 
 
 def flat_index(idx, strides, offset=0) -> Ix:
-    out = Ix((), offset)
-    for i, s in zip(idx, strides):
-        if s:
-            out = out + Ix.of(i) * s
-    return out
+    parts = [(Ix.of(i), int(s)) for i, s in zip(idx, strides) if s]
+    if any(type(a) is Mod for ix, _ in parts for a, _ in ix.terms):
+        # summed one by one: recombining ``e // d`` with ``e % d`` depends on the order
+        out = Ix((), offset)
+        for ix, s in parts:
+            out = out + ix * s
+        return out
+    # no Mod: one sum gives the same canonical form as adding term by term, building once
+    terms = []
+    const = int(offset)
+    for ix, s in parts:
+        terms.extend((a, c * s) for a, c in ix.terms)
+        const += ix.const * s
+    return Ix(terms, const)
 
 
 def unflatten(flat: Ix, sizes) -> list:

@@ -1,7 +1,10 @@
 """Compile Triton kernels into Triton's disk cache (run as a plain script by kernels.py).
 
-Reads {"path", "target", "jobs"} as JSON on stdin. Imports only Triton and the generated
-module file, so it starts fast and never touches CUDA or the user's program.
+Reads one JSON line {"path", "target"}, then one JSON job per line, answering each with a
+line "ok NAME" or "err NAME ..." once it is compiled; exits at the end of its input. Why
+one job at a time: kernels.py hands the next job to whichever worker is free, so a worker
+that drew slow kernels does not keep the others waiting. Imports only Triton and the
+generated module file, so it starts fast and never touches CUDA or the user's program.
 """
 import importlib.util
 import json
@@ -9,7 +12,7 @@ import sys
 
 
 def main():
-    spec = json.loads(sys.stdin.read())
+    spec = json.loads(sys.stdin.readline())
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import ASTSource
@@ -17,7 +20,11 @@ def main():
     mod = importlib.util.module_from_spec(s)
     s.loader.exec_module(mod)
     tgt = GPUTarget(*spec["target"])
-    for j in spec["jobs"]:
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        j = json.loads(line)
         try:
             fn = getattr(mod, j["name"])
             attrs = {(i,): [["tt.divisibility", 16]] for i in j["aligned"]}
@@ -25,7 +32,7 @@ def main():
             triton.compile(src, target=tgt, options={"num_warps": j["num_warps"], "num_stages": j["num_stages"]})
             print("ok", j["name"], flush=True)
         except Exception as e:  # noqa: BLE001 - the parent compiles it again and reports
-            print("err", j["name"], repr(e)[:500], flush=True)
+            print("err", j["name"], repr(e)[:500].replace("\n", " "), flush=True)
 
 
 if __name__ == "__main__":

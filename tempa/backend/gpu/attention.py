@@ -30,6 +30,8 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from ..lower.trace import graph_module
+
 _MATMUL = {operator.matmul, torch.matmul}
 _SOFTMAX = {F.softmax, torch.softmax}
 
@@ -222,7 +224,7 @@ def rewrite(gm: fx.GraphModule, example_inputs):
     matches = [m for m in (_match(n) for n in nodes) if m is not None]
     if not matches:
         return gm, None
-    new = fx.GraphModule(gm, _copy_graph(gm.graph))
+    new = graph_module(gm, _copy_graph(gm.graph))     # code written only if it is called
     # map old nodes to new ones by position
     old_nodes = list(gm.graph.nodes)
     new_nodes = list(new.graph.nodes)

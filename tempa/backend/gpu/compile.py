@@ -281,8 +281,8 @@ def finish(plans: list) -> list:
                     # one kernel launched at several sites: claim only what holds at all
                     a = set(K.aligned(it[1]))
                     aligned[it[1].name] = aligned.get(it[1].name, a) & a
-        jobs = [K.Job(n, K.signature(kc), sorted(aligned[n]), kc.num_warps, getattr(kc, "num_stages", 1))
-                for n, kc in codes.items()]
+        jobs = [K.Job(n, K.signature(kc), sorted(aligned[n]), kc.num_warps, getattr(kc, "num_stages", 1),
+                      cost=len(kc.body)) for n, kc in codes.items()]
         compiled = K.compile_jobs(path, jobs)
     out = []
     for p in plans:

@@ -75,11 +75,14 @@ def target():
 
 
 class Job:
-    """One kernel to compile: its name in the module, pointer signature, alignment, warps."""
+    """One kernel to compile: its name in the module, pointer signature, alignment, warps;
+    ``cost``: a guess of its compile time (its source length), to start the slow ones first."""
 
-    def __init__(self, name, signature: dict, aligned: list, num_warps: int, num_stages: int = 1):
+    def __init__(self, name, signature: dict, aligned: list, num_warps: int, num_stages: int = 1,
+                 cost: int = 0):
         self.name, self.signature, self.aligned = name, signature, aligned
         self.num_warps, self.num_stages = num_warps, num_stages
+        self.cost = cost
 
     def as_json(self):
         return {"name": self.name, "signature": self.signature, "aligned": self.aligned,
@@ -160,27 +163,66 @@ def compile_each(path: str, jobs: list, parallel_min: int = 3) -> dict:
     return out
 
 
-def _prefill(path, jobs, tgt):
-    """Compile ``jobs`` in worker processes so that the parent's compiles are cache hits."""
+def _prefill(path, jobs, tgt, timeout: float = 600.0):
+    """Compile ``jobs`` in worker processes so that the parent's compiles are cache hits.
+
+    Why a shared queue and not a fixed share per worker: compile times of one graph's
+    kernels differ by 10x (a pointwise add vs a fused layer-norm backward), so fixed shares
+    leave most workers idle while one finishes its slow draw. Each worker is handed its next
+    job when it reports the last one done, slowest-looking (longest source) first, so the
+    last to finish is late by at most about one kernel."""
+    import queue
+    import threading
+
     n = max(1, min(len(jobs), os.cpu_count() or 1, 16))
-    slices = [jobs[i::n] for i in range(n)]
+    todo = queue.Queue()
+    for j in sorted(jobs, key=lambda j: -j.cost):
+        todo.put(j)
     worker = os.path.join(os.path.dirname(__file__), "_worker.py")
     env = dict(os.environ)
+    head = json.dumps({"path": path, "target": [tgt.backend, tgt.arch, tgt.warp_size]}) + "\n"
     procs = []
-    for sl in slices:
-        spec = json.dumps({"path": path, "target": [tgt.backend, tgt.arch, tgt.warp_size],
-                           "jobs": [j.as_json() for j in sl]})
+    for _ in range(n):
         try:
-            p = subprocess.Popen([sys.executable, worker], stdin=subprocess.PIPE,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-            p.stdin.write(spec.encode())
-            p.stdin.close()
+            p = subprocess.Popen([sys.executable, worker], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1)
+            p.stdin.write(head)
+            p.stdin.flush()
             procs.append(p)
         except OSError:
-            return                 # no subprocesses here: the parent compiles them itself
+            break                  # no (more) subprocesses here: the parent compiles what is left
+
+    def feed(p):
+        try:
+            if not p.stdout.readline():          # "ready": Triton imported, module loaded
+                return
+            while True:
+                try:
+                    j = todo.get_nowait()
+                except queue.Empty:
+                    return
+                p.stdin.write(json.dumps(j.as_json()) + "\n")
+                p.stdin.flush()
+                if not p.stdout.readline():      # the worker died: leave the rest to the others
+                    return
+        except (OSError, ValueError):
+            return
+        finally:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+    threads = [threading.Thread(target=feed, args=(p,), daemon=True) for p in procs]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t, p in zip(threads, procs):
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            p.kill()               # unblocks the feeding thread's read
     for p in procs:
         try:
-            p.wait(timeout=600)
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             p.kill()
 

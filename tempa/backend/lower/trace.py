@@ -4,7 +4,8 @@ Why not ``make_fx``: it imports the dynamo and inductor packages on first use (3
 of cold start on this machine), and so does anything that runs meta/fake kernels
 (``torch._disable_dynamo``). This module records ATen calls with a small
 ``TorchDispatchMode`` while running the graph on *real* tensors (private clones, so user
-state never changes during compilation). That costs one eager execution of the graph at
+state never changes during compilation; the joint trace, which never writes its inputs,
+reads them through aliases). That costs one eager execution of the graph at
 compile time and buys exact shapes/strides/dtypes, autocast as eager applies it, and no
 meta-kernel gaps. ``torch.func.functionalize`` turns mutations into functional ops plus
 trailing ``copy_`` nodes into the mutated inputs, which the wrapper performs explicitly.
@@ -25,6 +26,8 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import nodynamo
 
 aten = torch.ops.aten
 
@@ -193,6 +196,18 @@ def _getattr(obj, target: str):
     return obj
 
 
+def graph_module(root, graph: fx.Graph) -> fx.GraphModule:
+    """A GraphModule that writes and compiles its Python code only if it is ever called or
+    printed. Why: tempa's own graphs (traced, joint forward/backward) are read node by node
+    and rarely run; generating the code of a GPT-sized graph costs ~0.1 s each, 0.5-1 s of
+    a compile."""
+    try:
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+    except ImportError:            # an older or newer torch without it: build the code now
+        return fx.GraphModule(root, graph)
+    return _LazyGraphModule(root, graph)
+
+
 def _clone(t):
     if isinstance(t, torch.Tensor):
         c = t.detach().clone(memory_format=torch.preserve_format)
@@ -200,6 +215,17 @@ def _clone(t):
             c = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
         return c
     return t
+
+
+def _alias(t):
+    """For the joint trace: a new tensor sharing ``t``'s memory, with no autograd history or
+    hooks. Why not a clone: the joint trace replays a functional graph and refuses mutating
+    ops in the backward, so nothing writes to its inputs, and copying every parameter
+    (0.5 GB for GPT-124M) cost ~1 s per compile on the CPU. A tensor with a storage offset
+    is still cloned (a clone starts at offset 0, which tracing records)."""
+    if isinstance(t, torch.Tensor) and t.storage_offset() == 0 and t.layout == torch.strided:
+        return t.detach()
+    return _clone(t)
 
 
 @dataclass
@@ -235,7 +261,7 @@ def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict) -> Traced:
             ph.meta["tm"] = None
             ph.meta["value"] = t
     fn = torch.func.functionalize(gm, remove="mutations")
-    with torch.enable_grad(), _attention_for(inputs), rec:
+    with torch.enable_grad(), _attention_for(inputs), nodynamo.resolved(), rec:
         out = fn(*clones)
     single = not isinstance(out, (tuple, list))
     outs = [out] if single else list(out)
@@ -256,7 +282,7 @@ def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict) -> Traced:
     root = torch.nn.Module()
     for k, v in rec.constants.items():
         setattr(root, k, v)
-    res = Traced(fx.GraphModule(root, graph), len(outs), mutated, dict(rec.constants))
+    res = Traced(graph_module(root, graph), len(outs), mutated, dict(rec.constants))
     res.single = single
     return res
 
@@ -280,7 +306,7 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
     rec = _Recorder(graph, decomps)
     clones = []
     for i, t in enumerate(inputs):
-        c = _clone(t)
+        c = _alias(t)
         if isinstance(t, torch.Tensor) and t.requires_grad:
             c.requires_grad_(True)
         clones.append(c)
@@ -294,7 +320,7 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
     for n, c in zip(phs, clones):
         env[n] = c
     out_vals = None
-    with rec:
+    with nodynamo.resolved(), rec:
         for n in traced.gm.graph.nodes:
             if n.op == "placeholder":
                 continue
@@ -386,4 +412,4 @@ def _subgraph(graph, inputs, body, outputs, constants) -> fx.GraphModule:
     root = torch.nn.Module()
     for k, v in constants.items():
         setattr(root, k, v)
-    return fx.GraphModule(root, g)
+    return graph_module(root, g)
