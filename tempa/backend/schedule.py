@@ -117,6 +117,10 @@ def probe_loads(buf: ComputedBuffer, outer_vars, tag="p"):
     return k.loads, idx, inner
 
 
+# GPU: at most this many members in a pointwise kernel that joins unrelated ops.
+MAX_UNRELATED_POINTWISE = 16
+
+
 @dataclass(eq=False)
 class Group:
     outer: tuple
@@ -132,6 +136,13 @@ class Group:
     def related(self, st) -> bool:
         """Does ``st`` read a member of this group, or something a member reads?"""
         return st in self.touched or not self.touched.isdisjoint(_reads(st))
+
+    def takes_unrelated(self, st) -> bool:
+        """A few independent pointwise ops of one shape share a launch (a layer's weight
+        casts under autocast, one per layer): a bounded kernel, fewer launches."""
+        return (len(self.members) < MAX_UNRELATED_POINTWISE and nonunit(st.sizes) == tuple(self.outer)
+                and not isinstance(st.body, Reduction)
+                and not any(isinstance(m.body, Reduction) for m in self.members))
 
     @property
     def name(self):
@@ -241,17 +252,18 @@ def schedule(steps: list, copy_backs: list, outputs: list, max_report=60,
         placed = False
         reasons = []
         if gpu:
-            order = range(max(earliest, 0), len(items))
+            # groups that share data first, then (bounded) unrelated pointwise ones
+            later = [p for p in range(max(earliest, 0), len(items)) if isinstance(items[p], Group)]
+            order = [p for p in later if items[p].related(st)]
+            order += [p for p in later if not items[p].related(st) and items[p].takes_unrelated(st)]
         else:
             order = range(len(items) - 1, max(earliest, 0) - 1, -1)
         for pos in order:
             g = items[pos]
             if not isinstance(g, Group):
-                if gpu or pos > earliest:
+                if pos > earliest:
                     continue
                 break
-            if gpu and not g.related(st):
-                continue
             why = legal(g.outer, g.members, st)
             if why is None:
                 g.add(st)

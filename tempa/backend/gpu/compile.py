@@ -26,7 +26,7 @@ from ..codegen import triton as tr
 from ..codegen.triton_emit import EXTRA_DTYPES
 from ..compile_graph import GraphInfo, eliminate_dead
 from ..ir import ComputedBuffer, ExternCall, Reduction, TV, extra_dtypes
-from ..lower.lowerings import DYN_SCALE, SIZE_CHOICES, lower_graph
+from ..lower.lowerings import ADDMM_AS_MM_MACS, DYN_SCALE, SIZE_CHOICES, lower_graph
 from ..schedule import _extern_buffers, _reads, nonunit, probe_loads, schedule
 from ..index import Var
 from . import kernels as K
@@ -170,11 +170,18 @@ def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str 
     from ..compile_graph import DYNAMIC_SIZE_SCALE
     token = DYN_SCALE.set(DYNAMIC_SIZE_SCALE if nsizes else 1)
     token2 = SIZE_CHOICES.set(choices)
+    token3 = ADDMM_AS_MM_MACS.set(ADDMM_AS_MM_LIMIT)
     try:
         return _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, param_inputs, autotune)
     finally:
         DYN_SCALE.reset(token)
         SIZE_CHOICES.reset(token2)
+        ADDMM_AS_MM_MACS.reset(token3)
+
+
+# ~0.7 µs of H200 bf16 matmul: below it an addmm's host cost outweighs its GPU time, so it
+# runs as mm + a fused bias add (lower/core.py ADDMM_AS_MM_MACS says why).
+ADDMM_AS_MM_LIMIT = 1 << 28
 
 
 def _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, param_inputs, autotune) -> GpuPlan:

@@ -36,6 +36,12 @@ DYN_SCALE = contextvars.ContextVar("tempa_dyn_scale", default=1)
 # ... and the choices made from magnitudes are recorded while lowering at the example sizes
 # and replayed at the other sizes, so every rendering makes the same choices.
 SIZE_CHOICES = contextvars.ContextVar("tempa_size_choices", default=None)
+# The GPU sets this: an addmm up to this many multiply-adds runs as mm plus a bias add that
+# fuses into the kernel after it. Why: at such sizes the GPU waits on the host, and ATen's
+# addmm (cuBLASLt with a bias epilogue, its heuristic queried per call) costs ~22 µs of
+# host time against mm's ~12 µs (H200 host, measured 2026-11-30); bigger ones keep the
+# free epilogue.
+ADDMM_AS_MM_MACS = contextvars.ContextVar("tempa_addmm_as_mm_macs", default=0)
 
 
 class SizeChoices:
@@ -116,12 +122,15 @@ class LowerCtx:
         self.g.steps.append(buf)
         return TV.of_buffer(buf)
 
-    def extern(self, node: fx.Node, args, kwargs, fallback: bool):
+    def extern(self, node: fx.Node, args, kwargs, fallback: bool, op=None, arg_nodes=None):
         """Run ``node.target`` through ATen from the wrapper; tensor args become buffers.
 
         Why the traced strides: ATen picks output layouts from input layouts (attention's
         output follows its inputs' strides), and we index outputs with the strides seen at
         trace time, so each argument must have exactly the traced layout at run time.
+
+        ``op`` / ``arg_nodes``: call another op than ``node.target`` (same output), whose
+        tensor arguments are those FX nodes (addmm run as mm: its a and b).
         """
         def prep(a, meta):
             if isinstance(a, TV):
@@ -141,7 +150,8 @@ class LowerCtx:
                 ms = meta if isinstance(meta, (list, tuple)) and len(meta) == len(a) else [None] * len(a)
                 return type(a)(prep(x, m) for x, m in zip(a, ms))
             return a
-        arg_metas = fx.node.map_arg(node.args, lambda n: n.meta.get("tm"))
+        arg_metas = fx.node.map_arg(tuple(arg_nodes) if arg_nodes is not None else node.args,
+                                    lambda n: n.meta.get("tm"))
         kw_metas = fx.node.map_arg(node.kwargs, lambda n: n.meta.get("tm"))
         args = tuple(prep(a, m) for a, m in zip(args, arg_metas))
         kwargs = {k: prep(v, kw_metas.get(k)) for k, v in kwargs.items()}
@@ -158,8 +168,9 @@ class LowerCtx:
                 outs.append(None)
                 continue
             outs.append(Buffer(self.name(), m.shape, m.stride, 0, m.dtype, base_offset=m.offset))
-        name = str(node.target)
-        call = ExternCall(name, node.target, args, kwargs, outs, fallback, multi)
+        op = op or node.target
+        name = str(op)
+        call = ExternCall(name, op, args, kwargs, outs, fallback, multi)
         self.g.steps.append(call)
         (self.g.fallbacks if fallback else self.g.externs).append(name)
         tvs = [TV.of_buffer(b) if b is not None else None for b in outs]

@@ -6,7 +6,7 @@ import torch
 
 from ..index import Ix, contiguous_strides
 from ..ir import Unlowerable
-from .core import aten, DYN_SCALE, pointwise, register, size_choice, SMALL_MATMUL_MACS, _tm
+from .core import aten, ADDMM_AS_MM_MACS, DYN_SCALE, pointwise, register, size_choice, SMALL_MATMUL_MACS, _tm
 
 
 # --- matmul: small ones are loops in the kernel file, big ones call ATen ---------------------
@@ -91,6 +91,11 @@ def _addmm(ctx, node, bias, a, b, beta=1, alpha=1):
     m, k = a.sizes
     n = b.sizes[1]
     if not _small(m * n * k, a, b) or k == 0:
+        if beta == 1 and alpha == 1 and k and size_choice("addmm as mm", m * n * k * DYN_SCALE.get()
+                                                         <= ADDMM_AS_MM_MACS.get()):
+            mm = ctx.extern(node, (a, b), {}, fallback=False, op=aten.mm.default, arg_nodes=node.args[1:3])
+            half = mm.dtype in (torch.float16, torch.bfloat16)
+            return pointwise(node, "{0} + {1}", [mm, bias], compute=torch.float32 if half else None)
         return ctx.extern(node, (bias, a, b), {"beta": beta, "alpha": alpha}, fallback=False)
     mm = _mm_tv(ctx, node, a, b, False)
     tm = _tm(node)
