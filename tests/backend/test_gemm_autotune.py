@@ -130,7 +130,8 @@ def test_interpreter_gemm_default_mode_unchanged():
     compiled = _compile(lambda x, w, b: F.gelu(torch.addmm(b, x, w)), SMALL, mode=None)
     _run(compiled, x, w, b)
     info = _graph_info(compiled)
-    assert "extern aten.addmm" in info.fusion_report and "gemm" not in info.fusion_report
+    # a small addmm runs as mm with the bias add fused into the GELU kernel (host-bound size)
+    assert "extern aten.mm" in info.fusion_report and "gemm" not in info.fusion_report
     assert not info.autotune
 
 
