@@ -52,6 +52,35 @@ def test_softmax_at_most_two_kernels():
     check(lambda x: F.log_softmax(x, 1), torch.randn(4, 7, 5), max_kernels=2, fallbacks_ok=False)
 
 
+@pytest.mark.parametrize("hits", [1, 2, 3])
+def test_short_scatter_add_is_pointwise(hits):
+    """A scatter_add whose index is short along dim is a pointwise (no ATen fallback), with
+    repeated targets in a row summed as eager does."""
+    torch.manual_seed(0)
+    idx = torch.randint(0, 50, (37, hits))
+    idx[0, :] = 3                                   # every hit of row 0 lands on column 3
+    check(lambda b, i, s: torch.scatter_add(b, 1, i, s) * 2, torch.randn(37, 50), idx,
+          torch.randn(37, hits + 1), kernels=1, fallbacks_ok=False)
+
+
+def test_cross_entropy_backward_has_no_scatter_fallback():
+    import tempa
+    torch.manual_seed(0)
+    x = torch.randn(16, 300, requires_grad=True)
+    t = torch.randint(0, 300, (16,))
+    t[3] = -1                                       # an ignored row
+    loss_fn = lambda x, t: F.cross_entropy(x, t, ignore_index=-1)   # noqa: E731
+    tempa.reset()
+    c = tempa.compile(loss_fn)
+    loss = c(x, t)
+    loss.backward()
+    gx, x.grad = x.grad, None
+    loss_fn(x, t).backward()
+    torch.testing.assert_close(gx, x.grad)
+    info = tempa.entries(c)[0].compiled.tempa_info
+    assert info.backward is not None and not info.backward.aten_fallbacks, info.backward.aten_fallbacks
+
+
 def test_softmax_computes_each_exp_once():
     # the sum's loop keeps exp(x - max) in the output row and the output loop reads it back
     # (codegen/reuse.py); masked rows (exp(-inf) = 0) and a non-multiple of 8 row length

@@ -366,18 +366,21 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
     # forward are recomputed in the backward (free, and each saved tensor is one more
     # allocation per training call); any other forward value reached is saved.
     live_bw, needed = set(), set()
-    stack = [g for g in grad_nodes if g is not None]
-    while stack:
-        n = stack.pop()
-        if n in live_bw or n in needed:
-            continue
-        if n.op == "placeholder":
-            needed.add(n)
-        elif n.meta.get("bw") or n.op == "get_attr" or (n.op == "call_function" and n.target in _RECOMPUTE):
-            live_bw.add(n)
-            stack.extend(n.all_input_nodes)
-        else:
-            needed.add(n)
+
+    def walk(stack):
+        while stack:
+            n = stack.pop()
+            if n in live_bw or n in needed:
+                continue
+            if n.op == "placeholder":
+                needed.add(n)
+            elif n.meta.get("bw") or n.op == "get_attr" or (n.op == "call_function" and n.target in _RECOMPUTE):
+                live_bw.add(n)
+                stack.extend(n.all_input_nodes)
+            else:
+                needed.add(n)
+    walk([g for g in grad_nodes if g is not None])
+    _recompute_pointwise(fw_nodes, needed, live_bw, set(out_nodes), walk)
     saved = [n for n in fw_nodes if n in needed]
     saved_inputs = [i for i, p in enumerate(input_phs) if p in needed]
     for n in saved:
@@ -389,6 +392,60 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
     bw = _subgraph(graph, bw_inputs, bw_body, grad_nodes, rec.constants)
     return Joint(fw, bw, traced.num_outputs, traced.mutated, len(saved), saved_inputs,
                  grad_inputs, diff, dict(rec.constants))
+
+
+def _recompute_pointwise(fw_nodes, needed, live_bw, user_outputs, walk):
+    """Recompute a saved pointwise value in the backward when what it is computed from costs
+    no more memory to keep than the value itself (and nothing random is recomputed).
+
+    Why: the backward of a decomposed op reads its intermediates. GELU under autocast saved
+    four float32 (rows, 4*d) tensors per layer, where its bfloat16 input (half of one) is
+    enough: ~100 MB written in the forward and read back in the backward, per layer, on a
+    GPT-124M step. Later values first, so a chain collapses onto its first input."""
+    def nbytes(n):
+        tm = n.meta.get("tm")
+        if n in user_outputs or n.op == "placeholder" and tm is None:
+            return 0                      # kept anyway (returned to the caller, or a scalar)
+        if tm is None:
+            return None
+        try:
+            count = 1
+            for d in tm.shape:
+                count *= int(d)
+            return count * tm.dtype.itemsize
+        except (TypeError, ValueError):
+            return None
+
+    changed = True
+    while changed:
+        changed = False
+        for n in reversed(fw_nodes):
+            if n not in needed or n in user_outputs or not _pure_pointwise(n):
+                continue
+            own = nbytes(n)
+            ins = n.all_input_nodes
+            new_saved = [a for a in ins if a not in needed and a not in live_bw]
+            if any(getattr(a.meta.get("tm"), "offset", 0) for a in new_saved):
+                continue                  # a view into another buffer: keep saving the copy
+            extra = [nbytes(a) for a in new_saved]
+            if own is None or any(b is None for b in extra) or sum(extra) > own:
+                continue
+            needed.discard(n)
+            live_bw.add(n)
+            walk(list(ins))
+            changed = True
+
+
+def _pure_pointwise(n) -> bool:
+    op = n.target
+    if n.op != "call_function" or not isinstance(op, torch._ops.OpOverload):
+        return False
+    tags = op.tags
+    if torch.Tag.nondeterministic_seeded in tags or torch.Tag.inplace_view in tags:
+        return False
+    # clone is tagged pointwise, but it exists to copy (a layout change, a value kept from
+    # a later in-place write): recomputing it reads its source at backward time
+    return op is not aten.clone.default and (torch.Tag.pointwise in tags or op is aten._to_copy.default)
 
 
 _RECOMPUTE = {aten.t.default, aten.permute.default, aten.view.default, aten.detach.default,

@@ -287,6 +287,45 @@ def _select_scatter(ctx, node, base, src, dim, index):
     return TV(tm.shape, dt, fn, cost=2 + base.cost + src.cost)
 
 
+# Most index entries per output element that a pointwise scatter_add tests (one compare
+# and select each); beyond this the ATen scatter runs.
+SCATTER_ADD_MAX_HITS = 4
+
+
+@register(aten.scatter_add.default)
+def _scatter_add(ctx, node, base, dim, index, src):
+    """``out[i][j] = base[i][j] + sum_t (j == index[i][t]) * src[i][t]`` (dim 1 shown) when
+    ``index`` is short along ``dim`` and spans ``base`` along the others: each output element
+    is a pointwise function of ``index``/``src``. Why: cross-entropy's backward scatters one
+    gradient per row into a (rows, vocab) zeros tensor; as a fallback that writes and re-reads
+    the whole dense tensor (1.6 GB for a GPT's 8192 x 50304 logits in fp32), as a pointwise
+    it fuses into the softmax backward that follows."""
+    tm = _tm(node)
+    nd = len(tm.shape)
+    if nd == 0 or not isinstance(index, TV) or not isinstance(src, TV):
+        raise Unlowerable("scatter_add of a scalar")
+    dim = dim % nd
+    hits = index.sizes[dim]
+    if (len(index.sizes) != nd or len(src.sizes) != nd or hits > SCATTER_ADD_MAX_HITS
+            or any(index.sizes[d] != tm.shape[d] for d in range(nd) if d != dim)
+            or any(src.sizes[d] < index.sizes[d] for d in range(nd))):
+        raise Unlowerable("scatter_add with a long or partial index")
+    dt = tm.dtype
+
+    def fn(k, idx):
+        acc = k.cast(base.load(k, list(idx)), dt)
+        here = k.index(Ix.of(idx[dim]))
+        for t in range(hits):
+            sub = list(idx)
+            sub[dim] = Ix(const=t)
+            target = k.cast(index.load(k, sub), torch.int64)
+            hit = k.op("({0} == {1})", torch.bool, [here, target])
+            add = k.op("{0} ? {1} : {2}", dt, [hit, k.cast(src.load(k, sub), dt), k.const(0, dt)], dt)
+            acc = k.op("{0} + {1}", dt, [acc, add], dt)
+        return acc
+    return TV(tm.shape, dt, fn, cost=2 + base.cost + hits * (2 + index.cost + src.cost))
+
+
 # --- indexing -------------------------------------------------------------------------------
 
 @register(aten.embedding.default)
