@@ -132,6 +132,7 @@ class DynamicTarget:
     name = "cpu"
     decomps = staticmethod(table)
     PARTS = ("C++", "wrapper")          # what the two texts of a rendering are called
+    recompute_pointwise = True          # the joint partition's choice (lower/trace.py)
 
     def __init__(self, dims):
         self.dims = dims
@@ -241,7 +242,8 @@ class DynamicTarget:
             try:
                 inputs = self._inputs_at(tuple(ax[k] for ax, k in zip(self.axes, ix)))
                 tr = trace_forward(self.pgm, inputs, self.decomps())
-                self.traced[key] = trace_joint(tr, inputs, self.decomps()) if joint else tr
+                self.traced[key] = (trace_joint(tr, inputs, self.decomps(), self.recompute_pointwise)
+                                    if joint else tr)
             finally:
                 torch.set_num_threads(old)
             self.used_points.add(ix)
@@ -319,7 +321,8 @@ class DynamicTarget:
             self._generic("training")
             if self.ties:
                 def one(inputs):
-                    j = trace_joint(trace_forward(self.pgm, inputs, self.decomps()), inputs, self.decomps())
+                    j = trace_joint(trace_forward(self.pgm, inputs, self.decomps()), inputs, self.decomps(),
+                                self.recompute_pointwise)
                     return self._static_training(j, n_in, single)[0]
                 fn = _with_fallback(fn, per_shape(one, "tied sizes differ"))
             return fn, fw_info, bw_info
@@ -328,7 +331,8 @@ class DynamicTarget:
             self._per_shape_note("training", e)
 
             def one(inputs):
-                j = trace_joint(trace_forward(self.pgm, inputs, self.decomps()), inputs, self.decomps())
+                j = trace_joint(trace_forward(self.pgm, inputs, self.decomps()), inputs, self.decomps(),
+                                self.recompute_pointwise)
                 return self._static_training(j, n_in, single)[0]
             fn, fw_info, bw_info = self._static_training(joint, n_in, single)
             run = per_shape(one, str(e))

@@ -232,7 +232,8 @@ class _State:
                 return self.train_fn
             try:
                 tr = self._trace()
-                joint = trace_joint(tr, self.examples, self.target.decomps())
+                joint = trace_joint(tr, self.examples, self.target.decomps(),
+                                    getattr(self.target, "recompute_pointwise", True))
                 fn, fw_info, bw_info = self.target.build_training(joint, self.n_in, getattr(tr, "single", False))
             except Exception as e:  # noqa: BLE001
                 return self._failed(e, "training")

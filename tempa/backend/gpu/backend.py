@@ -22,6 +22,11 @@ stats = importlib.import_module("tempa.stats")
 class GpuTarget:
     """The renderer ``entry._State`` compiles with on CUDA."""
     name = "cuda"
+    # Off on the GPU: with it (and scatter_add as a pointwise, lower/views.py) a GPT's tied
+    # embedding weight got wrong gradients in the CUDA tests (2026-11-30), while the same
+    # graphs were right through Triton's interpreter and on the CPU; not found before the
+    # device time ran out. The step was 25.0 ms with both, ~29 ms without.
+    recompute_pointwise = False
 
     def __init__(self, examples, mode=None, options=None):
         self.params = frozenset(i for i, t in enumerate(examples) if isinstance(t, torch.nn.Parameter))

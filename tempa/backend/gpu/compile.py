@@ -26,7 +26,7 @@ from ..codegen import triton as tr
 from ..codegen.triton_emit import EXTRA_DTYPES
 from ..compile_graph import GraphInfo, eliminate_dead
 from ..ir import ComputedBuffer, ExternCall, Reduction, TV, extra_dtypes
-from ..lower.lowerings import ADDMM_AS_MM_MACS, DYN_SCALE, SIZE_CHOICES, lower_graph
+from ..lower.lowerings import ADDMM_AS_MM_MACS, DYN_SCALE, POINTWISE_SCATTER_ADD, SIZE_CHOICES, lower_graph
 from ..schedule import _extern_buffers, _reads, nonunit, probe_loads, schedule
 from ..index import Var
 from . import kernels as K
@@ -171,9 +171,11 @@ def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str 
     token = DYN_SCALE.set(DYNAMIC_SIZE_SCALE if nsizes else 1)
     token2 = SIZE_CHOICES.set(choices)
     token3 = ADDMM_AS_MM_MACS.set(ADDMM_AS_MM_LIMIT)
+    token4 = POINTWISE_SCATTER_ADD.set(False)       # gpu/backend.py GpuTarget says why
     try:
         return _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, param_inputs, autotune)
     finally:
+        POINTWISE_SCATTER_ADD.reset(token4)
         DYN_SCALE.reset(token)
         SIZE_CHOICES.reset(token2)
         ADDMM_AS_MM_MACS.reset(token3)

@@ -19,12 +19,12 @@ import torch.fx as fx
 from ..index import Ix, contiguous_strides
 from ..ir import CTYPES, Buffer, ComputedBuffer, LoweredGraph, Pointwise, TV, Unlowerable
 from . import pointwise, reductions, views  # importing them registers their lowerings
-from .core import (ADDMM_AS_MM_MACS, DYN_SCALE, INLINE_COST, LOWERINGS, SIZE_CHOICES, SMALL_MATMUL_MACS, LowerCtx,
+from .core import (ADDMM_AS_MM_MACS, DYN_SCALE, INLINE_COST, POINTWISE_SCATTER_ADD, LOWERINGS, SIZE_CHOICES, SMALL_MATMUL_MACS, LowerCtx,
                    SizeChoices, literal, register, size_choice)
 from .matmul import EXTERN_OPS
 
 # what other packages use from here (the lowerings themselves live in the modules above)
-__all__ = ["lower_graph", "ADDMM_AS_MM_MACS", "LOWERINGS", "register", "literal", "DYN_SCALE", "SIZE_CHOICES",
+__all__ = ["lower_graph", "ADDMM_AS_MM_MACS", "POINTWISE_SCATTER_ADD", "LOWERINGS", "register", "literal", "DYN_SCALE", "SIZE_CHOICES",
            "SizeChoices", "size_choice", "SMALL_MATMUL_MACS", "INLINE_COST", "EXTERN_OPS",
            "pointwise", "reductions", "views"]
 

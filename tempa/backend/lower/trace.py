@@ -300,7 +300,7 @@ class Joint:
     constants: dict
 
 
-def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
+def trace_joint(traced: Traced, inputs: list, decomps: dict, recompute_pointwise: bool = True) -> Joint:
     """Replay the functional forward with grad, then record the backward."""
     graph = fx.Graph()
     rec = _Recorder(graph, decomps)
@@ -380,7 +380,8 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
             else:
                 needed.add(n)
     walk([g for g in grad_nodes if g is not None])
-    _recompute_pointwise(fw_nodes, needed, live_bw, set(out_nodes), walk)
+    if recompute_pointwise:
+        _recompute_pointwise(fw_nodes, needed, live_bw, set(out_nodes), walk)
     saved = [n for n in fw_nodes if n in needed]
     saved_inputs = [i for i, p in enumerate(input_phs) if p in needed]
     for n in saved:
