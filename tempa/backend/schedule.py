@@ -224,7 +224,7 @@ def _regroup(group: Group, cand):
 
 
 def schedule(steps: list, copy_backs: list, outputs: list, max_report=60,
-             gpu=False) -> Schedule:
+             gpu=False, unrelated=True) -> Schedule:
     """Place each step in a group after the last one it depends on.
 
     The CPU scans back from the last group: a group there is one more loop in the same C++
@@ -235,7 +235,8 @@ def schedule(steps: list, copy_backs: list, outputs: list, max_report=60,
     joins whatever group is last with its row count; on a GPT that made one Triton kernel of
     350 pointers computing every layer's saved values inside the cross-entropy kernel (100
     KB of source, most of a 29 s compile, one 5 ms launch). Placed where their inputs were
-    just produced, they join the kernel that already reads those inputs."""
+    just produced, they join the kernel that already reads those inputs. ``unrelated``: a
+    few same-shape independent pointwise ops may still share a launch (Group.takes_unrelated)."""
     items: list = []
     where: dict = {}                   # buffer -> position in items
     report: list = []
@@ -255,7 +256,8 @@ def schedule(steps: list, copy_backs: list, outputs: list, max_report=60,
             # groups that share data first, then (bounded) unrelated pointwise ones
             later = [p for p in range(max(earliest, 0), len(items)) if isinstance(items[p], Group)]
             order = [p for p in later if items[p].related(st)]
-            order += [p for p in later if not items[p].related(st) and items[p].takes_unrelated(st)]
+            if unrelated:
+                order += [p for p in later if not items[p].related(st) and items[p].takes_unrelated(st)]
         else:
             order = range(len(items) - 1, max(earliest, 0) - 1, -1)
         for pos in order:

@@ -25,7 +25,8 @@ class GpuTarget:
     # Off on the GPU: with it (and scatter_add as a pointwise, lower/views.py) a GPT's tied
     # embedding weight got wrong gradients in the CUDA tests (2026-11-30), while the same
     # graphs were right through Triton's interpreter and on the CPU; not found before the
-    # device time ran out. The step was 25.0 ms with both, ~29 ms without.
+    # device time ran out. The step was 25.0 ms with both, ~29 ms without. (Three other
+    # changes are off for training graphs for the same reason: wrapper.py TRAINING_LABELS.)
     recompute_pointwise = False
 
     def __init__(self, examples, mode=None, options=None):

@@ -170,7 +170,7 @@ def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str 
     from ..compile_graph import DYNAMIC_SIZE_SCALE
     token = DYN_SCALE.set(DYNAMIC_SIZE_SCALE if nsizes else 1)
     token2 = SIZE_CHOICES.set(choices)
-    token3 = ADDMM_AS_MM_MACS.set(ADDMM_AS_MM_LIMIT)
+    token3 = ADDMM_AS_MM_MACS.set(0 if label in W.TRAINING_LABELS else ADDMM_AS_MM_LIMIT)
     token4 = POINTWISE_SCATTER_ADD.set(False)       # gpu/backend.py GpuTarget says why
     try:
         return _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, param_inputs, autotune)
@@ -186,6 +186,7 @@ def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str 
 ADDMM_AS_MM_LIMIT = 1 << 28
 
 
+
 def _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, param_inputs, autotune) -> GpuPlan:
     with extra_dtypes(EXTRA_DTYPES):
         lowered = lower_graph(gm, num_outputs, mutated, shared_reads=3)
@@ -195,7 +196,8 @@ def _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, param_input
             if isinstance(st, ExternCall) and st.op in GPU_EXTERNS:
                 st.fallback = False
         eliminate_dead(lowered)
-        sched = schedule(lowered.steps, lowered.copy_backs, lowered.outputs, gpu=True)
+        sched = schedule(lowered.steps, lowered.copy_backs, lowered.outputs, gpu=True,
+                         unrelated=label not in W.TRAINING_LABELS)
         parts = partition(sched)
         plan_memory(parts, lowered)
         items = []
