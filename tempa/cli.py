@@ -221,7 +221,6 @@ def cmd_explain(args) -> int:
 def cmd_report(args) -> int:
     from .report import render
     from .tools import explain
-    from .tools.bench import resolve_backend
     target, res = _bench(args, keep_compiled=True)
     # What the backend generated, from the compiled model the bench timed (first mode that
     # compiled); read before explain, which resets tempa's caches.

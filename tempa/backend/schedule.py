@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from .codegen.emit import Emitter
 from .index import Ix, Var, contiguous_strides
-from .ir import Buffer, ComputedBuffer, ExternCall, Reduction, TV
+from .ir import ComputedBuffer, ExternCall, Reduction, TV
 
 
 def nonunit(sizes):

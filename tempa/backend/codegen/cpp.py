@@ -12,7 +12,7 @@ import torch
 
 from ..index import Ix, Var
 from ..ir import ComputedBuffer, CVal, Reduction
-from ..schedule import Group, member_index, nonunit, red_vars
+from ..schedule import Group, member_index
 from ..lower.core import DYN_SCALE, size_choice
 from .emit import Emitter, ctype
 from .prelude import prelude, reduction_clause  # noqa: F401  (prelude: used by the build step)
@@ -64,7 +64,6 @@ def render_segment(name: str, groups: list, local: set, kernel_no: list, nsizes:
     params: dict = {}
     internal: list = []
     body = Emitter()
-    names = body.names
 
     def need(buf):
         if buf.kind == "local":

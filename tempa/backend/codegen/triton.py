@@ -340,7 +340,7 @@ def render_kernel(plan: KernelPlan, r_contiguous: bool = True, blocks=None, nsiz
         # kernel compiled at one size must not carry such an assumption to the others
         head = [f"@triton.jit(do_not_specialize={sizes!r})", f"def KERNEL_NAME({sig}):"]
     else:
-        head = [f"@triton.jit", f"def KERNEL_NAME({sig}):"]
+        head = ["@triton.jit", f"def KERNEL_NAME({sig}):"]
     kc.body = "\n".join(head + k.lines) + "\n"
     kc.summary = ", ".join(summary)
     del t_store

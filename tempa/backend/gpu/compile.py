@@ -25,7 +25,7 @@ import torch
 from ..codegen import triton as tr
 from ..codegen.triton_emit import EXTRA_DTYPES
 from ..compile_graph import GraphInfo, eliminate_dead
-from ..ir import ComputedBuffer, ExternCall, Reduction, TV, extra_dtypes
+from ..ir import ExternCall, Reduction, TV, extra_dtypes
 from ..lower.lowerings import ADDMM_AS_MM_MACS, DYN_SCALE, POINTWISE_SCATTER_ADD, SIZE_CHOICES, lower_graph
 from ..schedule import _extern_buffers, _reads, nonunit, probe_loads, schedule
 from ..index import Var

@@ -160,7 +160,6 @@ class LowerCtx:
         tm = node.meta.get("tm")
         multi = tm is None
         if multi:
-            metas = [u.meta.get("tm") for u in sorted(node.users, key=lambda u: u.args[1])] if False else None
             outs_meta = _multi_metas(node)
         else:
             outs_meta = [tm]
@@ -268,6 +267,5 @@ def pointwise(node, template, args, compute=None, result=None):
 def _unary(template, compute_float=True):
     def low(ctx, node, x, *rest):
         tm = _tm(node)
-        cdt = tm.dtype if compute_float or True else None
         return pointwise(node, template, [x], compute=tm.dtype)
     return low

@@ -6,7 +6,7 @@ import torch
 
 from ..index import Ix, contiguous_strides
 from ..ir import Unlowerable
-from .core import aten, ADDMM_AS_MM_MACS, DYN_SCALE, pointwise, register, size_choice, SMALL_MATMUL_MACS, _tm
+from .core import aten, ADDMM_AS_MM_MACS, DYN_SCALE, pointwise, register, size_choice, SMALL_MATMUL_MACS
 
 
 # --- matmul: small ones are loops in the kernel file, big ones call ATen ---------------------
@@ -98,7 +98,6 @@ def _addmm(ctx, node, bias, a, b, beta=1, alpha=1):
             return pointwise(node, "{0} + {1}", [mm, bias], compute=torch.float32 if half else None)
         return ctx.extern(node, (bias, a, b), {"beta": beta, "alpha": alpha}, fallback=False)
     mm = _mm_tv(ctx, node, a, b, False)
-    tm = _tm(node)
     args = [mm, bias]
     tpl = "{0} + {1}"
     if alpha != 1 or beta != 1:

@@ -131,7 +131,6 @@ def _pow_s(ctx, node, a, e):
 
 @register(aten.clamp.default, aten.clamp.Tensor)
 def _clamp(ctx, node, x, min=None, max=None):
-    out = x
     tpl, args = "{0}", [x]
     if min is not None:
         tpl = f"t_max({tpl}, {{{len(args)}}})"
