@@ -413,6 +413,52 @@ def test_interpreter_kernels(which):
 
 
 @interp
+def test_interpreter_gpt_training_kernels_stay_small_and_alike():
+    """GPU fusion joins only kernels that share data: a training forward's saved values no
+    longer pile into the last kernel with their row count (a GPT-124M got one kernel of 350
+    pointers), and the residual stream is stored once instead of re-read by every later
+    layer, so no kernel grows with depth. Gradients equal eager's."""
+    import re
+    from tests.models import gpt as G
+    torch.manual_seed(0)
+    cfg = G.small_config()
+    cfg.n_layer = 4
+    m = G.GPT(cfg).train()
+    ref = copy.deepcopy(m)
+    idx = torch.randint(0, cfg.vocab_size, (2, 16))
+    tgt = torch.randint(0, cfg.vocab_size, (2, 16))
+    tempa.reset()
+    compiled = tempa.compile(m, backend=_interp_backend())
+    compiled(idx, tgt)[1].backward()
+    ref(idx, tgt)[1].backward()
+    for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
+    info = _info(compiled)[0]
+    heads = [line for line in info.forward.triton_source.split("\n") if line.startswith("def k")]
+    widest = max(len(re.findall(r"\bp\d+\b", h)) for h in heads)
+    assert widest <= 24, widest          # 87 pointers at 4 layers before
+
+
+@interp
+def test_interpreter_wrapper_recycles_dead_buffers():
+    from tests.models import gpt as G
+    torch.manual_seed(0)
+    cfg = G.small_config()
+    cfg.n_layer = 4
+    m = G.GPT(cfg).eval()
+    idx = torch.randint(0, cfg.vocab_size, (2, 16))
+    tempa.reset()
+    compiled = tempa.compile(m, backend=_interp_backend())
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(idx)[0], m(idx)[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(compiled(idx)[0], m(idx)[0], rtol=1e-5, atol=1e-5)
+    src = _info(compiled)[0].inference.wrapper_source
+    import re
+    recycled = re.findall(r"^ +buf\d+ = buf\d+$", src, re.M)
+    assert len(recycled) > src.count("_empty_strided("), src
+
+
+@interp
 def test_interpreter_cat_pieces_load_only_their_own_range():
     """Triton evaluates every branch of a piecewise value on every lane: the second piece of
     a cat reads ``x - 3``, which is before its tensor where the first piece holds. Each
