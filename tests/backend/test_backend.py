@@ -81,6 +81,25 @@ def test_cross_entropy_backward_has_no_scatter_fallback():
     assert info.backward is not None and not info.backward.aten_fallbacks, info.backward.aten_fallbacks
 
 
+def test_saved_piece_of_a_computed_value_keeps_its_traced_layout():
+    """A split piece (storage offset, row stride of the whole) of an inlined pointwise value,
+    saved for backward: the backward reads it with the traced strides, so the forward must
+    hand it out in them. It was handed out contiguous: gradients off by ~10."""
+    import tempa
+
+    def f(x):
+        a, b, c = (x * 2 + 1).split(8, dim=1)
+        return a * torch.sin(b) + c
+    torch.manual_seed(0)
+    x = torch.randn(5, 24, requires_grad=True)
+    tempa.reset()
+    out = tempa.compile(f)(x)
+    out.backward(torch.ones_like(out))
+    got, x.grad = x.grad, None
+    f(x).backward(torch.ones_like(out))
+    torch.testing.assert_close(got, x.grad)
+
+
 def test_softmax_computes_each_exp_once():
     # the sum's loop keeps exp(x - max) in the output row and the output loop reads it back
     # (codegen/reuse.py); masked rows (exp(-inf) = 0) and a non-multiple of 8 row length

@@ -111,11 +111,16 @@ def _as_traced(ctx, v, tm):
     if tm is not None and v.strided is not None and tuple(v.strided[1]) == tuple(tm.stride) \
             and v.strided[2] == tm.offset:
         return v
-    if tm is None or tm.offset != 0 or 0 in tm.stride and v.numel > 1 \
+    if tm is None or 0 in tm.stride and v.numel > 1 \
             or tuple(tm.stride) == contiguous_strides(tm.shape):
         if v.strided is not None and tm is None:
             return v
         return ctx.realize(v, "output")
+    # The traced strides, at storage offset 0. A traced offset (a split piece of a computed
+    # qkv, saved for backward) needs no room: every reader addresses an input through its
+    # data_ptr(), which includes the offset, and indexes it with the traced strides. (It
+    # was realized contiguous, which a backward then read with the traced strides: wrong
+    # values once a computed value's piece was saved.)
     buf = ComputedBuffer(ctx.name(), v.sizes, tuple(tm.stride), 0, v.dtype,
                          body=Pointwise(v.load), origin="output")
     ctx.g.steps.append(buf)
