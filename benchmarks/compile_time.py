@@ -190,15 +190,8 @@ def main():
     model = GPT(gpt124m_config(n_layer=a.layers, **(dict(n_embd=96, vocab_size=vocab) if a.narrow else {})))
     model.train(a.mode == "train")
     if a.autocast:
-        class Autocast(torch.nn.Module):
-            def __init__(self, m):
-                super().__init__()
-                self.m = m
-
-            def forward(self, *args):
-                with torch.autocast("cpu", dtype=torch.bfloat16):
-                    return self.m(*args)
-        model = Autocast(model)
+        from benchmarks.gpu import Autocast
+        model = Autocast(model, "cpu")
     idx = torch.randint(0, vocab, (a.batch, a.seq))
     targets = torch.randint(0, vocab, (a.batch, a.seq))
 

@@ -34,12 +34,13 @@ import torch.nn as nn  # noqa: E402
 class Autocast(nn.Module):
     """bf16 autocast inside forward: tempa captures the autocast region in the graph."""
 
-    def __init__(self, m):
+    def __init__(self, m, device_type="cuda"):
         super().__init__()
         self.m = m
+        self.device_type = device_type
 
     def forward(self, *a):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(self.device_type, dtype=torch.bfloat16):
             return self.m(*a)
 
 

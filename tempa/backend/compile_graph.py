@@ -23,7 +23,7 @@ logs = importlib.import_module("tempa.logs")
 stats = importlib.import_module("tempa.stats")  # the module; tempa.stats is also a function
 from .codegen import cpp, wrapper
 from .ir import ExternCall, TV
-from .lower.lowerings import DYN_SCALE, SIZE_CHOICES, lower_graph
+from .lower.lowerings import DYN_SCALE, SIZE_CHOICES, bound, lower_graph
 from .runtime import build as _build, fastcall
 from .schedule import _extern_buffers, _reads, plan_memory, schedule
 
@@ -99,13 +99,8 @@ def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str 
                prefix: str = "", nsizes: int = 0, choices=None) -> Plan:
     """``nsizes`` > 0: render shape-generic code taking that many size symbols (dynamic.py);
     ``choices``: a lowerings.SizeChoices log that records or replays size-driven choices."""
-    token = DYN_SCALE.set(DYNAMIC_SIZE_SCALE if nsizes else 1)
-    token2 = SIZE_CHOICES.set(choices)
-    try:
+    with bound((DYN_SCALE, DYNAMIC_SIZE_SCALE if nsizes else 1), (SIZE_CHOICES, choices)):
         return _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, nsizes)
-    finally:
-        DYN_SCALE.reset(token)
-        SIZE_CHOICES.reset(token2)
 
 
 def _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, nsizes) -> Plan:

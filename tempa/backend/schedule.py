@@ -128,6 +128,12 @@ class Group:
     pos: int = 0                      # position in the step list
     touched: set = field(default_factory=set)   # members and what they read
 
+    @staticmethod
+    def of(st, pos: int) -> "Group":
+        g = Group(nonunit(st.sizes), [], pos)
+        g.add(st)
+        return g
+
     def add(self, st):
         self.members.append(st)
         self.touched.add(st)
@@ -135,7 +141,7 @@ class Group:
 
     def related(self, st) -> bool:
         """Does ``st`` read a member of this group, or something a member reads?"""
-        return st in self.touched or not self.touched.isdisjoint(_reads(st))
+        return not self.touched.isdisjoint(_reads(st))
 
     def takes_unrelated(self, st) -> bool:
         """A few independent pointwise ops of one shape share a launch (a layer's weight
@@ -254,10 +260,12 @@ def schedule(steps: list, copy_backs: list, outputs: list, max_report=60,
         reasons = []
         if gpu:
             # groups that share data first, then (bounded) unrelated pointwise ones
-            later = [p for p in range(max(earliest, 0), len(items)) if isinstance(items[p], Group)]
-            order = [p for p in later if items[p].related(st)]
+            order, others = [], []
+            for p in range(max(earliest, 0), len(items)):
+                if isinstance(items[p], Group):
+                    (order if items[p].related(st) else others).append(p)
             if unrelated:
-                order += [p for p in later if not items[p].related(st) and items[p].takes_unrelated(st)]
+                order += [p for p in others if items[p].takes_unrelated(st)]
         else:
             order = range(len(items) - 1, max(earliest, 0) - 1, -1)
         for pos in order:
@@ -281,8 +289,7 @@ def schedule(steps: list, copy_backs: list, outputs: list, max_report=60,
                 break
             reasons.append(f"{g.name}: {why}")
         if not placed:
-            g = Group(nonunit(st.sizes), [], len(items))
-            g.add(st)
+            g = Group.of(st, len(items))
             where[st] = len(items)
             items.append(g)
             if reasons and len(report) < max_report:
@@ -291,9 +298,7 @@ def schedule(steps: list, copy_backs: list, outputs: list, max_report=60,
                 report.append(f"{st.name} ({st.origin}) starts a kernel after extern {items[earliest].name}")
     for cb in copy_backs:
         # Copy-backs write into inputs, so they run last, after every read of the old value.
-        g = Group(nonunit(cb.sizes), [], len(items))
-        g.add(cb)
-        items.append(g)
+        items.append(Group.of(cb, len(items)))
     segments: list = []
     for it in items:
         if isinstance(it, ExternCall):

@@ -47,6 +47,14 @@ def _info(compiled):
     return [e.compiled.tempa_info for e in tempa.entries(compiled) if hasattr(e.compiled, "tempa_info")]
 
 
+def _assert_grads_match(m, ref, rtol, atol, where="", clear=False):
+    """Every parameter's gradient equals the eager copy's (then cleared, for the next call)."""
+    for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=rtol, atol=atol, msg=f"{n}{where}")
+        if clear:
+            p.grad = q.grad = None
+
+
 def _tol(case):
     rtol, atol = case.tolerance
     return max(rtol, 2e-4), max(atol, 2e-4)
@@ -374,8 +382,7 @@ def test_max_autotune_training_matches_eager():
     compiled = tempa.compile(m, mode="max-autotune")
     compiled(x).square().mean().backward()
     ref(x).square().mean().backward()
-    for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4, msg=n)
+    _assert_grads_match(m, ref, 1e-3, 1e-4)
 
 
 # --- the same kernels through Triton's CPU interpreter (no GPU needed) --------------------------
@@ -431,8 +438,7 @@ def test_interpreter_gpt_training_kernels_stay_small_and_alike():
     compiled = tempa.compile(m, backend=_interp_backend())
     compiled(idx, tgt)[1].backward()
     ref(idx, tgt)[1].backward()
-    for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
+    _assert_grads_match(m, ref, 1e-4, 1e-5)
     info = _info(compiled)[0]
     heads = [line for line in info.forward.triton_source.split("\n") if line.startswith("def k")]
     widest = max(len(re.findall(r"\bp\d+\b", h)) for h in heads)
@@ -577,9 +583,7 @@ def test_interpreter_dynamic_training_is_shape_generic():
         x = torch.randn(b, 32)
         compiled(x).square().mean().backward()
         ref(x).square().mean().backward()
-        for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=f"{n} at batch {b}")
-            p.grad = q.grad = None
+        _assert_grads_match(m, ref, 1e-4, 1e-5, f" at batch {b}", clear=True)
     assert any(i.dynamic.startswith("generic") for i in _info(compiled)), [i.dynamic for i in _info(compiled)]
     assert tempa.stats().captures == 3          # 8 (static), then >= 2 (generic), then 1
 
@@ -643,9 +647,7 @@ def test_dynamic_training_and_sizes_with_one_and_multiples_of_16():
         x = torch.randn(b, 32, device="cuda")
         compiled(x).square().mean().backward()
         ref(x).square().mean().backward()
-        for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4, msg=f"{n} at batch {b}")
-            p.grad = q.grad = None
+        _assert_grads_match(m, ref, 1e-3, 1e-4, f" at batch {b}", clear=True)
     assert any(i.dynamic.startswith("generic") for i in _info(compiled)), [i.dynamic for i in _info(compiled)]
 
 

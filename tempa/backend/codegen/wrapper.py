@@ -72,6 +72,15 @@ class WrapperGen:
         return b.name
 
 
+def alloc_layout(b, alloc_shape: dict):
+    """(shape, strides) a wrapper allocates buffer ``b`` with: its own layout, or for a
+    contiguous buffer the shape ``reshape_outputs_at_allocation`` chose."""
+    if tuple(b.strides) != _contig(b.sizes):
+        return tuple(b.sizes), tuple(b.strides)
+    shape = tuple(alloc_shape.get(b, b.sizes))
+    return shape, _contig(shape)
+
+
 def reshape_outputs_at_allocation(lowered, w) -> dict:
     """A graph output that is a contiguous reshape of a whole wrapper-allocated buffer: allocate
     the buffer in the output's shape (same memory layout) and skip an as_strided per call.
@@ -120,11 +129,7 @@ def render_wrapper(sched: Schedule, lowered, seg_codes: dict, num_inputs: int, n
                 allocated.add(b)
                 # empty_strided, also for contiguous buffers: its argument parsing is ~0.7 µs
                 # cheaper a call than torch.empty(shape, dtype=...) (measured, torch 2.13)
-                if tuple(b.strides) != _contig(b.sizes):
-                    shape, strides = tuple(b.sizes), tuple(b.strides)
-                else:
-                    shape = tuple(alloc_shape.get(b, b.sizes))
-                    strides = _contig(shape)
+                shape, strides = alloc_layout(b, alloc_shape)
                 L.append(f"    {b.name} = _empty_strided({shape!r}, {strides!r}, "
                          f"dtype=torch.{_DTYPE_NAMES[b.dtype]})")
         ptrs = []

@@ -26,7 +26,7 @@ from ..codegen import triton as tr
 from ..codegen.triton_emit import EXTRA_DTYPES
 from ..compile_graph import GraphInfo, eliminate_dead
 from ..ir import ExternCall, Reduction, TV, extra_dtypes
-from ..lower.lowerings import ADDMM_AS_MM_MACS, DYN_SCALE, POINTWISE_SCATTER_ADD, SIZE_CHOICES, lower_graph
+from ..lower.lowerings import ADDMM_AS_MM_MACS, DYN_SCALE, POINTWISE_SCATTER_ADD, SIZE_CHOICES, bound, lower_graph
 from ..schedule import _extern_buffers, _reads, nonunit, probe_loads, schedule
 from ..index import Var
 from . import kernels as K
@@ -168,17 +168,10 @@ def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str 
     assumes sizes may grow and replays ``choices`` (as the CPU's plan_graph); the kernels
     are rendered again with fixed blocks by ``rerender`` before their text is used."""
     from ..compile_graph import DYNAMIC_SIZE_SCALE
-    token = DYN_SCALE.set(DYNAMIC_SIZE_SCALE if nsizes else 1)
-    token2 = SIZE_CHOICES.set(choices)
-    token3 = ADDMM_AS_MM_MACS.set(0 if label in W.TRAINING_LABELS else ADDMM_AS_MM_LIMIT)
-    token4 = POINTWISE_SCATTER_ADD.set(False)       # gpu/backend.py GpuTarget says why
-    try:
+    with bound((DYN_SCALE, DYNAMIC_SIZE_SCALE if nsizes else 1), (SIZE_CHOICES, choices),
+               (ADDMM_AS_MM_MACS, 0 if label in W.TRAINING_LABELS else ADDMM_AS_MM_LIMIT),
+               (POINTWISE_SCATTER_ADD, False)):       # gpu/backend.py GpuTarget says why
         return _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, param_inputs, autotune)
-    finally:
-        POINTWISE_SCATTER_ADD.reset(token4)
-        DYN_SCALE.reset(token)
-        SIZE_CHOICES.reset(token2)
-        ADDMM_AS_MM_MACS.reset(token3)
 
 
 # ~0.7 µs of H200 bf16 matmul: below it an addmm's host cost outweighs its GPU time, so it

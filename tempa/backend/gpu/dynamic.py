@@ -96,9 +96,9 @@ class GpuDynamicTarget(DynamicTarget):
         return super()._template(plan_at, ex_plan)
 
     def _literal(self, part, expr, is_float):
-        if part == 0:
-            return f"({expr}).to(tl.float32)" if is_float else f"({expr})"
-        return f"float({expr})" if is_float else f"({expr})"
+        if part == 0 and is_float:           # in a kernel: a Triton float, not a C++ double
+            return f"({expr}).to(tl.float32)"
+        return super()._literal(part, expr, is_float)
 
     def _make_dplan(self, ex_plan, texts, n, made):
         kernel_src, wsrc = texts

@@ -13,7 +13,8 @@ import os
 
 import torch
 
-from ..codegen.wrapper import WrapperGen, _DTYPE_NAMES, _contig, _opname, reshape_outputs_at_allocation
+from ..codegen.wrapper import (WrapperGen, _DTYPE_NAMES, _contig, _opname, alloc_layout,
+                               reshape_outputs_at_allocation)
 from ..ir import TV, ExternCall
 
 
@@ -55,11 +56,7 @@ def render(plan, interp: bool, nsizes: int = 0):
         dt = _DTYPE_NAMES[b.dtype]
         # empty_strided for contiguous buffers too: cheaper argument parsing than
         # torch.empty(shape, dtype=..., device=...) (as in the C++ wrapper)
-        if tuple(b.strides) != _contig(b.sizes):
-            shape, strides = tuple(b.sizes), tuple(b.strides)
-        else:
-            shape = tuple(alloc_shape.get(b, b.sizes))
-            strides = _contig(shape)
+        shape, strides = alloc_layout(b, alloc_shape)
         key = (shape, strides, b.dtype)
         if b not in pinned and free.get(key):
             # a dead buffer of the same layout: its last reader was launched earlier on this

@@ -8,6 +8,7 @@ node then runs as an ATen fallback call, so a gap costs speed, never correctness
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import math
 import operator
@@ -44,6 +45,29 @@ SIZE_CHOICES = contextvars.ContextVar("tempa_size_choices", default=None)
 ADDMM_AS_MM_MACS = contextvars.ContextVar("tempa_addmm_as_mm_macs", default=0)
 # A short scatter_add as a pointwise (lower/views.py); the GPU turns it off (gpu/backend.py).
 POINTWISE_SCATTER_ADD = contextvars.ContextVar("tempa_pointwise_scatter_add", default=True)
+
+
+@contextlib.contextmanager
+def bound(*settings):
+    """Each ``(context variable, value)`` set for the duration (a plan_graph's lowering
+    settings)."""
+    tokens = [(var, var.set(value)) for var, value in settings]
+    try:
+        yield
+    finally:
+        for var, token in reversed(tokens):
+            var.reset(token)
+
+
+def probe(tv: TV, prefix: str):
+    """``(loads, idx)``: the buffer reads computing ``tv`` at a symbolic index ``idx`` (a
+    variable ``{prefix}{d}`` for each non-unit dim d)."""
+    from ..codegen.emit import Emitter
+    from ..index import Var
+    idx = [Ix.of(Var(f"{prefix}{d}", s)) if s != 1 else Ix() for d, s in enumerate(tv.sizes)]
+    k = Emitter()
+    tv.load(k, idx)
+    return k.loads, idx
 
 
 class SizeChoices:

@@ -16,16 +16,17 @@ import operator
 
 import torch.fx as fx
 
-from ..index import Ix, contiguous_strides
+from ..index import contiguous_strides
 from ..ir import CTYPES, Buffer, ComputedBuffer, LoweredGraph, Pointwise, TV, Unlowerable
 from . import pointwise, reductions, views  # importing them registers their lowerings
-from .core import (ADDMM_AS_MM_MACS, DYN_SCALE, INLINE_COST, POINTWISE_SCATTER_ADD, LOWERINGS, SIZE_CHOICES, SMALL_MATMUL_MACS, LowerCtx,
-                   SizeChoices, literal, register, size_choice)
+from .core import (ADDMM_AS_MM_MACS, DYN_SCALE, INLINE_COST, LOWERINGS, POINTWISE_SCATTER_ADD, SIZE_CHOICES,
+                   SMALL_MATMUL_MACS, LowerCtx, SizeChoices, bound, literal, probe, register, size_choice)
 from .matmul import EXTERN_OPS
 
 # what other packages use from here (the lowerings themselves live in the modules above)
-__all__ = ["lower_graph", "ADDMM_AS_MM_MACS", "POINTWISE_SCATTER_ADD", "LOWERINGS", "register", "literal", "DYN_SCALE", "SIZE_CHOICES",
+__all__ = ["lower_graph", "LOWERINGS", "register", "literal", "DYN_SCALE", "SIZE_CHOICES",
            "SizeChoices", "size_choice", "SMALL_MATMUL_MACS", "INLINE_COST", "EXTERN_OPS",
+           "ADDMM_AS_MM_MACS", "POINTWISE_SCATTER_ADD", "bound",
            "pointwise", "reductions", "views"]
 
 
@@ -129,13 +130,9 @@ def _as_traced(ctx, v, tm):
 
 def _reads_other_elements(src: TV, dst: Buffer) -> bool:
     """Would writing ``dst`` in place while computing ``src`` clobber values still needed?"""
-    from ..codegen.emit import Emitter
-    from ..index import Var
-    idx = [Ix.of(Var(f"_c{d}", s)) if s != 1 else Ix() for d, s in enumerate(src.sizes)]
-    k = Emitter()
-    src.load(k, idx)
+    loads, idx = probe(src, "_c")
     own = dst.index(idx)
-    return any(b is dst and ix != own for b, ix in k.loads) or src.sizes != tuple(dst.sizes)
+    return any(b is dst and ix != own for b, ix in loads) or src.sizes != tuple(dst.sizes)
 
 
 def _has_bad_dtype(args):
@@ -169,8 +166,4 @@ def _lower_node(ctx: LowerCtx, n: fx.Node, args, kwargs):
 
 def _buffers_read(tv: TV) -> int:
     """How many distinct buffers computing ``tv`` at one index loads."""
-    from ..codegen.emit import Emitter
-    from ..index import Ix, Var
-    k = Emitter()
-    tv.load(k, [Ix.of(Var(f"_b{d}", s)) if s != 1 else Ix() for d, s in enumerate(tv.sizes)])
-    return len({b for b, _ in k.loads})
+    return len({b for b, _ in probe(tv, "_b")[0]})

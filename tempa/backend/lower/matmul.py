@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..index import Ix, contiguous_strides
+from ..index import contiguous_strides
 from ..ir import Unlowerable
-from .core import aten, ADDMM_AS_MM_MACS, DYN_SCALE, pointwise, register, size_choice, SMALL_MATMUL_MACS
+from .core import aten, ADDMM_AS_MM_MACS, DYN_SCALE, pointwise, probe, register, size_choice, SMALL_MATMUL_MACS
 
 
 # --- matmul: small ones are loops in the kernel file, big ones call ATen ---------------------
@@ -42,19 +42,16 @@ SMALL_STRIDED_MATMUL_MACS = 1 << 13
 def _kstride(tv, dim):
     """The element step of ``tv`` along ``dim`` as the generated loop will read it (None when
     the index is not affine in that dim)."""
-    from ..codegen.emit import Emitter
     from ..index import FloorDiv, Mod, Var
     dim %= len(tv.sizes)
     if tv.sizes[dim] == 1:
         return 1
     if tv.cost != 0 and tv.strided is None:          # realized contiguous first (_mm_tv)
         return contiguous_strides(tv.sizes)[dim]
-    idx = [Ix.of(Var(f"_k{d}", s)) if s != 1 else Ix() for d, s in enumerate(tv.sizes)]
-    k = Emitter()
-    tv.load(k, idx)
-    if len(k.loads) != 1:
+    loads, _ = probe(tv, "_k")
+    if len(loads) != 1:
         return None
-    ix = k.loads[0][1]
+    ix = loads[0][1]
     name = f"_k{dim}"
     if any(isinstance(a, (FloorDiv, Mod)) and any(getattr(v, "name", None) == name for v in a.e.vars())
            for a, _ in ix.terms):

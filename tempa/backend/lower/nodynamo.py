@@ -2,15 +2,16 @@
 
 Why: many reference implementations in ``torch._refs`` (gelu, the elementwise ops behind
 layer norm, ...) are wrapped by ``torch._compile._disable_dynamo``, whose wrapper imports
-``torch._dynamo`` on its first call (1.7-2.2 s on this machine, one third of GPT-124M's
-whole inference compile) only to make the function opaque to a dynamo trace. tempa's
-tracer is not a dynamo trace, so it needs none of that.
+PyTorch's bytecode compiler (the package tempa rebuilds) on its first call: 1.7-2.2 s on
+this machine, one third of GPT-124M's whole inference compile, only to make the function
+opaque to that compiler's trace. tempa's tracer is not such a trace and needs none of it.
 
 The wrapper caches what it would call as ``fn.__dynamo_disable``; while ``resolved()`` is
 active that attribute is set to ``fn`` itself on every wrapped function we can find, so
 the wrapper calls ``fn`` directly. The attributes are removed again on exit, so code that
-later runs under dynamo gets the normal behaviour. A function this walk misses still
-works: it imports dynamo as before (slower, same result).
+later runs under that compiler gets the normal behaviour. A function whose wrapper has
+already resolved its attribute keeps it; a function this walk misses still works: its
+wrapper imports the compiler as before (slower, same result).
 """
 from __future__ import annotations
 
@@ -70,10 +71,8 @@ def _targets() -> list:
 
 @contextlib.contextmanager
 def resolved():
-    """Inside: ``_disable_dynamo``-wrapped decompositions call straight through."""
-    if "torch._dynamo" in sys.modules:
-        yield                           # already paid for: keep PyTorch's own behaviour
-        return
+    """Inside: ``_disable_dynamo``-wrapped decompositions call straight through (outside a
+    compiler trace the wrapper's resolved callable does the same)."""
     mine = [f for f in _targets() if _ATTR not in f.__dict__]
     for f in mine:
         f.__dict__[_ATTR] = f
