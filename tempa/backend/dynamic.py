@@ -35,7 +35,7 @@ from .codegen import cpp, wrapper
 from .compile_graph import instantiate, logs, plan_graph, stats
 from .lower.decomps import table
 from .lower.lowerings import SizeChoices
-from .lower.trace import trace_forward, trace_joint
+from .lower.trace import trace_forward, trace_training
 from .runtime import build as _build
 
 # More symbols than this: compile per shape (3**n renderings would cost more than they save).
@@ -132,7 +132,6 @@ class DynamicTarget:
     name = "cpu"
     decomps = staticmethod(table)
     PARTS = ("C++", "wrapper")          # what the two texts of a rendering are called
-    recompute_pointwise = True          # the joint partition's choice (lower/trace.py)
 
     def __init__(self, dims):
         self.dims = dims
@@ -241,9 +240,8 @@ class DynamicTarget:
             torch.set_num_threads(1)
             try:
                 inputs = self._inputs_at(tuple(ax[k] for ax, k in zip(self.axes, ix)))
-                tr = trace_forward(self.pgm, inputs, self.decomps())
-                self.traced[key] = (trace_joint(tr, inputs, self.decomps(), self.recompute_pointwise)
-                                    if joint else tr)
+                self.traced[key] = (trace_training(self.pgm, inputs, self.decomps()) if joint
+                                    else trace_forward(self.pgm, inputs, self.decomps()))
             finally:
                 torch.set_num_threads(old)
             self.used_points.add(ix)
@@ -321,8 +319,7 @@ class DynamicTarget:
             self._generic("training")
             if self.ties:
                 def one(inputs):
-                    j = trace_joint(trace_forward(self.pgm, inputs, self.decomps()), inputs, self.decomps(),
-                                self.recompute_pointwise)
+                    j = trace_training(self.pgm, inputs, self.decomps())
                     return self._static_training(j, n_in, single)[0]
                 fn = _with_fallback(fn, per_shape(one, "tied sizes differ"))
             return fn, fw_info, bw_info
@@ -331,8 +328,7 @@ class DynamicTarget:
             self._per_shape_note("training", e)
 
             def one(inputs):
-                j = trace_joint(trace_forward(self.pgm, inputs, self.decomps()), inputs, self.decomps(),
-                                self.recompute_pointwise)
+                j = trace_training(self.pgm, inputs, self.decomps())
                 return self._static_training(j, n_in, single)[0]
             fn, fw_info, bw_info = self._static_training(joint, n_in, single)
             run = per_shape(one, str(e))

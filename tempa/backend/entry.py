@@ -11,7 +11,7 @@ import torch
 
 from .compile_graph import GraphInfo, compile_graph
 from .lower.decomps import table
-from .lower.trace import Unsupported, prepare, trace_forward, trace_joint
+from .lower.trace import Unsupported, prepare, trace_forward, trace_training
 from .runtime.build import BuildError
 
 stats = importlib.import_module("tempa.stats")   # the module; tempa.stats is also a function
@@ -231,10 +231,8 @@ class _State:
             if self.train_fn is not None:
                 return self.train_fn
             try:
-                tr = self._trace()
-                joint = trace_joint(tr, self.examples, self.target.decomps(),
-                                    getattr(self.target, "recompute_pointwise", True))
-                fn, fw_info, bw_info = self.target.build_training(joint, self.n_in, getattr(tr, "single", False))
+                joint = trace_training(self.pgm, self.examples, self.target.decomps())
+                fn, fw_info, bw_info = self.target.build_training(joint, self.n_in, joint.single)
             except Exception as e:  # noqa: BLE001
                 return self._failed(e, "training")
             self.info.forward, self.info.backward = fw_info, bw_info

@@ -230,7 +230,7 @@ def _regroup(group: Group, cand):
 
 
 def schedule(steps: list, copy_backs: list, outputs: list, max_report=60,
-             gpu=False, unrelated=True) -> Schedule:
+             gpu=False) -> Schedule:
     """Place each step in a group after the last one it depends on.
 
     The CPU scans back from the last group: a group there is one more loop in the same C++
@@ -241,8 +241,8 @@ def schedule(steps: list, copy_backs: list, outputs: list, max_report=60,
     joins whatever group is last with its row count; on a GPT that made one Triton kernel of
     350 pointers computing every layer's saved values inside the cross-entropy kernel (100
     KB of source, most of a 29 s compile, one 5 ms launch). Placed where their inputs were
-    just produced, they join the kernel that already reads those inputs. ``unrelated``: a
-    few same-shape independent pointwise ops may still share a launch (Group.takes_unrelated)."""
+    just produced, they join the kernel that already reads those inputs. A few same-shape
+    independent pointwise ops may still share a launch (Group.takes_unrelated)."""
     items: list = []
     where: dict = {}                   # buffer -> position in items
     report: list = []
@@ -264,8 +264,7 @@ def schedule(steps: list, copy_backs: list, outputs: list, max_report=60,
             for p in range(max(earliest, 0), len(items)):
                 if isinstance(items[p], Group):
                     (order if items[p].related(st) else others).append(p)
-            if unrelated:
-                order += [p for p in others if items[p].takes_unrelated(st)]
+            order += [p for p in others if items[p].takes_unrelated(st)]
         else:
             order = range(len(items) - 1, max(earliest, 0) - 1, -1)
         for pos in order:

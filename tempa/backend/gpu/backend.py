@@ -22,13 +22,6 @@ stats = importlib.import_module("tempa.stats")
 class GpuTarget:
     """The renderer ``entry._State`` compiles with on CUDA."""
     name = "cuda"
-    # Off on the GPU: in the CUDA test run with it (and scatter_add as a pointwise,
-    # lower/views.py, and other new changes) a GPT's tied embedding weight got wrong
-    # gradients (2026-11-30), while the same graphs were right through Triton's interpreter
-    # and on the CPU; which change was at fault was not found before the device time ran out. The step was 25.0 ms with both, ~29 ms without. (Three other
-    # changes are off for training graphs for the same reason: wrapper.py TRAINING_LABELS.)
-    recompute_pointwise = False
-
     def __init__(self, examples, mode=None, options=None):
         self.params = frozenset(i for i, t in enumerate(examples) if isinstance(t, torch.nn.Parameter))
         self.mode = mode

@@ -26,7 +26,7 @@ from ..codegen import triton as tr
 from ..codegen.triton_emit import EXTRA_DTYPES
 from ..compile_graph import GraphInfo, eliminate_dead
 from ..ir import ExternCall, Reduction, TV, extra_dtypes
-from ..lower.lowerings import ADDMM_AS_MM_MACS, DYN_SCALE, POINTWISE_SCATTER_ADD, SIZE_CHOICES, bound, lower_graph
+from ..lower.lowerings import ADDMM_AS_MM_MACS, DYN_SCALE, SIZE_CHOICES, bound, lower_graph
 from ..schedule import _extern_buffers, _reads, nonunit, probe_loads, schedule
 from ..index import Var
 from . import kernels as K
@@ -169,8 +169,7 @@ def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str 
     are rendered again with fixed blocks by ``rerender`` before their text is used."""
     from ..compile_graph import DYNAMIC_SIZE_SCALE
     with bound((DYN_SCALE, DYNAMIC_SIZE_SCALE if nsizes else 1), (SIZE_CHOICES, choices),
-               (ADDMM_AS_MM_MACS, 0 if label in W.TRAINING_LABELS else ADDMM_AS_MM_LIMIT),
-               (POINTWISE_SCATTER_ADD, False)):       # gpu/backend.py GpuTarget says why
+               (ADDMM_AS_MM_MACS, ADDMM_AS_MM_LIMIT)):
         return _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, param_inputs, autotune)
 
 
@@ -189,8 +188,7 @@ def _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, param_input
             if isinstance(st, ExternCall) and st.op in GPU_EXTERNS:
                 st.fallback = False
         eliminate_dead(lowered)
-        sched = schedule(lowered.steps, lowered.copy_backs, lowered.outputs, gpu=True,
-                         unrelated=label not in W.TRAINING_LABELS)
+        sched = schedule(lowered.steps, lowered.copy_backs, lowered.outputs, gpu=True)
         parts = partition(sched)
         plan_memory(parts, lowered)
         items = []

@@ -40,7 +40,6 @@ class GpuDynamicTarget(DynamicTarget):
     """A ``_State`` target: GpuTarget's renderer, one shape-generic compile for all sizes."""
     name = "cuda"
     PARTS = ("Triton", "wrapper")
-    recompute_pointwise = False         # as GpuTarget (gpu/backend.py says why)
 
     def __init__(self, dims, gpu_target):
         super().__init__(dims)

@@ -76,7 +76,6 @@ def render(plan, interp: bool, nsizes: int = 0):
             opname = _opname(it.op, w)
             out = it.outputs[0] if len(it.outputs) == 1 else None
             if (it.op in _OUT_VARIANT and not it.fallback and out is not None and not nsizes
-                    and plan.label not in TRAINING_LABELS
                     and tuple(out.strides) == _contig(out.sizes) and out not in alloc_shape):
                 # mm/bmm into a buffer the wrapper provides (a recycled one when possible):
                 # the out= variant skips ATen's allocation, ~5 µs of host time per call
@@ -195,15 +194,6 @@ def _check(what, *ts):
                 print(f"TEMPA_GPU_CHECK: non-finite output after {what}: shape {tuple(t.shape)} "
                       f"{t.dtype} nan={int(torch.isnan(t).sum())} inf={int(torch.isinf(t).sum())}", flush=True)
             return
-
-
-# The graphs of a training step. Three host-time changes (addmm as mm + bias, mm/bmm into
-# wrapper buffers with out=, unrelated pointwise ops sharing a launch) are verified on the
-# H200 for inference graphs only: the last CUDA test run that passed every training test
-# predates them, and the one after found wrong GPT gradients with them and two other
-# changes enabled (gpu/backend.py). Training graphs keep the verified form until a GPU
-# run tells which change it was.
-TRAINING_LABELS = ("forward", "backward")
 
 
 aten = torch.ops.aten

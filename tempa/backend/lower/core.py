@@ -43,8 +43,6 @@ SIZE_CHOICES = contextvars.ContextVar("tempa_size_choices", default=None)
 # host time against mm's ~12 µs (H200 host, measured 2026-11-30); bigger ones keep the
 # free epilogue.
 ADDMM_AS_MM_MACS = contextvars.ContextVar("tempa_addmm_as_mm_macs", default=0)
-# A short scatter_add as a pointwise (lower/views.py); the GPU turns it off (gpu/backend.py).
-POINTWISE_SCATTER_ADD = contextvars.ContextVar("tempa_pointwise_scatter_add", default=True)
 
 
 @contextlib.contextmanager

@@ -19,14 +19,14 @@ import torch.fx as fx
 from ..index import contiguous_strides
 from ..ir import CTYPES, Buffer, ComputedBuffer, LoweredGraph, Pointwise, TV, Unlowerable
 from . import pointwise, reductions, views  # importing them registers their lowerings
-from .core import (ADDMM_AS_MM_MACS, DYN_SCALE, INLINE_COST, LOWERINGS, POINTWISE_SCATTER_ADD, SIZE_CHOICES,
+from .core import (ADDMM_AS_MM_MACS, DYN_SCALE, INLINE_COST, LOWERINGS, SIZE_CHOICES,
                    SMALL_MATMUL_MACS, LowerCtx, SizeChoices, bound, literal, probe, register, size_choice)
 from .matmul import EXTERN_OPS
 
 # what other packages use from here (the lowerings themselves live in the modules above)
 __all__ = ["lower_graph", "LOWERINGS", "register", "literal", "DYN_SCALE", "SIZE_CHOICES",
            "SizeChoices", "size_choice", "SMALL_MATMUL_MACS", "INLINE_COST", "EXTERN_OPS",
-           "ADDMM_AS_MM_MACS", "POINTWISE_SCATTER_ADD", "bound",
+           "ADDMM_AS_MM_MACS", "bound",
            "pointwise", "reductions", "views"]
 
 
@@ -109,9 +109,15 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
 def _as_traced(ctx, v, tm):
     if not isinstance(v, TV):
         return v
-    if tm is not None and v.strided is not None and tuple(v.strided[1]) == tuple(tm.stride) \
-            and v.strided[2] == tm.offset:
-        return v
+    if tm is not None and v.strided is not None and v.strided[2] == tm.offset:
+        buf, strides, offset = v.strided
+        if tuple(strides) == tuple(tm.stride):
+            return v
+        if all(a == b or n == 1 for a, b, n in zip(strides, tm.stride, tm.shape)):
+            # the same memory, the strides differ only on dims of size 1 (a view computes 0
+            # there, eager the contiguous stride): hand it out with the traced strides rather
+            # than copy it (GPT b1's logits, 6.4 MB and one launch a call)
+            return TV.view_of(buf, v.sizes, tm.stride, offset)
     if tm is None or 0 in tm.stride and v.numel > 1 \
             or tuple(tm.stride) == contiguous_strides(tm.shape):
         if v.strided is not None and tm is None:

@@ -298,9 +298,32 @@ class Joint:
     grad_inputs: list       # input index of each bw output
     diff_outputs: list      # which user outputs get a tangent
     constants: dict
+    single: bool = False    # the user's function returned one tensor, not a tuple
 
 
-def trace_joint(traced: Traced, inputs: list, decomps: dict, recompute_pointwise: bool = True) -> Joint:
+# Composite ops whose own derivative is cheaper than differentiating their decomposition:
+# the joint trace replays a forward in which these are still whole, so autograd calls their
+# backward formula (itself decomposed as it is recorded). Why: log_softmax decomposes into
+# x - amax - log(sum(exp(x - amax))), and autograd through that sends a gradient into amax
+# (ties counted, a zero that is computed): on a GPT's 8192 x 50304 logits the cross-entropy
+# backward made five passes over the rows, storing an fp32 copy in between, where
+# _log_softmax_backward_data needs one (grad - exp(out) * sum(grad)). Likewise softmax,
+# logsumexp, layer norm (mean and rstd saved), GELU and SiLU (only their input saved).
+KEEP_WHOLE_FOR_AUTOGRAD = ("_softmax", "_log_softmax", "logsumexp", "native_layer_norm", "gelu", "silu")
+
+
+def trace_training(gm: fx.GraphModule, inputs: list, decomps: dict) -> Joint:
+    """The joint forward/backward graph of ``gm``: trace a forward that keeps the ops of
+    KEEP_WHOLE_FOR_AUTOGRAD whole, then replay it with grad (``trace_joint``)."""
+    aten_ops = {getattr(aten, name) for name in KEEP_WHOLE_FOR_AUTOGRAD}
+    forward_decomps = {op: fn for op, fn in decomps.items() if op.overloadpacket not in aten_ops}
+    traced = trace_forward(gm, inputs, forward_decomps)
+    joint = trace_joint(traced, inputs, decomps)
+    joint.single = traced.single
+    return joint
+
+
+def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
     """Replay the functional forward with grad, then record the backward."""
     graph = fx.Graph()
     rec = _Recorder(graph, decomps)
@@ -380,8 +403,7 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict, recompute_pointwise
             else:
                 needed.add(n)
     walk([g for g in grad_nodes if g is not None])
-    if recompute_pointwise:
-        _recompute_pointwise(fw_nodes, needed, live_bw, set(out_nodes), walk)
+    _recompute_pointwise(fw_nodes, needed, live_bw, set(out_nodes), walk)
     saved = [n for n in fw_nodes if n in needed]
     saved_inputs = [i for i, p in enumerate(input_phs) if p in needed]
     for n in saved:
@@ -389,20 +411,55 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict, recompute_pointwise
             raise Unsupported(f"backward reads a non-tensor forward value {n.format_node()}")
     fw = _subgraph(graph, input_phs, fw_nodes, out_nodes + saved, rec.constants)
     bw_inputs = [input_phs[i] for i in saved_inputs] + saved + tangent_phs
-    bw_body = [n for n in graph.nodes if n in live_bw]
+    bw_body = _backward_order(graph, live_bw)
     bw = _subgraph(graph, bw_inputs, bw_body, grad_nodes, rec.constants)
     return Joint(fw, bw, traced.num_outputs, traced.mutated, len(saved), saved_inputs,
                  grad_inputs, diff, dict(rec.constants))
 
 
+def _backward_order(graph, live_bw) -> list:
+    """The backward's nodes, each forward value it recomputes placed just before its first
+    backward user. Why: in graph order every recomputed value comes first, where only saved
+    inputs exist, so the GPU scheduler put a GPT's recomputed values of all layers into one
+    launch at the backward's start (63 pointers at 4 layers), all alive until their layer's
+    turn; placed at first use, each joins the kernels of its own layer."""
+    order, done = [], set()
+
+    def emit(node):
+        stack = [(node, False)]
+        while stack:
+            n, inputs_done = stack.pop()
+            if n in done:
+                continue
+            if inputs_done:
+                done.add(n)
+                order.append(n)
+                continue
+            stack.append((n, True))
+            stack.extend((a, False) for a in reversed(n.all_input_nodes)
+                         if a in live_bw and a not in done)
+
+    for n in graph.nodes:
+        if n in live_bw and n.meta.get("bw"):
+            emit(n)
+    for n in graph.nodes:                 # recomputed values only the outputs read
+        if n in live_bw:
+            emit(n)
+    return order
+
+
 def _recompute_pointwise(fw_nodes, needed, live_bw, user_outputs, walk):
     """Recompute a saved pointwise value in the backward when what it is computed from costs
-    no more memory to keep than the value itself (and nothing random is recomputed).
+    less memory to keep (and nothing random is recomputed).
 
     Why: the backward of a decomposed op reads its intermediates. GELU under autocast saved
     four float32 (rows, 4*d) tensors per layer, where its bfloat16 input (half of one) is
     enough: ~100 MB written in the forward and read back in the backward, per layer, on a
-    GPT-124M step. Later values first, so a chain collapses onto its first input."""
+    GPT-124M step. The cost of keeping an input is itself the cheaper of saving it and
+    recomputing it (``keep``), so a chain whose every step is the same size (log_softmax's
+    x.float() - amax - log(sum), 4 bytes per logit each) is recomputed from its bf16 start.
+    Strictly less: a swap of equal size gains nothing, and made a residual stream (x + a,
+    with x kept) recomputed layer after layer at the backward's start."""
     def nbytes(n):
         tm = n.meta.get("tm")
         if n in user_outputs or n.op == "placeholder" and tm is None:
@@ -417,24 +474,55 @@ def _recompute_pointwise(fw_nodes, needed, live_bw, user_outputs, walk):
         except (TypeError, ValueError):
             return None
 
-    changed = True
-    while changed:
-        changed = False
-        for n in reversed(fw_nodes):
-            if n not in needed or n in user_outputs or not _pure_pointwise(n):
-                continue
+    def via_inputs(n, memo):
+        """Bytes to keep so that ``n`` can be recomputed from its inputs (None: it cannot)."""
+        total = 0
+        for a in n.all_input_nodes:
+            k = keep(a, memo)
+            if k is None:
+                return None
+            total += k
+        return total
+
+    def keep(n, memo):
+        """Bytes to keep in the forward so that ``n`` is available in the backward."""
+        if n in needed or n in live_bw or n in user_outputs:
+            return 0
+        if n not in memo:
+            memo[n] = None                # (a DAG: only guards against surprises)
             own = nbytes(n)
-            ins = n.all_input_nodes
-            new_saved = [a for a in ins if a not in needed and a not in live_bw]
-            if any(getattr(a.meta.get("tm"), "offset", 0) for a in new_saved):
-                continue                  # a view into another buffer: keep saving the copy
-            extra = [nbytes(a) for a in new_saved]
-            if own is None or any(b is None for b in extra) or sum(extra) > own:
+            if n.op == "call_function" and n.target in _RECOMPUTE:
+                memo[n] = via_inputs(n, memo)     # a view costs what its base costs
+            elif own is not None and getattr(n.meta.get("tm"), "offset", 0):
+                memo[n] = own             # a view into another buffer: keep saving the copy
+            elif own is not None and _pure_pointwise(n):
+                via = via_inputs(n, memo)
+                memo[n] = via if via is not None and via < own else own
+            else:
+                memo[n] = own
+        return memo[n]
+
+    def recompute(n, memo):
+        needed.discard(n)
+        live_bw.add(n)
+        for a in n.all_input_nodes:
+            if a in needed or a in live_bw or a in user_outputs:
                 continue
-            needed.discard(n)
-            live_bw.add(n)
-            walk(list(ins))
-            changed = True
+            own = nbytes(a)
+            if (_pure_pointwise(a) and own is not None and keep(a, memo) < own
+                    and not getattr(a.meta.get("tm"), "offset", 0)):
+                recompute(a, memo)
+            else:
+                walk([a])                 # saved (or a view: recomputed from its saved base)
+
+    for n in reversed(fw_nodes):
+        if n not in needed or n in user_outputs or not _pure_pointwise(n):
+            continue
+        memo: dict = {}
+        own = nbytes(n)
+        via = via_inputs(n, memo)
+        if own is not None and via is not None and via < own:
+            recompute(n, memo)
 
 
 def _pure_pointwise(n) -> bool:
@@ -446,7 +534,10 @@ def _pure_pointwise(n) -> bool:
         return False
     # clone is tagged pointwise, but it exists to copy (a layout change, a value kept from
     # a later in-place write): recomputing it reads its source at backward time
-    return op is not aten.clone.default and (torch.Tag.pointwise in tags or op is aten._to_copy.default)
+    return op is not aten.clone.default and (torch.Tag.pointwise in tags or op in _CASTS)
+
+
+_CASTS = {aten._to_copy.default, aten.to.dtype}
 
 
 _RECOMPUTE = {aten.t.default, aten.permute.default, aten.view.default, aten.detach.default,

@@ -7,7 +7,7 @@ import torch.fx as fx
 
 from ..index import contiguous_strides, flat_index, Ix, unflatten
 from ..ir import TV, Unlowerable
-from .core import aten, bcast, _multi_metas, POINTWISE_SCATTER_ADD, prims, register, _tm
+from .core import aten, bcast, _multi_metas, prims, register, _tm
 
 
 # --- views ----------------------------------------------------------------------------------
@@ -302,8 +302,6 @@ def _scatter_add(ctx, node, base, dim, index, src):
     it fuses into the softmax backward that follows."""
     tm = _tm(node)
     nd = len(tm.shape)
-    if not POINTWISE_SCATTER_ADD.get():
-        raise Unlowerable("scatter_add (pointwise form off for this backend)")
     if nd == 0 or not isinstance(index, TV) or not isinstance(src, TV):
         raise Unlowerable("scatter_add of a scalar")
     dim = dim % nd
