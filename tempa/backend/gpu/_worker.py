@@ -1,6 +1,7 @@
 """Compile Triton kernels into Triton's disk cache (run as a plain script by kernels.py).
 
-Reads one JSON line {"path", "target"}, then one JSON job per line, answering each with a
+Imports Triton first (kernels.prewarm starts workers before their module exists, so that
+this import overlaps the parent's tracing), then reads one JSON line {"path", "target"}, then one JSON job per line, answering each with a
 line "ok NAME" or "err NAME ..." once it is compiled; exits at the end of its input. Why
 one job at a time: kernels.py hands the next job to whichever worker is free, so a worker
 that drew slow kernels does not keep the others waiting. Imports only Triton and the
@@ -12,10 +13,13 @@ import sys
 
 
 def main():
-    spec = json.loads(sys.stdin.readline())
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import ASTSource
+    line = sys.stdin.readline()
+    if not line.strip():
+        return                    # a prewarmed worker that was not needed
+    spec = json.loads(line)
     s = importlib.util.spec_from_file_location("tempa_worker_mod", spec["path"])
     mod = importlib.util.module_from_spec(s)
     s.loader.exec_module(mod)

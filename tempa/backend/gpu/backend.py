@@ -99,6 +99,8 @@ def gpu_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = 
                 options: dict | None = None):
     from ..entry import _dynamic_dims, build
     from . import attention
+    from .kernels import prewarm
+    prewarm()                            # Triton workers start while the graph is traced
     options = dict(options or {})
     example_inputs = list(example_inputs)
 

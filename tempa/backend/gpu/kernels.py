@@ -163,6 +163,45 @@ def compile_each(path: str, jobs: list, parallel_min: int = 3) -> dict:
     return out
 
 
+WORKERS = min(os.cpu_count() or 1, 16)
+_WAITING: list = []                # workers started by prewarm, Triton imported, no module yet
+
+
+def _spawn():
+    worker = os.path.join(os.path.dirname(__file__), "_worker.py")
+    return subprocess.Popen([sys.executable, worker], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=dict(os.environ), text=True, bufsize=1)
+
+
+def prewarm():
+    """Start the compile workers now (gpu_backend calls this when a graph is captured).
+
+    Why: each worker spends about a second importing Triton before it can compile; started
+    here, that happens while the parent traces, lowers and renders the graph, instead of
+    after. Workers left over wait for the next graph and are told to exit at interpreter
+    exit (an empty line, or end of input)."""
+    if interpret_mode() or _WAITING:
+        return
+    for _ in range(WORKERS):
+        try:
+            _WAITING.append(_spawn())
+        except OSError:
+            break
+    if len(_WAITING) and not getattr(prewarm, "registered", False):
+        import atexit
+        atexit.register(_release_waiting)
+        prewarm.registered = True
+
+
+def _release_waiting():
+    while _WAITING:
+        p = _WAITING.pop()
+        try:
+            p.stdin.close()
+        except OSError:
+            pass
+
+
 def _prefill(path, jobs, tgt, timeout: float = 600.0):
     """Compile ``jobs`` in worker processes so that the parent's compiles are cache hits.
 
@@ -174,18 +213,17 @@ def _prefill(path, jobs, tgt, timeout: float = 600.0):
     import queue
     import threading
 
-    n = max(1, min(len(jobs), os.cpu_count() or 1, 16))
+    n = max(1, min(len(jobs), WORKERS))
     todo = queue.Queue()
     for j in sorted(jobs, key=lambda j: -j.cost):
         todo.put(j)
-    worker = os.path.join(os.path.dirname(__file__), "_worker.py")
-    env = dict(os.environ)
     head = json.dumps({"path": path, "target": [tgt.backend, tgt.arch, tgt.warp_size]}) + "\n"
     procs = []
-    for _ in range(n):
+    while len(procs) < n:
         try:
-            p = subprocess.Popen([sys.executable, worker], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1)
+            p = _WAITING.pop() if _WAITING else _spawn()
+            if p.poll() is not None:
+                continue           # a prewarmed worker that died: start another
             p.stdin.write(head)
             p.stdin.flush()
             procs.append(p)
