@@ -18,7 +18,6 @@ from .breaks import Unsupported, UserError
 from .guards import GuardSet, is_numpy_scalar
 from .values import TensorVar
 from .meta import MetaInfo, infer
-from .shapes import SymbolicSizes, make_shape_env
 
 # Calls kept in the graph even though nothing reads their result (they change state).
 _SIDE_EFFECT_TARGETS = {torch._C._set_grad_enabled, torch.amp.autocast_mode._enter_autocast,
@@ -46,6 +45,8 @@ class GraphBuilder:
         # when an operation has no rule; symbolic sizes need fake tensors from the start.
         self.fake_mode = None
         if symbolic:
+            # imported here: shapes.py pulls in sympy (~1-2 s), which static captures never use
+            from .shapes import SymbolicSizes, make_shape_env
             env = make_shape_env()
             self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=env)
             self.sizes = SymbolicSizes(self.graph, env)

@@ -105,42 +105,70 @@ def compile_jobs(path: str, jobs: list, parallel_min: int = 3) -> dict:
     tgt = target()
     log = logs.get("perf")
     t0 = time.perf_counter()
-    if len(jobs) >= parallel_min:
-        _prefill(path, jobs, tgt)
     out = {}
-    for j in jobs:
-        out[j.name] = triton.compile(_source(mod, j), target=tgt,
-                                     options={"num_warps": j.num_warps, "num_stages": j.num_stages})
-    _warm_launchers(out.values())
+    by_name = {j.name: j for j in jobs}
+    with _Launchers() as launchers:
+        def load(name):
+            j = by_name[name]
+            out[name] = triton.compile(_source(mod, j), target=tgt,
+                                       options={"num_warps": j.num_warps, "num_stages": j.num_stages})
+            launchers.add(out[name])
+        if len(jobs) >= parallel_min:
+            # load each kernel (a cache hit) and start its launcher's build as soon as a
+            # worker reports it compiled, while the workers go on with the others
+            import queue
+            import threading
+            done = queue.Queue()
+            workers = threading.Thread(target=_prefill, args=(path, jobs, tgt), kwargs={"done": done},
+                                       daemon=True)
+            workers.start()
+            while workers.is_alive() or not done.empty():
+                try:
+                    name = done.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                if name in by_name and name not in out:
+                    load(name)
+        for j in jobs:
+            if j.name not in out:          # not compiled by a worker: compiled (or loaded) here
+                load(j.name)
     log.info("triton: %d kernels ready in %.2f s", len(jobs), time.perf_counter() - t0)
     return out
 
 
-def _warm_launchers(kernels):
-    """Build Triton's host-side launchers (one small C module per kernel signature, compiled
+class _Launchers:
+    """Builds Triton's host-side launchers (one small C module per kernel signature, compiled
     with gcc on first use) in parallel threads, so the wrapper's first launch of each kernel
     finds them in Triton's cache. Why: built lazily they are compiled one after another,
     ~0.3 s each; a GPT has ~20 signatures (6 s of a 12 s compile on the H200, profiled).
-    The threads wait on gcc subprocesses, so the GIL does not serialise them."""
-    from concurrent.futures import ThreadPoolExecutor
+    The threads wait on gcc subprocesses, so the GIL does not serialise them; leaving the
+    block waits for every build."""
 
-    from triton.runtime import driver
-    launcher_cls = driver.active.launcher_cls        # initialise the driver in this thread
-    todo = {}
-    for ck in kernels:
+    def __enter__(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from triton.runtime import driver
+        self.launcher_cls = driver.active.launcher_cls   # initialise the driver in this thread
+        self.pool = ThreadPoolExecutor(max_workers=min(os.cpu_count() or 1, 16))
+        self.seen = set()
+        return self
+
+    def add(self, ck):
         src = ck.src
         key = (repr(sorted(getattr(src, "constants", {}).items())), repr(sorted(src.signature.items())))
-        todo.setdefault(key, ck)
-    if len(todo) < 2:
-        return
+        if key not in self.seen:
+            self.seen.add(key)
+            self.pool.submit(self._build, ck)
 
-    def build(ck):
+    def _build(self, ck):
         try:
-            launcher_cls(ck.src, ck.metadata)
+            self.launcher_cls(ck.src, ck.metadata)
         except Exception:  # noqa: BLE001 - the first launch builds it again and reports
             pass
-    with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1, 16)) as pool:
-        list(pool.map(build, todo.values()))
+
+    def __exit__(self, *exc):
+        self.pool.shutdown(wait=True)
+        return False
 
 
 def compile_each(path: str, jobs: list, parallel_min: int = 3) -> dict:
@@ -202,14 +230,15 @@ def _release_waiting():
             pass
 
 
-def _prefill(path, jobs, tgt, timeout: float = 600.0):
+def _prefill(path, jobs, tgt, timeout: float = 600.0, done=None):
     """Compile ``jobs`` in worker processes so that the parent's compiles are cache hits.
 
     Why a shared queue and not a fixed share per worker: compile times of one graph's
     kernels differ by 10x (a pointwise add vs a fused layer-norm backward), so fixed shares
     leave most workers idle while one finishes its slow draw. Each worker is handed its next
     job when it reports the last one done, slowest-looking (longest source) first, so the
-    last to finish is late by at most about one kernel."""
+    last to finish is late by at most about one kernel. ``done``: a queue that receives the
+    name of each kernel a worker reports compiled."""
     import queue
     import threading
 
@@ -241,8 +270,11 @@ def _prefill(path, jobs, tgt, timeout: float = 600.0):
                     return
                 p.stdin.write(json.dumps(j.as_json()) + "\n")
                 p.stdin.flush()
-                if not p.stdout.readline():      # the worker died: leave the rest to the others
+                reply = p.stdout.readline()
+                if not reply:                    # the worker died: leave the rest to the others
                     return
+                if done is not None and reply.startswith("ok "):
+                    done.put(reply.split()[1])
         except (OSError, ValueError):
             return
         finally:
