@@ -162,8 +162,24 @@ class CompileContext:
                 logs.get("recompiles").info("recompiling %s: %s", _where(fn), why)
         dynamic = self._dynamic_for(cache, fn, args, kwargs)
         try:
-            captured = capture(fn, args, kwargs, runtime=self, allow_breaks=not self.fullgraph,
-                               dynamic=dynamic)
+            try:
+                captured = capture(fn, args, kwargs, runtime=self, allow_breaks=not self.fullgraph,
+                                   dynamic=dynamic)
+            except UserError as e:
+                if not dynamic:
+                    raise
+                # An operator whose fake kernel cannot take symbolic sizes (nn.Bilinear's
+                # aten._trilinear asserts) looks like an error of the user's code. Capture this
+                # call with its real sizes; if that fails too, it is the user's error. This
+                # function then compiles per shape (it had been silently eager, recapturing on
+                # every call).
+                captured = capture(fn, args, kwargs, runtime=self, allow_breaks=not self.fullgraph,
+                                   dynamic=False)
+                first_line = (str(e.exc).splitlines() or [""])[0][:160]
+                cache.static_only = f"symbolic sizes failed ({type(e.exc).__name__}: {first_line})"
+                cache.dynamic_inputs.clear()
+                _fallback_log.warning("tempa: %s: %s; compiling it per shape instead", _where(fn),
+                                      cache.static_only)
         except Unsupported as u:
             _stats.bump("graph_breaks")
             if self.fullgraph:
@@ -205,6 +221,8 @@ class CompileContext:
         because an input's sizes changed, every dimension of that input becomes symbolic
         from then on, so the next graph serves all its sizes (torch.compile marks only the
         changed dims, and a batch-then-length sweep costs it a third graph)."""
+        if cache.static_only:
+            return False
         if self.dynamic is not None:
             return self.dynamic
         if not config.automatic_dynamic_shapes or not cache.last_shapes:

@@ -50,6 +50,7 @@ class CodeCache:
         self.warned = False
         self.last_shapes: dict = {}       # expression -> shape of the last capture's inputs
         self.dynamic_inputs: dict = {}    # expression -> dims made symbolic (automatic dynamic)
+        self.static_only = None           # why symbolic sizes failed here (then: per shape)
 
     def add(self, entry: Entry) -> None:
         # Most recent first: a changed input (batch 9 after 8) is likely to repeat.

@@ -5,6 +5,9 @@ shape, dtype and device without computing anything) and recorded as an FX node.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import logging
 import operator
 import re
 
@@ -149,7 +152,7 @@ class GraphBuilder:
                 node = self.graph.create_node(kind, target, node_args, node_kwargs)
                 return self.wrap(node, result, target)
         try:
-            with self.fake_mode:
+            with self.fake_mode, _quiet_fake_kernel_errors():
                 if kind == "call_method":
                     result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                 else:
@@ -304,3 +307,26 @@ def _name(target) -> str:
         return "Tensor." + target
     mod = getattr(target, "__module__", None) or ""
     return f"{mod}.{getattr(target, '__name__', repr(target))}".lstrip(".")
+
+
+_CAPTURING = contextvars.ContextVar("tempa_capturing_fake_call", default=False)
+
+
+class _DuringCapture(logging.Filter):
+    def filter(self, record):
+        return not _CAPTURING.get()
+
+
+# PyTorch logs a failed fake kernel at error level (with its traceback) before raising.
+# Capture handles that exception (the user's error, which eager then raises; or a retry with
+# real sizes, api.py): the log record would only be noise on the user's terminal.
+logging.getLogger("torch._subclasses.fake_tensor").addFilter(_DuringCapture())
+
+
+@contextlib.contextmanager
+def _quiet_fake_kernel_errors():
+    token = _CAPTURING.set(True)
+    try:
+        yield
+    finally:
+        _CAPTURING.reset(token)

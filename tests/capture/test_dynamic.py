@@ -211,3 +211,25 @@ def test_size_one_after_a_dimension_became_dynamic_is_its_own_static_graph():
     one = [g for g in guards if "of shape (1, " in g]
     assert len(one) == 1, guards
     assert tempa.stats().captures == 3
+
+
+def test_symbolic_capture_failing_in_a_fake_kernel_compiles_per_shape(caplog):
+    """nn.Bilinear's aten._trilinear asserts on symbolic sizes under fake tensors (torch 2.11
+    to 2.13). That looked like an error of the user's code, so every later size ran eagerly
+    and was captured again on every call. Now the call is captured with its real sizes, the
+    function compiles per shape from then on, and tempa says so once."""
+    torch.manual_seed(0)
+    bl = torch.nn.Bilinear(5, 6, 7)
+    c = tempa.compile(bl)
+    with caplog.at_level(logging.WARNING):
+        for n in (4, 5, 6, 7):
+            x, y = torch.randn(n, 5), torch.randn(n, 6)
+            torch.testing.assert_close(c(x, y), bl(x, y))
+    assert len(tempa.entries(c)) >= 2
+    captures = tempa.stats().captures
+    x, y = torch.randn(6, 5), torch.randn(6, 6)
+    torch.testing.assert_close(c(x, y), bl(x, y))
+    assert tempa.stats().captures == captures          # served by an entry, not recaptured
+    said = [r.getMessage() for r in caplog.records if "per shape" in r.getMessage()]
+    assert len(said) <= 1
+    assert not [r for r in caplog.records if r.name.startswith("torch._subclasses")]
