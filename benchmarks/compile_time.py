@@ -12,7 +12,8 @@ vocab 50304) at a small batch and length (default 1 x 64) so that running its fi
 the interpreter stays cheap; compile time does not depend on the batch size.
 
 Each phase's time is inclusive of what it calls; the phases listed do not nest in one
-another, except that "backend" holds every phase below it. "capture+run" is the first
+another, except that "backend" holds every phase below it and "trace training" holds the
+training graph's "trace forward". "capture+run" is the first
 call's time outside the backend (with --no-run: capture alone). The cache directory starts
 empty (a fresh temporary directory), so nothing comes from the disk cache.
 
@@ -66,7 +67,9 @@ def instrument(backend: str):
     E = "tempa.backend.entry"
     _timed(E, "prepare")
     _timed(E, "trace_forward", "trace forward (decompose)")
-    _timed(E, "trace_joint", "trace joint + partition")
+    # training: trace_training traces its own forward (counted above too), then the joint
+    _timed("tempa.backend.lower.trace", "trace_forward", "trace forward (decompose)")
+    _timed(E, "trace_training", "trace training (forward + joint + partition)")
     if backend == "gpu":
         G = "tempa.backend.gpu.compile"
         _timed("tempa.backend.gpu.attention", "rewrite", "attention rewrite")

@@ -13,9 +13,11 @@ The pipeline, top to bottom:
   compile_graph    lower -> schedule -> C++ -> gcc -> wrapper (compile_graph.py)
   [symbolic sizes] the same passes at a few sizes, interpolated into one shape-generic
                    template (sizes become kernel arguments), or per shape (dynamic.py)
-  [training]       trace_joint: replay the forward with grad, record the backward, partition
-                   into forward (outputs + saved) and backward graphs, compile both, and
-                   wrap them in one torch.autograd.Function (autograd.py)
+  [training]       trace_training: trace a forward that keeps ops with good derivative
+                   formulas whole (softmax, layer norm...), replay it with grad and record
+                   the backward (trace_joint), partition into forward (outputs + saved)
+                   and backward graphs, compile both, and wrap them in one
+                   torch.autograd.Function (autograd.py)
 
 Each call picks the variant cheaply: grad mode on and some input requiring grad -> the
 autograd variant, otherwise the inference variant. Each variant is built on first use.
