@@ -160,26 +160,8 @@ class CompileContext:
             self.recompile_log.append((fn.__qualname__, why))
             if logs.on("recompiles"):
                 logs.get("recompiles").info("recompiling %s: %s", _where(fn), why)
-        dynamic = self._dynamic_for(cache, fn, args, kwargs)
         try:
-            try:
-                captured = capture(fn, args, kwargs, runtime=self, allow_breaks=not self.fullgraph,
-                                   dynamic=dynamic)
-            except UserError as e:
-                if not dynamic:
-                    raise
-                # An operator whose fake kernel cannot take symbolic sizes (nn.Bilinear's
-                # aten._trilinear asserts) looks like an error of the user's code. Capture this
-                # call with its real sizes; if that fails too, it is the user's error. This
-                # function then compiles per shape (it had been silently eager, recapturing on
-                # every call).
-                captured = capture(fn, args, kwargs, runtime=self, allow_breaks=not self.fullgraph,
-                                   dynamic=False)
-                first_line = (str(e.exc).splitlines() or [""])[0][:160]
-                cache.static_only = f"symbolic sizes failed ({type(e.exc).__name__}: {first_line})"
-                cache.dynamic_inputs.clear()
-                _fallback_log.warning("tempa: %s: %s; compiling it per shape instead", _where(fn),
-                                      cache.static_only)
+            captured = self._capture(cache, fn, args, kwargs)
         except Unsupported as u:
             _stats.bump("graph_breaks")
             if self.fullgraph:
@@ -215,6 +197,26 @@ class CompileContext:
                                     "\n".join(f"  {d}" for _, d in entry.guards))
         cache.add(entry)
         return entry
+
+    def _capture(self, cache, fn, args, kwargs):
+        dynamic = self._dynamic_for(cache, fn, args, kwargs)
+        try:
+            return capture(fn, args, kwargs, runtime=self, allow_breaks=not self.fullgraph,
+                           dynamic=dynamic)
+        except UserError as e:
+            if not dynamic:
+                raise
+            # An operator whose fake kernel cannot take symbolic sizes (nn.Bilinear's
+            # aten._trilinear asserts) looks like an error of the user's code. Capture this
+            # call with its real sizes; if that fails too, it is the user's error. This function
+            # then compiles per shape (it had been silently eager, recapturing on every call).
+            captured = capture(fn, args, kwargs, runtime=self, allow_breaks=not self.fullgraph,
+                               dynamic=False)
+            first_line = (str(e.exc).splitlines() or [""])[0][:160]
+            cache.static_only = f"symbolic sizes failed ({type(e.exc).__name__}: {first_line})"
+            _fallback_log.warning("tempa: %s: %s; compiling it per shape instead", _where(fn),
+                                  cache.static_only)
+            return captured
 
     def _dynamic_for(self, cache, fn, args, kwargs):
         """Automatic dynamic shapes: the first capture is static; when a recompile happens

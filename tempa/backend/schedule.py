@@ -145,13 +145,13 @@ class Group:
         self.touched.add(st)
         self.touched |= _reads(st)
 
-    def has_room(self, st) -> bool:
-        """GPU: would the kernel stay within MAX_KERNEL_BUFFERS with ``st``?"""
-        return len(self.touched | _reads(st)) < MAX_KERNEL_BUFFERS
+    def has_room(self, reads: set) -> bool:
+        """GPU: would the kernel stay within MAX_KERNEL_BUFFERS with a step reading ``reads``?"""
+        return len(self.touched) + len(reads - self.touched) < MAX_KERNEL_BUFFERS
 
-    def related(self, st) -> bool:
-        """Does ``st`` read a member of this group, or something a member reads?"""
-        return not self.touched.isdisjoint(_reads(st))
+    def related(self, reads: set) -> bool:
+        """Does a step reading ``reads`` read a member of this group, or something a member reads?"""
+        return not self.touched.isdisjoint(reads)
 
     def takes_unrelated(self, st) -> bool:
         """A few independent pointwise ops of one shape share a launch (a layer's weight
@@ -272,8 +272,8 @@ def schedule(steps: list, copy_backs: list, outputs: list, max_report=60,
             # groups that share data first, then (bounded) unrelated pointwise ones
             order, others = [], []
             for p in range(max(earliest, 0), len(items)):
-                if isinstance(items[p], Group) and items[p].has_room(st):
-                    (order if items[p].related(st) else others).append(p)
+                if isinstance(items[p], Group) and items[p].has_room(deps):
+                    (order if items[p].related(deps) else others).append(p)
             order += [p for p in others if items[p].takes_unrelated(st)]
         else:
             order = range(len(items) - 1, max(earliest, 0) - 1, -1)

@@ -1,8 +1,9 @@
 """Compile Triton kernels into Triton's disk cache (run as a plain script by kernels.py).
 
 Imports Triton first (kernels.prewarm starts workers before their module exists, so that
-this import overlaps the parent's tracing), then reads one JSON line {"path", "target"}, then one JSON job per line, answering each with a
-line "ok NAME" or "err NAME ..." once it is compiled; exits at the end of its input. Why
+this import overlaps the parent's tracing), then reads one JSON line {"path", "target"},
+then one JSON job per line, answering each with a line "ok NAME" or "err NAME ..." once it
+is compiled; exits at the end of its input. Why
 one job at a time: kernels.py hands the next job to whichever worker is free, so a worker
 that drew slow kernels does not keep the others waiting. Imports only Triton and the
 generated module file, so it starts fast and never touches CUDA or the user's program.

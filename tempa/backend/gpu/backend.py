@@ -22,6 +22,7 @@ stats = importlib.import_module("tempa.stats")
 class GpuTarget:
     """The renderer ``entry._State`` compiles with on CUDA."""
     name = "cuda"
+
     def __init__(self, examples, mode=None, options=None):
         self.params = frozenset(i for i, t in enumerate(examples) if isinstance(t, torch.nn.Parameter))
         self.mode = mode

@@ -178,7 +178,6 @@ def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str 
 ADDMM_AS_MM_LIMIT = 1 << 28
 
 
-
 def _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, param_inputs, autotune) -> GpuPlan:
     with extra_dtypes(EXTRA_DTYPES):
         lowered = lower_graph(gm, num_outputs, mutated, shared_reads=3)

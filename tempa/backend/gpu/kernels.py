@@ -17,6 +17,7 @@ launcher directly; the wrapper guarantees the alignment it was compiled for.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.util
 import json
@@ -97,43 +98,68 @@ def _source(mod, job: Job):
 
 
 def compile_jobs(path: str, jobs: list, parallel_min: int = 3) -> dict:
-    """name -> CompiledKernel for every job (from Triton's cache when it has them)."""
-    import triton
+    """name -> CompiledKernel for every job (from Triton's cache when it has them). Each
+    kernel is loaded, and its launcher's build started, as soon as a worker reports it
+    compiled, while the workers go on with the others."""
     if not jobs:
         return {}
     mod = load_module(path)
     tgt = target()
-    log = logs.get("perf")
     t0 = time.perf_counter()
     out = {}
-    by_name = {j.name: j for j in jobs}
     with _Launchers() as launchers:
-        def load(name):
-            j = by_name[name]
-            out[name] = triton.compile(_source(mod, j), target=tgt,
-                                       options={"num_warps": j.num_warps, "num_stages": j.num_stages})
-            launchers.add(out[name])
-        if len(jobs) >= parallel_min:
-            # load each kernel (a cache hit) and start its launcher's build as soon as a
-            # worker reports it compiled, while the workers go on with the others
-            import queue
-            import threading
-            done = queue.Queue()
-            workers = threading.Thread(target=_prefill, args=(path, jobs, tgt), kwargs={"done": done},
-                                       daemon=True)
-            workers.start()
-            while workers.is_alive() or not done.empty():
-                try:
-                    name = done.get(timeout=0.05)
-                except queue.Empty:
-                    continue
-                if name in by_name and name not in out:
-                    load(name)
-        for j in jobs:
-            if j.name not in out:          # not compiled by a worker: compiled (or loaded) here
-                load(j.name)
-    log.info("triton: %d kernels ready in %.2f s", len(jobs), time.perf_counter() - t0)
+        for j in _as_compiled(path, jobs, tgt, parallel_min):
+            out[j.name] = _compile(mod, j, tgt)
+            launchers.add(out[j.name])
+    logs.get("perf").info("triton: %d kernels ready in %.2f s", len(jobs), time.perf_counter() - t0)
     return out
+
+
+def compile_each(path: str, jobs: list, parallel_min: int = 3) -> dict:
+    """name -> CompiledKernel, or the exception its compile raised (autotuning candidates:
+    one configuration that does not compile must not stop the others)."""
+    if not jobs:
+        return {}
+    mod = load_module(path)
+    tgt = target()
+    out = {}
+    for j in _as_compiled(path, jobs, tgt, parallel_min):
+        try:
+            out[j.name] = _compile(mod, j, tgt)
+        except Exception as e:  # noqa: BLE001 - reported by the caller, candidate skipped
+            out[j.name] = e
+    return out
+
+
+def _compile(mod, job, tgt):
+    import triton
+    return triton.compile(_source(mod, job), target=tgt,
+                          options={"num_warps": job.num_warps, "num_stages": job.num_stages})
+
+
+def _as_compiled(path, jobs, tgt, parallel_min):
+    """Each job once: first those the workers (``_prefill``, from ``parallel_min`` jobs on)
+    report compiled, as they report them, so the parent's compile is a cache hit; then the
+    rest, which the parent compiles itself."""
+    given = set()
+    if len(jobs) >= parallel_min:
+        import queue
+        import threading
+        by_name = {j.name: j for j in jobs}
+        done = queue.Queue()
+        workers = threading.Thread(target=_prefill, args=(path, jobs, tgt, done), daemon=True)
+        workers.start()
+        while workers.is_alive() or not done.empty():
+            try:
+                name = done.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if name not in given:
+                given.add(name)
+                yield by_name[name]
+    for j in jobs:
+        if j.name not in given:
+            yield j
 
 
 class _Launchers:
@@ -171,26 +197,6 @@ class _Launchers:
         return False
 
 
-def compile_each(path: str, jobs: list, parallel_min: int = 3) -> dict:
-    """name -> CompiledKernel, or the exception its compile raised (autotuning candidates:
-    one configuration that does not compile must not stop the others)."""
-    import triton
-    if not jobs:
-        return {}
-    mod = load_module(path)
-    tgt = target()
-    if len(jobs) >= parallel_min:
-        _prefill(path, jobs, tgt)
-    out = {}
-    for j in jobs:
-        try:
-            out[j.name] = triton.compile(_source(mod, j), target=tgt,
-                                         options={"num_warps": j.num_warps, "num_stages": j.num_stages})
-        except Exception as e:  # noqa: BLE001 - reported by the caller, candidate skipped
-            out[j.name] = e
-    return out
-
-
 WORKERS = min(os.cpu_count() or 1, 16)
 _WAITING: list = []                # workers started by prewarm, Triton imported, no module yet
 
@@ -215,12 +221,9 @@ def prewarm():
             _WAITING.append(_spawn())
         except OSError:
             break
-    if len(_WAITING) and not getattr(prewarm, "registered", False):
-        import atexit
-        atexit.register(_release_waiting)
-        prewarm.registered = True
 
 
+@atexit.register
 def _release_waiting():
     while _WAITING:
         p = _WAITING.pop()
@@ -230,7 +233,7 @@ def _release_waiting():
             pass
 
 
-def _prefill(path, jobs, tgt, timeout: float = 600.0, done=None):
+def _prefill(path, jobs, tgt, done, timeout: float = 600.0):
     """Compile ``jobs`` in worker processes so that the parent's compiles are cache hits.
 
     Why a shared queue and not a fixed share per worker: compile times of one graph's
@@ -273,7 +276,7 @@ def _prefill(path, jobs, tgt, timeout: float = 600.0, done=None):
                 reply = p.stdout.readline()
                 if not reply:                    # the worker died: leave the rest to the others
                     return
-                if done is not None and reply.startswith("ok "):
+                if reply.startswith("ok "):
                     done.put(reply.split()[1])
         except (OSError, ValueError):
             return

@@ -309,14 +309,15 @@ class Joint:
 # backward made five passes over the rows, storing an fp32 copy in between, where
 # _log_softmax_backward_data needs one (grad - exp(out) * sum(grad)). Likewise softmax,
 # logsumexp, layer norm (mean and rstd saved), GELU and SiLU (only their input saved).
-KEEP_WHOLE_FOR_AUTOGRAD = ("_softmax", "_log_softmax", "logsumexp", "native_layer_norm", "gelu", "silu")
+KEEP_WHOLE_FOR_AUTOGRAD = frozenset({aten._softmax, aten._log_softmax, aten.logsumexp,
+                                     aten.native_layer_norm, aten.gelu, aten.silu})
 
 
 def trace_training(gm: fx.GraphModule, inputs: list, decomps: dict) -> Joint:
     """The joint forward/backward graph of ``gm``: trace a forward that keeps the ops of
     KEEP_WHOLE_FOR_AUTOGRAD whole, then replay it with grad (``trace_joint``)."""
-    aten_ops = {getattr(aten, name) for name in KEEP_WHOLE_FOR_AUTOGRAD}
-    forward_decomps = {op: fn for op, fn in decomps.items() if op.overloadpacket not in aten_ops}
+    forward_decomps = {op: fn for op, fn in decomps.items()
+                       if op.overloadpacket not in KEEP_WHOLE_FOR_AUTOGRAD}
     traced = trace_forward(gm, inputs, forward_decomps)
     joint = trace_joint(traced, inputs, decomps)
     joint.single = traced.single
@@ -484,22 +485,25 @@ def _recompute_pointwise(fw_nodes, needed, live_bw, user_outputs, walk):
             total += k
         return total
 
+    def recompute_cost(n, memo):
+        """Bytes to keep to recompute pointwise ``n``, when less than saving it; else None."""
+        own = nbytes(n)
+        if own is None or not _pure_pointwise(n) or getattr(n.meta.get("tm"), "offset", 0):
+            return None                   # (an offset: a view into another buffer, saved)
+        via = via_inputs(n, memo)
+        return via if via is not None and via < own else None
+
     def keep(n, memo):
         """Bytes to keep in the forward so that ``n`` is available in the backward."""
         if n in needed or n in live_bw or n in user_outputs:
             return 0
         if n not in memo:
             memo[n] = None                # (a DAG: only guards against surprises)
-            own = nbytes(n)
             if n.op == "call_function" and n.target in _RECOMPUTE:
                 memo[n] = via_inputs(n, memo)     # a view costs what its base costs
-            elif own is not None and getattr(n.meta.get("tm"), "offset", 0):
-                memo[n] = own             # a view into another buffer: keep saving the copy
-            elif own is not None and _pure_pointwise(n):
-                via = via_inputs(n, memo)
-                memo[n] = via if via is not None and via < own else own
             else:
-                memo[n] = own
+                via = recompute_cost(n, memo)
+                memo[n] = nbytes(n) if via is None else via
         return memo[n]
 
     def recompute(n, memo):
@@ -508,21 +512,16 @@ def _recompute_pointwise(fw_nodes, needed, live_bw, user_outputs, walk):
         for a in n.all_input_nodes:
             if a in needed or a in live_bw or a in user_outputs:
                 continue
-            own = nbytes(a)
-            if (_pure_pointwise(a) and own is not None and keep(a, memo) < own
-                    and not getattr(a.meta.get("tm"), "offset", 0)):
+            if recompute_cost(a, memo) is not None:
                 recompute(a, memo)
             else:
                 walk([a])                 # saved (or a view: recomputed from its saved base)
 
     for n in reversed(fw_nodes):
-        if n not in needed or n in user_outputs or not _pure_pointwise(n):
-            continue
-        memo: dict = {}
-        own = nbytes(n)
-        via = via_inputs(n, memo)
-        if own is not None and via is not None and via < own:
-            recompute(n, memo)
+        if n in needed and n not in user_outputs:
+            memo: dict = {}
+            if recompute_cost(n, memo) is not None:
+                recompute(n, memo)
 
 
 def _pure_pointwise(n) -> bool:
