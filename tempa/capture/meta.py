@@ -36,17 +36,17 @@ def is_meta(v) -> bool:
 
 def infer(kind: str, target, args: tuple, kwargs: dict):
     """The result of ``target(*args, **kwargs)`` with MetaInfo in place of tensors."""
-    if torch._C._is_any_autocast_enabled():
-        # Autocast changes result dtypes per operator (linear in bfloat16, softmax in
-        # float32); the rules do not model that, fake tensors do.
-        raise NoRule()
     if kind == "call_method":
         rule = METHOD_RULES.get(target)
-        if rule is None:
-            raise NoRule()
-        return rule(*args, **kwargs)
-    rule = FUNCTION_RULES.get(target)
+        neutral = target in AUTOCAST_NEUTRAL_METHODS
+    else:
+        rule = FUNCTION_RULES.get(target)
+        neutral = target in AUTOCAST_NEUTRAL_FUNCTIONS
     if rule is None:
+        raise NoRule()
+    if not neutral and torch._C._is_any_autocast_enabled():
+        # Autocast changes result dtypes per operator (linear in bfloat16, softmax in
+        # float32 on CUDA); the rules do not model that, fake tensors do.
         raise NoRule()
     return rule(*args, **kwargs)
 
@@ -193,3 +193,26 @@ def _minmax_dispatch(result_type):
 
 
 _register()
+
+# Operations that no autocast policy lists (PyTorch's CUDA and CPU autocast tables:
+# matmuls and convolutions run in the low precision; losses, norms, softmax, exp/log and
+# sums in float32 on CUDA; some ops promote): they compute in their inputs' dtypes under
+# autocast too, so their rules stay valid there. Why it matters: under autocast every
+# other operation needs fake tensors, and some fake kernels (torch.arange's reference
+# implementation) import Dynamo, ~3 s on a first call (fake.py says more).
+_NEUTRAL_NAMES = ["reshape", "permute", "transpose", "t", "unsqueeze", "squeeze", "flatten",
+                  "split", "chunk", "unbind", "where", "masked_fill", "relu", "dropout",
+                  "zeros", "ones", "empty", "rand", "randn", "zeros_like", "ones_like",
+                  "empty_like", "rand_like", "randn_like", "full", "full_like", "arange",
+                  "tril", "triu", "add", "sub", "mul", "div", "true_divide", "rsub", "neg",
+                  "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
+                  "logical_not", "logical_xor"]
+AUTOCAST_NEUTRAL_FUNCTIONS = {getattr(torch, n) for n in _NEUTRAL_NAMES if hasattr(torch, n)} | {
+    F.dropout, F.relu, F.embedding, operator.getitem, operator.add, operator.sub, operator.mul,
+    operator.truediv, operator.neg, operator.lt, operator.le, operator.gt, operator.ge,
+    operator.eq, operator.ne, operator.iadd, operator.isub, operator.imul, operator.itruediv}
+AUTOCAST_NEUTRAL_METHODS = set(_NEUTRAL_NAMES) | {
+    "view", "expand", "expand_as", "view_as", "reshape_as", "__getitem__", "contiguous",
+    "detach", "to", "type_as", "float", "double", "half", "bfloat16", "long", "int", "bool",
+    "new_zeros", "new_ones", "new_empty", "new_full", "masked_fill_", "copy_", "fill_",
+    "zero_", "add_", "sub_", "mul_", "div_", "tril_", "triu_"}

@@ -1,6 +1,8 @@
 """The metadata rules of static capture (tempa/capture/meta.py) against real execution:
 capture each zoo model, run its graph on the real inputs node by node, and compare every
 node's recorded metadata (shape, dtype, device, requires_grad) with the real tensor's."""
+import operator
+
 import pytest
 import torch
 import torch.fx as fx
@@ -100,3 +102,63 @@ def test_rules_on_single_operations(grad):
             for r, t in pairs:
                 assert (tuple(r.shape), r.dtype, r.requires_grad) == \
                     (tuple(t.shape), t.dtype, t.requires_grad), f"{target} {args[1:]}"
+
+
+def test_under_autocast_only_the_neutral_rules_answer_and_they_match_real_execution():
+    """Autocast changes result dtypes of matmuls, norms, softmax...: those rules step aside
+    (fake tensors answer); the ones left (views, factories, arithmetic) must still be exact,
+    with bfloat16 operands among the float32 ones."""
+    from tempa.capture.meta import infer, NoRule, AUTOCAST_NEUTRAL_FUNCTIONS, AUTOCAST_NEUTRAL_METHODS
+    bf16 = torch.randn(2, 3, 4).bfloat16()
+    samples = _samples() + [("call_function", operator.add, (bf16, torch.randn(2, 3, 4))),
+                            ("call_method", "masked_fill", (bf16, bf16 > 0, 0.5)),
+                            ("call_method", "view", (bf16, 6, 4))]
+    answered = 0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for kind, target, args in samples:
+            metas = [MetaInfo.of(a) if isinstance(a, torch.Tensor) else
+                     [MetaInfo.of(t) for t in a] if isinstance(a, list) else a for a in args]
+            neutral = target in (AUTOCAST_NEUTRAL_METHODS if kind == "call_method" else AUTOCAST_NEUTRAL_FUNCTIONS)
+            try:
+                rule = infer(kind, target, tuple(metas), {})
+            except NoRule:
+                continue
+            assert neutral, f"{target} answered under autocast"
+            answered += 1
+            real = getattr(args[0], target)(*args[1:]) if kind == "call_method" else target(*args)
+            pairs = zip(rule, real) if isinstance(real, tuple) else [(rule, real)]
+            for r, t in pairs:
+                assert (tuple(r.shape), r.dtype) == (tuple(t.shape), t.dtype), f"{target} {args[1:]}"
+    assert answered >= 20
+
+
+@pytest.mark.parametrize("name", zoo.ONE_GRAPH)
+def test_rules_under_autocast_match_real_execution(name):
+    """As test_rules_match_real_execution, the model under CPU bfloat16 autocast."""
+    tempa.reset()
+    case = zoo.make(name)
+    graphs = []
+
+    class Autocast(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, *args, **kwargs):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return self.m(*args, **kwargs)
+
+    def keep(gm, example_inputs):
+        graphs.append((gm, list(example_inputs)))
+        return gm.forward
+
+    fast = tempa.compile(Autocast(clone_case(case).model), backend=keep)
+    with torch.no_grad():
+        torch.manual_seed(case.seed)
+        fast(*case.args, **case.kwargs)
+        (gm, inputs), = graphs
+        checker = _Check(gm)
+        torch.manual_seed(case.seed)
+        checker.run(*inputs)
+    if name.startswith("gpt"):
+        assert checker.checked > 0       # views, arithmetic and factories answered by rules
