@@ -45,10 +45,33 @@ def infer(kind: str, target, args: tuple, kwargs: dict):
     if rule is None:
         raise NoRule()
     if not neutral and torch._C._is_any_autocast_enabled():
-        # Autocast changes result dtypes per operator (linear in bfloat16, softmax in
-        # float32 on CUDA); the rules do not model that, fake tensors do.
-        raise NoRule()
+        args, kwargs = _autocast_operands(target, args, kwargs)
     return rule(*args, **kwargs)
+
+
+def _autocast_operands(target, args, kwargs):
+    """The operands as autocast hands them to ``target``: its float tensors (not float64)
+    cast to the autocast dtype or to float32, by the operation's policy on the device of its
+    first tensor (AUTOCAST_POLICY). NoRule where the policy is not known here (fake
+    tensors then answer, with PyTorch's own autocast)."""
+    first = next((a for a in args if isinstance(a, (MetaInfo, torch.Tensor))), None)
+    if first is None:
+        raise NoRule()
+    device = first.device.type
+    if not torch.is_autocast_enabled(device):
+        return args, kwargs                  # autocast is on for another device type
+    policy = AUTOCAST_POLICY.get(device, {}).get(target)
+    if policy is None or kwargs.get("dtype") is not None:
+        raise NoRule()
+    if policy == "same":
+        return args, kwargs
+    dtype = torch.float32 if policy == "float32" else torch.get_autocast_dtype(device)
+
+    def cast(v):
+        if isinstance(v, (MetaInfo, torch.Tensor)) and v.dtype.is_floating_point and v.dtype != torch.float64:
+            return _like(v, dtype=dtype, stride=v.stride())
+        return v
+    return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
 
 
 # -- the tables ----------------------------------------------------------------------------
@@ -211,6 +234,23 @@ AUTOCAST_NEUTRAL_FUNCTIONS = {getattr(torch, n) for n in _NEUTRAL_NAMES if hasat
     F.dropout, F.relu, F.embedding, operator.getitem, operator.add, operator.sub, operator.mul,
     operator.truediv, operator.neg, operator.lt, operator.le, operator.gt, operator.ge,
     operator.eq, operator.ne, operator.iadd, operator.isub, operator.imul, operator.itruediv}
+AUTOCAST_NEUTRAL_FUNCTIONS |= {F.gelu, F.silu}
+
+# How autocast treats the other operations that have rules, per device type (from
+# PyTorch's autocast tables, aten/src/ATen/autocast_mode.cpp; checked against real
+# execution by tests/capture/test_meta_rules.py on the CPU and, on a GPU machine, CUDA):
+# "lower" runs in the autocast dtype, "float32" in float32, "same" as without autocast.
+# An operation not named has no rule under autocast.
+_LOWER = [F.linear, torch.matmul, operator.matmul, "matmul", torch.mm, "mm", torch.bmm, "bmm",
+          torch.addmm, "addmm", F.scaled_dot_product_attention, F.conv1d, torch.conv1d,
+          F.conv2d, torch.conv2d]
+_SOFTMAX = [F.softmax, torch.softmax, "softmax", F.log_softmax, torch.log_softmax, "log_softmax"]
+AUTOCAST_POLICY = {
+    "cuda": {**dict.fromkeys(_LOWER, "lower"),
+             **dict.fromkeys(_SOFTMAX + [F.layer_norm, F.group_norm, F.cross_entropy], "float32")},
+    "cpu": {**dict.fromkeys(_LOWER, "lower"), F.cross_entropy: "float32",
+            **dict.fromkeys(_SOFTMAX + [F.layer_norm, F.group_norm], "same")},
+}
 AUTOCAST_NEUTRAL_METHODS = set(_NEUTRAL_NAMES) | {
     "view", "expand", "expand_as", "view_as", "reshape_as", "__getitem__", "contiguous",
     "detach", "to", "type_as", "float", "double", "half", "bfloat16", "long", "int", "bool",

@@ -104,32 +104,81 @@ def test_rules_on_single_operations(grad):
                     (tuple(t.shape), t.dtype, t.requires_grad), f"{target} {args[1:]}"
 
 
-def test_under_autocast_only_the_neutral_rules_answer_and_they_match_real_execution():
-    """Autocast changes result dtypes of matmuls, norms, softmax...: those rules step aside
-    (fake tensors answer); the ones left (views, factories, arithmetic) must still be exact,
-    with bfloat16 operands among the float32 ones."""
-    from tempa.capture.meta import infer, NoRule, AUTOCAST_NEUTRAL_FUNCTIONS, AUTOCAST_NEUTRAL_METHODS
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_rules_under_autocast_match_real_execution_on_single_operations(device):
+    """Under autocast a rule answers only for an operation whose autocast policy it knows
+    (meta.py AUTOCAST_POLICY, or neutral), and its answer matches real execution, with
+    bfloat16 operands among the float32 ones."""
+    from tempa.capture.meta import infer, NoRule, AUTOCAST_NEUTRAL_FUNCTIONS, AUTOCAST_NEUTRAL_METHODS, \
+        AUTOCAST_POLICY
     bf16 = torch.randn(2, 3, 4).bfloat16()
-    samples = _samples() + [("call_function", operator.add, (bf16, torch.randn(2, 3, 4))),
-                            ("call_method", "masked_fill", (bf16, bf16 > 0, 0.5)),
-                            ("call_method", "view", (bf16, 6, 4))]
+    F = torch.nn.functional
+    samples = _samples() + [
+        ("call_function", operator.add, (bf16, torch.randn(2, 3, 4))),
+        ("call_method", "masked_fill", (bf16, bf16 > 0, 0.5)), ("call_method", "view", (bf16, 6, 4)),
+        ("call_function", F.layer_norm, (bf16, (4,), torch.randn(4), torch.randn(4))),
+        ("call_function", F.linear, (bf16, torch.randn(5, 4), torch.randn(5))),
+        ("call_function", F.linear, (torch.randn(3, 4).double(), torch.randn(5, 4).double())),
+        ("call_function", F.softmax, (bf16, -1)), ("call_method", "log_softmax", (bf16, -1)),
+        ("call_function", F.gelu, (bf16,)), ("call_function", F.gelu, (torch.randn(3),)),
+        ("call_function", F.cross_entropy, (bf16.view(6, 4), torch.tensor([0, 1, 2, 3, 0, 1]))),
+        ("call_function", F.scaled_dot_product_attention, (bf16.view(1, 2, 3, 4), torch.randn(1, 2, 3, 4),
+                                                           torch.randn(1, 2, 3, 4))),
+        ("call_function", torch.bmm, (torch.randn(2, 3, 4), bf16.transpose(1, 2)))]
+
+    def moved(v):
+        return v.to(device) if isinstance(v, torch.Tensor) else [moved(t) for t in v] if isinstance(v, list) \
+            else tuple(moved(t) for t in v) if isinstance(v, tuple) else v
     answered = 0
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device, dtype=torch.bfloat16):
         for kind, target, args in samples:
+            args = moved(args)
             metas = [MetaInfo.of(a) if isinstance(a, torch.Tensor) else
                      [MetaInfo.of(t) for t in a] if isinstance(a, list) else a for a in args]
-            neutral = target in (AUTOCAST_NEUTRAL_METHODS if kind == "call_method" else AUTOCAST_NEUTRAL_FUNCTIONS)
             try:
                 rule = infer(kind, target, tuple(metas), {})
             except NoRule:
                 continue
-            assert neutral, f"{target} answered under autocast"
+            known = target in (AUTOCAST_NEUTRAL_METHODS if kind == "call_method" else AUTOCAST_NEUTRAL_FUNCTIONS) \
+                or target in AUTOCAST_POLICY[device]
+            assert known, f"{target} answered under autocast"
             answered += 1
             real = getattr(args[0], target)(*args[1:]) if kind == "call_method" else target(*args)
             pairs = zip(rule, real) if isinstance(real, tuple) else [(rule, real)]
             for r, t in pairs:
                 assert (tuple(r.shape), r.dtype) == (tuple(t.shape), t.dtype), f"{target} {args[1:]}"
-    assert answered >= 20
+    assert answered >= 30
+
+
+class _Autocast(torch.nn.Module):
+    def __init__(self, m, device="cpu"):
+        super().__init__()
+        self.m, self.device = m, device
+
+    def forward(self, *args, **kwargs):
+        with torch.autocast(self.device, dtype=torch.bfloat16):
+            return self.m(*args, **kwargs)
+
+
+def _check_under_autocast(model, args, kwargs, seed=0, grad=False):
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append((gm, list(example_inputs)))
+        return gm.forward
+
+    fast = tempa.compile(model, backend=keep)
+    with torch.set_grad_enabled(grad):
+        torch.manual_seed(seed)
+        fast(*args, **kwargs)
+        (gm, inputs), = graphs
+        checker = _Check(gm)
+        torch.manual_seed(seed)
+        checker.run(*inputs)
+    return checker.checked
 
 
 @pytest.mark.parametrize("name", zoo.ONE_GRAPH)
@@ -137,28 +186,17 @@ def test_rules_under_autocast_match_real_execution(name):
     """As test_rules_match_real_execution, the model under CPU bfloat16 autocast."""
     tempa.reset()
     case = zoo.make(name)
-    graphs = []
-
-    class Autocast(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, *args, **kwargs):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                return self.m(*args, **kwargs)
-
-    def keep(gm, example_inputs):
-        graphs.append((gm, list(example_inputs)))
-        return gm.forward
-
-    fast = tempa.compile(Autocast(clone_case(case).model), backend=keep)
-    with torch.no_grad():
-        torch.manual_seed(case.seed)
-        fast(*case.args, **case.kwargs)
-        (gm, inputs), = graphs
-        checker = _Check(gm)
-        torch.manual_seed(case.seed)
-        checker.run(*inputs)
+    checked = _check_under_autocast(_Autocast(clone_case(case).model), case.args, case.kwargs, case.seed)
     if name.startswith("gpt"):
-        assert checker.checked > 0       # views, arithmetic and factories answered by rules
+        assert checked > 0
+
+
+@CUDA
+@pytest.mark.parametrize("grad", [False, True])
+def test_rules_under_cuda_autocast_match_real_execution(grad):
+    from tests.models.gpt import GPT, GPTConfig
+    tempa.reset()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=2, n_embd=32)).cuda()
+    idx = torch.randint(0, 128, (2, 16), device="cuda")
+    assert _check_under_autocast(_Autocast(model, "cuda"), (idx, idx), {}, grad=grad) > 0

@@ -221,6 +221,20 @@ def prewarm():
             _WAITING.append(_spawn())
         except OSError:
             break
+    import threading
+    threading.Thread(target=_hash_triton, daemon=True).start()
+
+
+def _hash_triton():
+    """Triton's cache key starts with a hash of its own files, the 400 MB libtriton
+    included, computed on the parent's first compile (0.35 s of a GPT's first call on the
+    H200, profiled). hashlib lets go of the GIL while it hashes, so computed here, at
+    capture, it overlaps tracing; the result is cached for the process."""
+    try:
+        from triton.runtime.cache import triton_key
+        triton_key()
+    except Exception:  # noqa: BLE001 - the first compile computes it, and reports
+        pass
 
 
 @atexit.register
