@@ -269,6 +269,7 @@ def _prefill(path, jobs, tgt, done, timeout: float = 600.0):
         try:
             p = _WAITING.pop() if _WAITING else _spawn()
             if p.poll() is not None:
+                _close_pipes(p)
                 continue           # a prewarmed worker that died: start another
             p.stdin.write(head)
             p.stdin.flush()
@@ -312,6 +313,15 @@ def _prefill(path, jobs, tgt, done, timeout: float = 600.0):
             p.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             p.kill()
+        _close_pipes(p)
+
+
+def _close_pipes(p):
+    for pipe in (p.stdin, p.stdout):
+        try:
+            pipe.close()
+        except OSError:
+            pass
 
 
 def content_name(body: str, tag: str) -> str:

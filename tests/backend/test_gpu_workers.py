@@ -1,0 +1,56 @@
+"""The GPU backend's compile workers (gpu/kernels.py), run without a GPU: Triton compiles for
+sm_90 with the ptxas it ships, so only Triton is needed."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("triton")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_MODULE = '''
+import triton
+import triton.language as tl
+
+@triton.jit
+def k_add(p0, p1, p2):
+    i = tl.arange(0, 128)
+    tl.store(p2 + i, tl.load(p0 + i) + tl.load(p1 + i))
+
+@triton.jit
+def k_mul(p0, p1, p2):
+    i = tl.arange(0, 128)
+    tl.store(p2 + i, tl.load(p0 + i) * tl.load(p1 + i))
+
+@triton.jit
+def k_bad(p0, p1, p2):
+    tl.store(p2 + tl.arange(0, 100), 1.0)   # not a power of two: does not compile
+'''
+
+
+def test_workers_compile_each_job_once_report_failures_and_close_their_pipes(tmp_path):
+    (tmp_path / "mod.py").write_text(_MODULE)
+    child = textwrap.dedent(f"""
+        import gc, os, queue, sys
+        os.environ["TEMPA_CACHE_DIR"] = {str(tmp_path / "cache")!r}
+        from tempa.backend.gpu import kernels as K
+        from triton.backends.compiler import GPUTarget
+        sig = {{"p0": "*fp32", "p1": "*fp32", "p2": "*fp32"}}
+        jobs = [K.Job(n, sig, [0, 1, 2], 4) for n in ("k_add", "k_mul", "k_bad")]
+        done = queue.Queue()
+        K._prefill({str(tmp_path / "mod.py")!r}, jobs, GPUTarget("cuda", 90, 32), done)
+        got = []
+        while not done.empty():
+            got.append(done.get())
+        gc.collect()
+        print(sorted(got))
+    """)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("TRITON_INTERPRET", None)         # conftest sets it where there is no GPU: compile for real
+    p = subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c", child], capture_output=True,
+                       text=True, env=env, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "['k_add', 'k_mul']", p.stderr[-3000:]   # k_bad: reported failed
+    assert "ResourceWarning" not in p.stderr, p.stderr[-2000:]
