@@ -54,3 +54,46 @@ def test_workers_compile_each_job_once_report_failures_and_close_their_pipes(tmp
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip() == "['k_add', 'k_mul']", p.stderr[-3000:]   # k_bad: reported failed
     assert "ResourceWarning" not in p.stderr, p.stderr[-2000:]
+
+
+def test_parent_finds_what_workers_compiled_after_its_triton_environment_changed(tmp_path):
+    """Workers start early (prewarm); torch.compile in the same process may then set
+    TRITON_PTXAS_PATH (another ptxas build: another backend hash, part of Triton's cache
+    key) or another variable Triton keys on. Workers must compile under the parent's
+    environment and key, or the parent compiles every kernel again itself."""
+    (tmp_path / "mod.py").write_text(_MODULE)
+    child = textwrap.dedent(f"""
+        import os, queue, stat, sys
+        os.environ["TEMPA_CACHE_DIR"] = {str(tmp_path / "cache")!r}
+        from tempa.backend.gpu import kernels as K
+        import triton
+        from triton.backends.compiler import GPUTarget
+        K.WORKERS = 2
+        K.prewarm()                                    # started with the old environment
+        real = triton.knobs.nvidia.ptxas.path
+        wrapper = {str(tmp_path / "ptxas")!r}          # another "build" of the same ptxas
+        with open(wrapper, "w") as f:
+            f.write('#!/bin/sh\\nif [ "$1" = "--version" ]; then "' + real + '" --version; echo rebuilt; exit 0; fi\\n'
+                    'exec "' + real + '" "$@"\\n')
+        os.chmod(wrapper, os.stat(wrapper).st_mode | stat.S_IEXEC)
+        os.environ["TRITON_PTXAS_PATH"] = wrapper
+        os.environ["TRITON_DEFAULT_FP_FUSION"] = "0"
+        tgt = GPUTarget("cuda", 90, 32)
+        sig = {{"p0": "*fp32", "p1": "*fp32", "p2": "*fp32"}}
+        jobs = [K.Job(n, sig, [0, 1, 2], 4) for n in ("k_add", "k_mul")]
+        path = {str(tmp_path / "mod.py")!r}
+        mod = K.load_module(path)
+        cache = os.environ["TRITON_CACHE_DIR"]
+        from_workers = list(K._as_compiled(path, jobs, tgt, 1))
+        before = sorted(os.listdir(cache))
+        for j in from_workers:
+            K._compile(mod, j, tgt)
+        print(len(from_workers), len(before), sorted(os.listdir(cache)) == before)
+    """)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("TRITON_INTERPRET", None)
+    for k in [k for k in env if k.startswith(("TRITON_PTXAS", "TRITON_DEFAULT_FP_FUSION"))]:
+        env.pop(k)
+    p = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip() == "2 2 True", p.stdout + p.stderr[-2000:]   # no compile in the parent

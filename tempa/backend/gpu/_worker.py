@@ -1,7 +1,9 @@
 """Compile Triton kernels into Triton's disk cache (run as a plain script by kernels.py).
 
 Imports Triton first (kernels.prewarm starts workers before their module exists, so that
-this import overlaps the parent's tracing), then reads one JSON line {"path", "target"},
+this import overlaps the parent's tracing), then reads one JSON line {"path", "target",
+"env", "backend_hash"} (the parent's Triton environment variables, which replace the
+worker's own, and its backend hash, under which results are filed),
 then one JSON job per line, answering each with a line "ok NAME" or "err NAME ..." once it
 is compiled; exits at the end of its input. Why
 one job at a time: kernels.py hands the next job to whichever worker is free, so a worker
@@ -10,6 +12,7 @@ generated module file, so it starts fast and never touches CUDA or the user's pr
 """
 import importlib.util
 import json
+import os
 import sys
 
 
@@ -21,10 +24,22 @@ def main():
     if not line.strip():
         return                    # a prewarmed worker that was not needed
     spec = json.loads(line)
+    # compile with the parent's Triton environment as it is now (kernels.triton_environment)
+    env = spec.get("env")
+    if env is not None:
+        for key in [k for k in os.environ if k.startswith(("TRITON_", "MLIR_", "LLVM_"))]:
+            if key not in env:
+                del os.environ[key]
+        os.environ.update(env)
     s = importlib.util.spec_from_file_location("tempa_worker_mod", spec["path"])
     mod = importlib.util.module_from_spec(s)
     s.loader.exec_module(mod)
     tgt = GPUTarget(*spec["target"])
+    if spec.get("backend_hash"):
+        # file results under the parent's cache key (kernels._backend_hash says why)
+        from triton.compiler.compiler import make_backend
+        parent_hash = spec["backend_hash"]
+        type(make_backend(tgt)).hash = lambda self: parent_hash
     print("ready", flush=True)
     for line in sys.stdin:
         if not line.strip():

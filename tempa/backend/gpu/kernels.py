@@ -107,11 +107,16 @@ def compile_jobs(path: str, jobs: list, parallel_min: int = 3) -> dict:
     tgt = target()
     t0 = time.perf_counter()
     out = {}
+    here = 0.0                         # time this process spent in triton.compile
     with _Launchers() as launchers:
         for j in _as_compiled(path, jobs, tgt, parallel_min):
+            t = time.perf_counter()
             out[j.name] = _compile(mod, j, tgt)
+            here += time.perf_counter() - t
             launchers.add(out[j.name])
-    logs.get("perf").info("triton: %d kernels ready in %.2f s", len(jobs), time.perf_counter() - t0)
+    # "in this process" stays near zero when the workers' results are cache hits here
+    logs.get("perf").info("triton: %d kernels ready in %.2f s (%.2f s of it compiling in this process)",
+                          len(jobs), time.perf_counter() - t0, here)
     return out
 
 
@@ -263,7 +268,8 @@ def _prefill(path, jobs, tgt, done, timeout: float = 600.0):
     todo = queue.Queue()
     for j in sorted(jobs, key=lambda j: -j.cost):
         todo.put(j)
-    head = json.dumps({"path": path, "target": [tgt.backend, tgt.arch, tgt.warp_size]}) + "\n"
+    head = json.dumps({"path": path, "target": [tgt.backend, tgt.arch, tgt.warp_size],
+                       "env": triton_environment(), "backend_hash": _backend_hash(tgt)}) + "\n"
     procs = []
     while len(procs) < n:
         try:
@@ -322,6 +328,37 @@ def _close_pipes(p):
             pipe.close()
         except OSError:
             pass
+
+
+# Environment variables Triton reads while compiling (its cache directory, the ptxas it
+# runs, MLIR/LLVM switches) or puts in its cache key.
+TRITON_ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_")
+
+
+def triton_environment() -> dict:
+    """This process's Triton environment, which workers compile with (see _backend_hash)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(TRITON_ENV_PREFIXES)}
+
+
+def _backend_hash(tgt):
+    """This process's hash of the Triton backend (the ptxas version, cached on first use):
+    part of every kernel's cache key, so workers file their results under it.
+
+    Why both this and the environment: a worker keeps the environment it was started with,
+    and prewarmed workers start early. torch.compile in the same process sets
+    TRITON_PTXAS_PATH (the ptxas shipped with torch) when it first compiles a kernel
+    in-process, so workers and parent can run different ptxas builds, and each process
+    caches the version it saw first. With different keys, every kernel the workers compiled
+    was compiled again here, one after another: in benchmarks/gpu.py (after torch.compile's
+    rows) a GPT training step's first call spent 9 s in this process's triton.compile
+    (profiled on the H200), against ~3 s for the same step with only torch.compile's
+    training row before it. Workers now compile with this process's environment and
+    under its backend hash (_worker.py)."""
+    try:
+        from triton.compiler.compiler import make_backend
+        return make_backend(tgt).hash()
+    except Exception:  # noqa: BLE001 - workers then use their own (a mismatch costs time only)
+        return None
 
 
 def content_name(body: str, tag: str) -> str:
