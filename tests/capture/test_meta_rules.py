@@ -86,20 +86,25 @@ def _samples():
     ]
 
 
+def _rule_and_real(kind, target, args):
+    """(rule's result, real result) pairs for one call; None where no rule answers."""
+    from tempa.capture.meta import infer, NoRule
+    metas = [MetaInfo.of(a) if isinstance(a, torch.Tensor) else
+             [MetaInfo.of(t) for t in a] if isinstance(a, list) else a for a in args]
+    try:
+        rule = infer(kind, target, tuple(metas), {})
+    except NoRule:
+        return None
+    real = getattr(args[0], target)(*args[1:]) if kind == "call_method" else target(*args)
+    return list(zip(rule, real)) if isinstance(real, tuple) else [(rule, real)]
+
+
 @pytest.mark.parametrize("grad", [False, True])
 def test_rules_on_single_operations(grad):
-    from tempa.capture.meta import infer, NoRule
     with torch.set_grad_enabled(grad):
         for kind, target, args in _samples():
-            metas = [MetaInfo.of(a) if isinstance(a, torch.Tensor) else
-                     [MetaInfo.of(t) for t in a] if isinstance(a, list) else a for a in args]
-            try:
-                rule = infer(kind, target, tuple(metas), {})
-            except NoRule:
-                continue
-            real = getattr(args[0], target)(*args[1:]) if kind == "call_method" else target(*args)
-            pairs = zip(rule, real) if isinstance(real, tuple) else [(rule, real)]
-            for r, t in pairs:
+            pairs = _rule_and_real(kind, target, args)
+            for r, t in pairs or ():
                 assert (tuple(r.shape), r.dtype, r.requires_grad) == \
                     (tuple(t.shape), t.dtype, t.requires_grad), f"{target} {args[1:]}"
 
@@ -112,8 +117,7 @@ def test_rules_under_autocast_match_real_execution_on_single_operations(device):
     """Under autocast a rule answers only for an operation whose autocast policy it knows
     (meta.py AUTOCAST_POLICY, or neutral), and its answer matches real execution, with
     bfloat16 operands among the float32 ones."""
-    from tempa.capture.meta import infer, NoRule, AUTOCAST_NEUTRAL_FUNCTIONS, AUTOCAST_NEUTRAL_METHODS, \
-        AUTOCAST_POLICY
+    from tempa.capture.meta import AUTOCAST_NEUTRAL_FUNCTIONS, AUTOCAST_NEUTRAL_METHODS, AUTOCAST_POLICY
     bf16 = torch.randn(2, 3, 4).bfloat16()
     F = torch.nn.functional
     samples = _samples() + [
@@ -135,19 +139,13 @@ def test_rules_under_autocast_match_real_execution_on_single_operations(device):
     answered = 0
     with torch.autocast(device, dtype=torch.bfloat16):
         for kind, target, args in samples:
-            args = moved(args)
-            metas = [MetaInfo.of(a) if isinstance(a, torch.Tensor) else
-                     [MetaInfo.of(t) for t in a] if isinstance(a, list) else a for a in args]
-            try:
-                rule = infer(kind, target, tuple(metas), {})
-            except NoRule:
+            pairs = _rule_and_real(kind, target, moved(args))
+            if pairs is None:
                 continue
             known = target in (AUTOCAST_NEUTRAL_METHODS if kind == "call_method" else AUTOCAST_NEUTRAL_FUNCTIONS) \
                 or target in AUTOCAST_POLICY[device]
             assert known, f"{target} answered under autocast"
             answered += 1
-            real = getattr(args[0], target)(*args[1:]) if kind == "call_method" else target(*args)
-            pairs = zip(rule, real) if isinstance(real, tuple) else [(rule, real)]
             for r, t in pairs:
                 assert (tuple(r.shape), r.dtype) == (tuple(t.shape), t.dtype), f"{target} {args[1:]}"
     assert answered >= 30
