@@ -98,3 +98,45 @@ def test_parent_finds_what_workers_compiled_after_its_triton_environment_changed
     p = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip() == "2 True", p.stdout + p.stderr[-2000:]   # no compile in the parent
+
+
+def test_workers_stay_for_the_next_graph_and_take_its_environment(tmp_path):
+    """After one module the workers wait, Triton imported, for the next graph's module; the
+    next one may come with another Triton environment, which they then compile with."""
+    (tmp_path / "mod.py").write_text(_MODULE)
+    (tmp_path / "mod2.py").write_text(_MODULE.replace("k_add", "k_add2").replace("k_mul", "k_mul2"))
+    child = textwrap.dedent(f"""
+        import os, queue, sys
+        os.environ["TEMPA_CACHE_DIR"] = {str(tmp_path / "cache")!r}
+        from tempa.backend.gpu import kernels as K
+        from triton.backends.compiler import GPUTarget
+        K.WORKERS = 2
+        tgt = GPUTarget("cuda", 90, 32)
+        sig = {{"p0": "*fp32", "p1": "*fp32", "p2": "*fp32"}}
+
+        def compile_module(name, kernels):
+            path = os.path.join({str(tmp_path)!r}, name)
+            jobs = [K.Job(n, sig, [0, 1, 2], 4) for n in kernels]
+            from_workers = [j.name for j in K._as_compiled(path, jobs, tgt, 1)]
+            cache = os.environ["TRITON_CACHE_DIR"]
+            before = sorted(os.listdir(cache))
+            mod = K.load_module(path)
+            for n in from_workers:
+                K._compile(mod, [j for j in jobs if j.name == n][0], tgt)
+            return sorted(from_workers), sorted(os.listdir(cache)) == before
+
+        print(compile_module("mod.py", ["k_add", "k_mul"]))
+        first = sorted(p.pid for p in K._WAITING)
+        os.environ["TRITON_DEFAULT_FP_FUSION"] = "0"      # Triton keys on it
+        print(compile_module("mod2.py", ["k_add2", "k_mul2"]))
+        print(len(first), sorted(p.pid for p in K._WAITING) == first)
+    """)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for k in [k for k in env if k.startswith(("TRITON_",))]:
+        env.pop(k)
+    p = subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c", child], capture_output=True,
+                       text=True, env=env, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip().splitlines() == ["(['k_add', 'k_mul'], True)", "(['k_add2', 'k_mul2'], True)",
+                                             "2 True"], p.stdout + p.stderr[-2000:]
+    assert "ResourceWarning" not in p.stderr

@@ -203,7 +203,7 @@ class _Launchers:
 
 
 WORKERS = min(os.cpu_count() or 1, 16)
-_WAITING: list = []                # workers started by prewarm, Triton imported, no module yet
+_WAITING: list = []                # idle workers: started by prewarm or kept from a graph
 
 
 def _spawn():
@@ -217,8 +217,8 @@ def prewarm():
 
     Why: each worker spends about a second importing Triton before it can compile; started
     here, that happens while the parent traces, lowers and renders the graph, instead of
-    after. Workers left over wait for the next graph and are told to exit at interpreter
-    exit (an empty line, or end of input)."""
+    after. Workers stay for the next graph (_prefill hands them back here) and are told to
+    exit at interpreter exit (end of input)."""
     if interpret_mode() or _WAITING:
         return
     for _ in range(WORKERS):
@@ -244,12 +244,16 @@ def _hash_triton():
 
 @atexit.register
 def _release_waiting():
-    while _WAITING:
-        p = _WAITING.pop()
+    """At exit: end every idle worker's input (it exits at once), then reap them."""
+    idle = list(_WAITING)
+    _WAITING.clear()
+    for p in idle:
         try:
             p.stdin.close()
         except OSError:
             pass
+    for p in idle:
+        _stop(p)
 
 
 def _prefill(path, jobs, tgt, done, timeout: float = 600.0):
@@ -276,12 +280,13 @@ def _prefill(path, jobs, tgt, done, timeout: float = 600.0):
             p = _WAITING.pop() if _WAITING else _spawn()
             if p.poll() is not None:
                 _close_pipes(p)
-                continue           # a prewarmed worker that died: start another
+                continue           # an idle worker that died: start another
             p.stdin.write(head)
             p.stdin.flush()
             procs.append(p)
         except OSError:
             break                  # no (more) subprocesses here: the parent compiles what is left
+    finished = []                  # workers that took every job they were given and are idle
 
     def feed(p):
         try:
@@ -291,7 +296,7 @@ def _prefill(path, jobs, tgt, done, timeout: float = 600.0):
                 try:
                     j = todo.get_nowait()
                 except queue.Empty:
-                    return
+                    break
                 p.stdin.write(json.dumps(j.as_json()) + "\n")
                 p.stdin.flush()
                 reply = p.stdout.readline()
@@ -299,13 +304,11 @@ def _prefill(path, jobs, tgt, done, timeout: float = 600.0):
                     return
                 if reply.startswith("ok "):
                     done.put(reply.split()[1])
+            p.stdin.write("end\n")               # this module is done; wait for the next one
+            p.stdin.flush()
+            finished.append(p)
         except (OSError, ValueError):
             return
-        finally:
-            try:
-                p.stdin.close()
-            except OSError:
-                pass
     threads = [threading.Thread(target=feed, args=(p,), daemon=True) for p in procs]
     for t in threads:
         t.start()
@@ -315,11 +318,22 @@ def _prefill(path, jobs, tgt, done, timeout: float = 600.0):
         if t.is_alive():
             p.kill()               # unblocks the feeding thread's read
     for p in procs:
-        try:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-        _close_pipes(p)
+        # Why keep them: a next graph (a graph break, another mode, a recompile) then finds
+        # workers with Triton imported instead of waiting about a second for new ones
+        if p in finished and p.poll() is None and len(_WAITING) < WORKERS:
+            _WAITING.append(p)
+        else:
+            _stop(p)
+
+
+def _stop(p):
+    try:
+        p.stdin.close()            # end of input: the worker exits
+        p.wait(timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        p.kill()
+        p.wait()
+    _close_pipes(p)
 
 
 def _close_pipes(p):
