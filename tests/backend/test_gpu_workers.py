@@ -47,14 +47,50 @@ def test_workers_compile_each_job_once_report_failures_and_close_their_pipes(tmp
         gc.collect()
         print(sorted(got))
     """)
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("TRITON_INTERPRET", None)         # conftest sets it where there is no GPU: compile for real
-    env.pop("TRITON_CACHE_DIR", None)         # the child's cache is its own
     p = subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c", child], capture_output=True,
-                       text=True, env=env, timeout=300, cwd=ROOT)
+                       text=True, env=_child_env(), timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip() == "['k_add', 'k_mul']", p.stderr[-3000:]   # k_bad: reported failed
     assert "ResourceWarning" not in p.stderr, p.stderr[-2000:]
+
+
+_KERNELS = "\n".join(f"""
+@triton.jit
+def k{i}(p0, p1, p2):
+    j = tl.arange(0, 128)
+    tl.store(p2 + j, tl.load(p0 + j) * {i} + tl.load(p1 + j))
+""" for i in range(6))
+
+# A child's helper: compile a module as compile_jobs does (each job as _as_compiled hands it
+# over). Reports whether workers compiled any of it, whether each kernel is in Triton's
+# cache once (a kernel a worker compiled under another key would be compiled again here and
+# filed twice), and whether this process compiled some itself.
+_COMPILE_MODULE = """
+def compile_module(path, names):
+    import glob
+    jobs = [K.Job(n, sig, [0, 1, 2], 4) for n in names]
+    mod = K.load_module(path)
+    from_workers = 0
+    for j, from_worker in K._as_compiled(path, jobs, tgt, 1):
+        K._compile(mod, j, tgt)
+        from_workers += from_worker
+    cache = os.environ["TRITON_CACHE_DIR"]
+    once = all(len(glob.glob(os.path.join(cache, "*", n + ".json"))) == 1 for n in names)
+    return from_workers > 0, once, from_workers < len(names)
+"""
+
+
+def _child_env():
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for k in [k for k in env if k.startswith("TRITON_")]:
+        env.pop(k)                 # TRITON_INTERPRET (conftest, no GPU) and the cache dir too
+    return env
+
+
+def _module(tmp_path, name, tag=""):
+    path = tmp_path / name
+    path.write_text("import triton\nimport triton.language as tl\n" + _KERNELS.replace("def k", f"def k{tag}"))
+    return str(path)
 
 
 def test_parent_finds_what_workers_compiled_after_its_triton_environment_changed(tmp_path):
@@ -62,9 +98,9 @@ def test_parent_finds_what_workers_compiled_after_its_triton_environment_changed
     TRITON_PTXAS_PATH (another ptxas build: another backend hash, part of Triton's cache
     key) or another variable Triton keys on. Workers must compile under the parent's
     environment and key, or the parent compiles every kernel again itself."""
-    (tmp_path / "mod.py").write_text(_MODULE)
+    path = _module(tmp_path, "mod.py")
     child = textwrap.dedent(f"""
-        import os, queue, stat, sys
+        import os, stat, sys, time
         os.environ["TEMPA_CACHE_DIR"] = {str(tmp_path / "cache")!r}
         from tempa.backend.gpu import kernels as K
         import triton
@@ -79,64 +115,40 @@ def test_parent_finds_what_workers_compiled_after_its_triton_environment_changed
         os.chmod(wrapper, os.stat(wrapper).st_mode | stat.S_IEXEC)
         os.environ["TRITON_PTXAS_PATH"] = wrapper
         os.environ["TRITON_DEFAULT_FP_FUSION"] = "0"
+        time.sleep(3)                                  # the workers have Triton imported
         tgt = GPUTarget("cuda", 90, 32)
         sig = {{"p0": "*fp32", "p1": "*fp32", "p2": "*fp32"}}
-        jobs = [K.Job(n, sig, [0, 1, 2], 4) for n in ("k_add", "k_mul")]
-        path = {str(tmp_path / "mod.py")!r}
-        mod = K.load_module(path)
-        cache = os.environ["TRITON_CACHE_DIR"]
-        from_workers = list(K._as_compiled(path, jobs, tgt, 1))
-        before = sorted(os.listdir(cache))
-        for j in from_workers:
-            K._compile(mod, j, tgt)
-        print(len(from_workers), sorted(os.listdir(cache)) == before)
+    """) + _COMPILE_MODULE + textwrap.dedent(f"""
+        print(*compile_module({path!r}, [f"k{{i}}" for i in range(6)])[:2])
     """)
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("TRITON_INTERPRET", None)
-    for k in [k for k in env if k.startswith(("TRITON_PTXAS", "TRITON_DEFAULT_FP_FUSION", "TRITON_CACHE_DIR"))]:
-        env.pop(k)                                   # the child's cache is its own
-    p = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    p = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=_child_env(),
+                       timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stdout.strip() == "2 True", p.stdout + p.stderr[-2000:]   # no compile in the parent
+    assert p.stdout.strip() == "True True", p.stdout + p.stderr[-2000:]
 
 
 def test_workers_stay_for_the_next_graph_and_take_its_environment(tmp_path):
     """After one module the workers wait, Triton imported, for the next graph's module; the
     next one may come with another Triton environment, which they then compile with."""
-    (tmp_path / "mod.py").write_text(_MODULE)
-    (tmp_path / "mod2.py").write_text(_MODULE.replace("k_add", "k_add2").replace("k_mul", "k_mul2"))
+    first, second = _module(tmp_path, "mod.py"), _module(tmp_path, "mod2.py", tag="b")
     child = textwrap.dedent(f"""
-        import os, queue, sys
+        import os, sys
         os.environ["TEMPA_CACHE_DIR"] = {str(tmp_path / "cache")!r}
         from tempa.backend.gpu import kernels as K
         from triton.backends.compiler import GPUTarget
         K.WORKERS = 2
         tgt = GPUTarget("cuda", 90, 32)
         sig = {{"p0": "*fp32", "p1": "*fp32", "p2": "*fp32"}}
-
-        def compile_module(name, kernels):
-            path = os.path.join({str(tmp_path)!r}, name)
-            jobs = [K.Job(n, sig, [0, 1, 2], 4) for n in kernels]
-            from_workers = [j.name for j in K._as_compiled(path, jobs, tgt, 1)]
-            cache = os.environ["TRITON_CACHE_DIR"]
-            before = sorted(os.listdir(cache))
-            mod = K.load_module(path)
-            for n in from_workers:
-                K._compile(mod, [j for j in jobs if j.name == n][0], tgt)
-            return sorted(from_workers), sorted(os.listdir(cache)) == before
-
-        print(compile_module("mod.py", ["k_add", "k_mul"]))
-        first = sorted(p.pid for p in K._WAITING)
+    """) + _COMPILE_MODULE + textwrap.dedent(f"""
+        # new workers take a second to import Triton: meanwhile this process compiles too
+        print(*compile_module({first!r}, [f"k{{i}}" for i in range(6)]))
+        kept = sorted(p.pid for p in K._WAITING)
         os.environ["TRITON_DEFAULT_FP_FUSION"] = "0"      # Triton keys on it
-        print(compile_module("mod2.py", ["k_add2", "k_mul2"]))
-        print(len(first), sorted(p.pid for p in K._WAITING) == first)
+        print(*compile_module({second!r}, [f"kb{{i}}" for i in range(6)])[:2])
+        print(len(kept), sorted(p.pid for p in K._WAITING) == kept)
     """)
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    for k in [k for k in env if k.startswith(("TRITON_",))]:
-        env.pop(k)
     p = subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c", child], capture_output=True,
-                       text=True, env=env, timeout=300, cwd=ROOT)
+                       text=True, env=_child_env(), timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stdout.strip().splitlines() == ["(['k_add', 'k_mul'], True)", "(['k_add2', 'k_mul2'], True)",
-                                             "2 True"], p.stdout + p.stderr[-2000:]
+    assert p.stdout.strip().splitlines() == ["True True True", "True True", "2 True"], p.stdout + p.stderr[-2000:]
     assert "ResourceWarning" not in p.stderr
