@@ -10,8 +10,9 @@ itself:
     function's Dynamo-disabled form (``torch._dynamo.disable(fn)``) and caches it on the
     function (``fn.__dynamo_disable``).
 Importing ``torch._dynamo`` runs all of Dynamo, and sympy with it: about 3 s. Profiled on
-the H200, that was 3.1-3.7 s of a GPT's 5.3-8.0 s first call (under autocast most
-operations have no metadata rule, so capture runs fake tensors).
+the H200, that was 3.1-3.7 s of a GPT's 5.3-8.0 s first call (capture runs fake tensors
+from the first operation without a metadata rule; under autocast, before meta.py modelled
+it, that was the first one).
 
 So while tempa's fake tensors of static sizes are created or run, and only while Dynamo
 is not imported, ``torch._dynamo`` is a stand-in:
