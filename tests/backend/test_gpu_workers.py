@@ -152,3 +152,21 @@ def test_workers_stay_for_the_next_graph_and_take_its_environment(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip().splitlines() == ["True True True", "True True", "2 True"], p.stdout + p.stderr[-2000:]
     assert "ResourceWarning" not in p.stderr
+
+
+def test_a_forked_process_does_not_take_its_parents_idle_workers():
+    child = textwrap.dedent("""
+        import os
+        from tempa.backend.gpu import kernels as K
+        K.WORKERS = 2
+        K.prewarm()
+        pid = os.fork()
+        if pid == 0:                       # a DataLoader-style fork: the pipes are the parent's
+            os._exit(0 if K._idle_worker() is None else 1)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status), len(K._WAITING), K._idle_worker() is not None)
+    """)
+    p = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=_child_env(),
+                       timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "0 2 True"

@@ -226,8 +226,20 @@ _WAITING: list = []                # idle workers: started by prewarm or kept fr
 
 def _spawn():
     worker = os.path.join(os.path.dirname(__file__), "_worker.py")
-    return subprocess.Popen([sys.executable, worker], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, env=dict(os.environ), text=True, bufsize=1)
+    p = subprocess.Popen([sys.executable, worker], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, env=dict(os.environ), text=True, bufsize=1)
+    p.tempa_owner = os.getpid()
+    return p
+
+
+def _idle_worker():
+    """An idle worker of this process, or None. Why the owner check: a process forked from
+    this one (a DataLoader worker, say) inherits the list, but the pipes are the parent's."""
+    while _WAITING:
+        p = _WAITING.pop()
+        if getattr(p, "tempa_owner", None) == os.getpid():
+            return p
+    return None
 
 
 def prewarm():
@@ -237,7 +249,7 @@ def prewarm():
     here, that happens while the parent traces, lowers and renders the graph, instead of
     after. Workers stay for the next graph (_prefill hands them back here) and are told to
     exit at interpreter exit (end of input)."""
-    if interpret_mode() or _WAITING:
+    if interpret_mode() or any(getattr(p, "tempa_owner", None) == os.getpid() for p in _WAITING):
         return
     for _ in range(WORKERS):
         try:
@@ -263,7 +275,7 @@ def _hash_triton():
 @atexit.register
 def _release_waiting():
     """At exit: end every idle worker's input (it exits at once), then reap them."""
-    idle = list(_WAITING)
+    idle = [p for p in _WAITING if getattr(p, "tempa_owner", None) == os.getpid()]
     _WAITING.clear()
     for p in idle:
         try:
@@ -298,7 +310,7 @@ def _prefill(path, jobs, tgt, done=None, timeout: float = 600.0, ready=None):
     procs = []
     while len(procs) < n:
         try:
-            p = _WAITING.pop() if _WAITING else _spawn()
+            p = _idle_worker() or _spawn()
             if p.poll() is not None:
                 _close_pipes(p)
                 continue           # an idle worker that died: start another
