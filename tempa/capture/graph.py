@@ -14,11 +14,10 @@ import re
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, \
-    UnsupportedOperatorException
+from torch._subclasses.fake_tensor import FakeTensorMode, DataDependentOutputException, \
+    DynamicOutputShapeException, UnsupportedOperatorException
 
 from .breaks import Unsupported, UserError
-from .fake import new_fake_mode, running
 from .guards import GuardSet, is_numpy_scalar
 from .values import TensorVar
 from .meta import MetaInfo, infer
@@ -52,7 +51,7 @@ class GraphBuilder:
             # imported here: shapes.py pulls in sympy (~1-2 s), which static captures never use
             from .shapes import SymbolicSizes, make_shape_env
             env = make_shape_env()
-            self.fake_mode = new_fake_mode(shape_env=env)
+            self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=env)
             self.sizes = SymbolicSizes(self.graph, env)
         self.guards = GuardSet()
         self.user_inputs: list[tuple[fx.Node, str, torch.Tensor]] = []  # (placeholder, expr, tensor)
@@ -113,20 +112,18 @@ class GraphBuilder:
         return var
 
     def _example_of(self, tensor: torch.Tensor):
-        if self.sizes is None:
-            # static: a fake tensor is made from this when an operation needs one
-            # (_use_fake_tensors). Why not fake_mode.from_tensor: it imports Dynamo (fake.py)
+        if self.fake_mode is None:
             return MetaInfo.of(tensor)
         return self.fake_mode.from_tensor(tensor, static_shapes=True)
 
     def _use_fake_tensors(self, values) -> None:
         """Switch this capture to fake tensors: every TensorVar in ``values`` gets one."""
         if self.fake_mode is None:
-            self.fake_mode = new_fake_mode()
+            self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
         for var in _vars_in(values):
             m = var.fake
             if isinstance(m, MetaInfo):
-                with running(self.fake_mode):
+                with self.fake_mode:
                     var.fake = torch.empty_strided(m.shape, m.stride(), dtype=m.dtype,
                                                    device=m.device, requires_grad=m.requires_grad)
                 var.node.meta["example_value"] = var.fake
@@ -155,7 +152,7 @@ class GraphBuilder:
                 node = self.graph.create_node(kind, target, node_args, node_kwargs)
                 return self.wrap(node, result, target)
         try:
-            with running(self.fake_mode), _quiet_fake_kernel_errors():
+            with self.fake_mode, _quiet_fake_kernel_errors():
                 if kind == "call_method":
                     result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                 else:
@@ -184,7 +181,7 @@ class GraphBuilder:
             return None
         # Matmul and linear results are contiguous in eager for every input layout (the
         # static path's rules and their differential test assume the same).
-        with running(self.fake_mode):
+        with self.fake_mode:
             return torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype,
                                        device=meta.device, requires_grad=meta.requires_grad)
 

@@ -198,3 +198,25 @@ def test_rules_under_cuda_autocast_match_real_execution(grad):
     model = GPT(GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=2, n_embd=32)).cuda()
     idx = torch.randint(0, 128, (2, 16), device="cuda")
     assert _check_under_autocast(_Autocast(model, "cuda"), (idx, idx), {}, grad=grad) > 0
+
+
+def test_an_autocast_gpt_is_captured_without_fake_tensors():
+    """Every operation of a GPT under autocast has a rule (AUTOCAST_POLICY or neutral), so
+    capture never switches to fake tensors (their first use costs seconds of imports)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from tests.models.gpt import GPT, GPTConfig
+    tempa.reset()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=2, n_embd=32))
+    idx = torch.randint(0, 128, (2, 16))
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    tempa.compile(_Autocast(model), backend=keep)(idx, idx)
+    (gm,) = graphs
+    metas = [n.meta.get("example_value") for n in gm.graph.nodes]
+    assert not any(isinstance(m, FakeTensor) for m in metas)
+    assert sum(isinstance(m, MetaInfo) for m in metas) > 20
