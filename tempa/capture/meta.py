@@ -36,15 +36,12 @@ def is_meta(v) -> bool:
 
 def infer(kind: str, target, args: tuple, kwargs: dict):
     """The result of ``target(*args, **kwargs)`` with MetaInfo in place of tensors."""
-    if kind == "call_method":
-        rule = METHOD_RULES.get(target)
-        neutral = target in AUTOCAST_NEUTRAL_METHODS
-    else:
-        rule = FUNCTION_RULES.get(target)
-        neutral = target in AUTOCAST_NEUTRAL_FUNCTIONS
+    method = kind == "call_method"
+    rule = (METHOD_RULES if method else FUNCTION_RULES).get(target)
     if rule is None:
         raise NoRule()
-    if not neutral and torch._C._is_any_autocast_enabled():
+    if torch._C._is_any_autocast_enabled() and \
+            target not in (AUTOCAST_NEUTRAL_METHODS if method else AUTOCAST_NEUTRAL_FUNCTIONS):
         args, kwargs = _autocast_operands(target, args, kwargs)
     return rule(*args, **kwargs)
 
@@ -231,10 +228,9 @@ _NEUTRAL_NAMES = ["reshape", "permute", "transpose", "t", "unsqueeze", "squeeze"
                   "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
                   "logical_not", "logical_xor"]
 AUTOCAST_NEUTRAL_FUNCTIONS = {getattr(torch, n) for n in _NEUTRAL_NAMES if hasattr(torch, n)} | {
-    F.dropout, F.relu, F.embedding, operator.getitem, operator.add, operator.sub, operator.mul,
-    operator.truediv, operator.neg, operator.lt, operator.le, operator.gt, operator.ge,
+    F.dropout, F.relu, F.gelu, F.silu, F.embedding, operator.getitem, operator.add, operator.sub,
+    operator.mul, operator.truediv, operator.neg, operator.lt, operator.le, operator.gt, operator.ge,
     operator.eq, operator.ne, operator.iadd, operator.isub, operator.imul, operator.itruediv}
-AUTOCAST_NEUTRAL_FUNCTIONS |= {F.gelu, F.silu}
 
 # How autocast treats the other operations that have rules, per device type (from
 # PyTorch's autocast tables, aten/src/ATen/autocast_mode.cpp; checked against real

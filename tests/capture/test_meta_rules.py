@@ -30,22 +30,27 @@ class _Check(fx.Interpreter):
         return out
 
 
-@pytest.mark.parametrize("name", zoo.ONE_GRAPH)
-@pytest.mark.parametrize("grad", [False, True])
-def test_rules_match_real_execution(name, grad):
-    tempa.reset()
-    case = zoo.make(name)
+def _capture_one(model, args, kwargs, seed=0):
+    """(graph, example inputs) of ``model``'s single captured graph, after one call."""
     graphs = []
 
     def keep(gm, example_inputs):
         graphs.append((gm, list(example_inputs)))
         return gm.forward
 
-    fast = tempa.compile(clone_case(case).model, backend=keep)
+    torch.manual_seed(seed)
+    tempa.compile(model, backend=keep)(*args, **kwargs)
+    (gm, inputs), = graphs
+    return gm, inputs
+
+
+@pytest.mark.parametrize("name", zoo.ONE_GRAPH)
+@pytest.mark.parametrize("grad", [False, True])
+def test_rules_match_real_execution(name, grad):
+    tempa.reset()
+    case = zoo.make(name)
     with torch.set_grad_enabled(grad):
-        torch.manual_seed(case.seed)
-        fast(*case.args, **case.kwargs)
-        (gm, inputs), = graphs
+        gm, inputs = _capture_one(clone_case(case).model, case.args, case.kwargs, case.seed)
         checker = _Check(gm)
         torch.manual_seed(case.seed)
         checker.run(*[t.detach().clone().requires_grad_(t.requires_grad) if t.is_leaf else t
@@ -162,17 +167,8 @@ class _Autocast(torch.nn.Module):
 
 
 def _check_under_autocast(model, args, kwargs, seed=0, grad=False):
-    graphs = []
-
-    def keep(gm, example_inputs):
-        graphs.append((gm, list(example_inputs)))
-        return gm.forward
-
-    fast = tempa.compile(model, backend=keep)
     with torch.set_grad_enabled(grad):
-        torch.manual_seed(seed)
-        fast(*args, **kwargs)
-        (gm, inputs), = graphs
+        gm, inputs = _capture_one(model, args, kwargs, seed)
         checker = _Check(gm)
         torch.manual_seed(seed)
         checker.run(*inputs)
@@ -189,34 +185,27 @@ def test_rules_under_autocast_match_real_execution(name):
         assert checked > 0
 
 
-@CUDA
-@pytest.mark.parametrize("grad", [False, True])
-def test_rules_under_cuda_autocast_match_real_execution(grad):
+def _small_gpt(device):
     from tests.models.gpt import GPT, GPTConfig
     tempa.reset()
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=2, n_embd=32)).cuda()
-    idx = torch.randint(0, 128, (2, 16), device="cuda")
-    assert _check_under_autocast(_Autocast(model, "cuda"), (idx, idx), {}, grad=grad) > 0
+    model = GPT(GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=2, n_embd=32)).to(device)
+    return _Autocast(model, device), torch.randint(0, 128, (2, 16), device=device)
+
+
+@CUDA
+@pytest.mark.parametrize("grad", [False, True])
+def test_rules_under_cuda_autocast_match_real_execution(grad):
+    model, idx = _small_gpt("cuda")
+    assert _check_under_autocast(model, (idx, idx), {}, grad=grad) > 0
 
 
 def test_an_autocast_gpt_is_captured_without_fake_tensors():
     """Every operation of a GPT under autocast has a rule (AUTOCAST_POLICY or neutral), so
     capture never switches to fake tensors (their first use costs seconds of imports)."""
     from torch._subclasses.fake_tensor import FakeTensor
-    from tests.models.gpt import GPT, GPTConfig
-    tempa.reset()
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=2, n_embd=32))
-    idx = torch.randint(0, 128, (2, 16))
-    graphs = []
-
-    def keep(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    tempa.compile(_Autocast(model), backend=keep)(idx, idx)
-    (gm,) = graphs
+    model, idx = _small_gpt("cpu")
+    gm, _ = _capture_one(model, (idx, idx), {})
     metas = [n.meta.get("example_value") for n in gm.graph.nodes]
     assert not any(isinstance(m, FakeTensor) for m in metas)
     assert sum(isinstance(m, MetaInfo) for m in metas) > 20

@@ -31,6 +31,7 @@ def main():
         # compile with the parent's Triton environment as it is now (kernels.triton_environment)
         env = spec.get("env")
         if env is not None:
+            # (kernels.TRITON_ENV_PREFIXES: this script imports nothing of tempa)
             for key in [k for k in os.environ if k.startswith(("TRITON_", "MLIR_", "LLVM_"))]:
                 if key not in env:
                     del os.environ[key]

@@ -232,12 +232,17 @@ def _spawn():
     return p
 
 
+def _owned(p) -> bool:
+    """Did this process start worker ``p``? A process forked from this one (a DataLoader
+    worker, say) inherits the idle list, but the pipes are the parent's."""
+    return getattr(p, "tempa_owner", None) == os.getpid()
+
+
 def _idle_worker():
-    """An idle worker of this process, or None. Why the owner check: a process forked from
-    this one (a DataLoader worker, say) inherits the list, but the pipes are the parent's."""
+    """An idle worker of this process, or None."""
     while _WAITING:
         p = _WAITING.pop()
-        if getattr(p, "tempa_owner", None) == os.getpid():
+        if _owned(p):
             return p
     return None
 
@@ -249,7 +254,7 @@ def prewarm():
     here, that happens while the parent traces, lowers and renders the graph, instead of
     after. Workers stay for the next graph (_prefill hands them back here) and are told to
     exit at interpreter exit (end of input)."""
-    if interpret_mode() or any(getattr(p, "tempa_owner", None) == os.getpid() for p in _WAITING):
+    if interpret_mode() or any(map(_owned, _WAITING)):
         return
     for _ in range(WORKERS):
         try:
@@ -275,13 +280,10 @@ def _hash_triton():
 @atexit.register
 def _release_waiting():
     """At exit: end every idle worker's input (it exits at once), then reap them."""
-    idle = [p for p in _WAITING if getattr(p, "tempa_owner", None) == os.getpid()]
+    idle = [p for p in _WAITING if _owned(p)]
     _WAITING.clear()
     for p in idle:
-        try:
-            p.stdin.close()
-        except OSError:
-            pass
+        _close_pipes(p)            # all at once, so they exit side by side
     for p in idle:
         _stop(p)
 
@@ -362,13 +364,12 @@ def _prefill(path, jobs, tgt, done=None, timeout: float = 600.0, ready=None):
 
 
 def _stop(p):
+    _close_pipes(p)                # end of input: the worker exits
     try:
-        p.stdin.close()            # end of input: the worker exits
         p.wait(timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
+    except subprocess.TimeoutExpired:
         p.kill()
         p.wait()
-    _close_pipes(p)
 
 
 def _close_pipes(p):
