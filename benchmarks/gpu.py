@@ -177,7 +177,7 @@ def main():
                    ("tempa", None), ("tempa", "reduce-overhead")],
         "gpt_b1": [("eager", None), ("torch.compile", None), ("torch.compile", "reduce-overhead"),
                    ("tempa", None), ("tempa", "reduce-overhead")],
-        "gpt_train": [("eager", None), ("torch.compile", None), ("tempa", None)],
+        "gpt_train": [("eager", None), ("torch.compile", None), ("tempa", None), ("tempa", "reduce-overhead")],
     }
     results = []
     for key, row in rows.items():

@@ -16,13 +16,20 @@ from .compile_graph import finish, plan_graph
 _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
 
 
-def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn=finish):
-    """``plan_fn``/``finish_fn``: the renderer's passes (C++ here; the GPU path passes its own)."""
+def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn=finish, graph_calls=None):
+    """``plan_fn``/``finish_fn``: the renderer's passes (C++ here; the GPU path passes its own).
+    ``graph_calls``: (fw_call, bw_call) -> replacements that replay them as CUDA graphs
+    (mode="reduce-overhead", runtime/cudagraphs.py). Then every saved tensor goes through
+    ``save_for_backward``, so autograd drops it when the backward has run and the forward's
+    next replay need not copy it away (a ctx attribute lives as long as the outputs do)."""
     n_bw_in = len(joint.saved_inputs) + joint.num_saved + len(joint.diff_outputs)
     fw_plan = plan_fn(joint.fw, joint.num_outputs, joint.mutated, n_in, "forward", "f_")
     bw_plan = plan_fn(joint.bw, len(joint.grad_inputs), [], n_bw_in, "backward", "b_")
     # one gcc run for both graphs
     (fw_call, fw_info), (bw_call, bw_info) = finish_fn([fw_plan, bw_plan])
+    all_saved_variables = graph_calls is not None
+    if all_saved_variables:
+        fw_call, bw_call = graph_calls(fw_call, bw_call)
     n_out = joint.num_outputs
     saved_inputs = tuple(joint.saved_inputs)
     diff = tuple(joint.diff_outputs)
@@ -38,7 +45,8 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
     has_alias = any(a >= 0 for a in alias)
     n_si = len(saved_inputs)
 
-    forward = _render_forward(fw_call, n_in, n_out, n_saved, saved_inputs, alias, non_diff, single)
+    forward = _render_forward(fw_call, n_in, n_out, n_saved, saved_inputs, alias, non_diff, single,
+                              all_saved_variables)
 
     def backward(ctx, *grads):
         tangents = []
@@ -47,8 +55,11 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
             if not g.is_contiguous():
                 g = g.contiguous()   # the backward was compiled for contiguous tangents
             tangents.append(g)
-        saved = ctx.tempa_saved
-        if has_alias:
+        if all_saved_variables:
+            saved = ctx.saved_tensors
+        else:
+            saved = ctx.tempa_saved
+        if has_alias and not all_saved_variables:
             it = iter(ctx.saved_tensors)
             saved = list(saved)
             for k, a in enumerate(alias):
@@ -76,25 +87,31 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
 _INHERITED_LOOKUPS = ("setup_context", "clear_saved_tensors_on_access", "boxed_grads_call")
 
 
-def _render_forward(fw_call, n_in, n_out, n_saved, saved_inputs, alias, non_diff, single):
+def _render_forward(fw_call, n_in, n_out, n_saved, saved_inputs, alias, non_diff, single,
+                    all_saved_variables=False):
     """The Function's forward as straight-line code for this graph (no per-call loops).
 
     The compiled forward returns the user outputs then the saved values. Saved values that
     are also user outputs go through ``save_for_backward`` (a ctx attribute holding an
     output would be a reference cycle through its ``grad_fn``); the rest, and the saved
     inputs, are plain ctx attributes: fresh buffers nobody else holds, or the caller's
-    inputs, which eager would save too."""
+    inputs, which eager would save too. ``all_saved_variables``: everything goes through
+    ``save_for_backward`` (inputs first, then the saved values, the backward's order)."""
     args = ", ".join(f"a{i}" for i in range(n_in))
     lines = [f"def forward(ctx, {args}):", f"    r = fw_call({args})"]
-    kept = [f"r[{n_out + k}]" if a < 0 else "None" for k, a in enumerate(alias)]
-    if any(a >= 0 for a in alias):
+    if all_saved_variables:
+        lines.append("    ctx.save_for_backward(" + "".join(f"a{i}, " for i in saved_inputs) +
+                     f"*r[{n_out}:])")
+    elif any(a >= 0 for a in alias):
+        kept = [f"r[{n_out + k}]" if a < 0 else "None" for k, a in enumerate(alias)]
         lines.append(f"    ctx.save_for_backward({', '.join(f'r[{a}]' for a in alias if a >= 0)},)")
         saved = "(" + "".join(f"a{i}, " for i in saved_inputs) + "".join(f"{k}, " for k in kept) + ")"
+        lines.append(f"    ctx.tempa_saved = {saved}")
     elif n_saved:
         saved = "(" + "".join(f"a{i}, " for i in saved_inputs) + f") + r[{n_out}:]"
+        lines.append(f"    ctx.tempa_saved = {saved}")
     else:
-        saved = "(" + "".join(f"a{i}, " for i in saved_inputs) + ")"
-    lines.append(f"    ctx.tempa_saved = {saved}")
+        lines.append("    ctx.tempa_saved = (" + "".join(f"a{i}, " for i in saved_inputs) + ")")
     if non_diff:
         lines.append("    ctx.mark_non_differentiable(*[o for o in (" +
                      "".join(f"r[{i}], " for i in non_diff) + ") if isinstance(o, torch.Tensor)])")

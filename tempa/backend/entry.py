@@ -42,6 +42,8 @@ class BackendInfo:
     forward: GraphInfo | None = None
     backward: GraphInfo | None = None
     notes: list = field(default_factory=list)
+    # mode="reduce-overhead" training: the (forward, backward) CUDA graph runners, once built
+    training_cudagraphs: tuple = ()
 
     def _adopt(self, gi: GraphInfo):
         self.kernel_count += gi.kernel_count
@@ -119,10 +121,11 @@ def _dynamic_dims(gm):
         return []
 
 
-def build(gm: torch.fx.GraphModule, example_inputs, target):
-    """The variants of one graph compiled with ``target``'s renderer."""
+def build(gm: torch.fx.GraphModule, example_inputs, target, info: BackendInfo | None = None):
+    """The variants of one graph compiled with ``target``'s renderer. ``info``: the record to
+    fill (a target that reports into it while it builds passes its own)."""
     t0 = time.perf_counter()
-    info = BackendInfo()
+    info = BackendInfo() if info is None else info
     example_inputs = list(example_inputs)
     try:
         pgm, attrs = prepare(gm)

@@ -23,7 +23,8 @@ class GpuTarget:
     """The renderer ``entry._State`` compiles with on CUDA."""
     name = "cuda"
 
-    def __init__(self, examples, mode=None, options=None):
+    def __init__(self, examples, mode=None, options=None, info=None):
+        self.info = info                 # the graph's BackendInfo: training CUDA graphs note into it
         self.params = frozenset(i for i, t in enumerate(examples) if isinstance(t, torch.nn.Parameter))
         self.mode = mode
         self.options = options or {}
@@ -45,7 +46,15 @@ class GpuTarget:
 
     def build_training(self, joint, n_in, single):
         from ..autograd import build_training
-        return build_training(joint, n_in, single, plan_fn=self._plan, finish_fn=gc.finish)
+        return build_training(joint, n_in, single, plan_fn=self._plan, finish_fn=gc.finish,
+                              graph_calls=self._training_graphs(joint))
+
+    def _training_graphs(self, joint):
+        """reduce-overhead / max-autotune: the forward and backward replay as CUDA graphs."""
+        if self.mode not in ("reduce-overhead", "max-autotune") or self.info is None:
+            return None
+        from ..runtime.cudagraphs import training_graphs
+        return training_graphs(self.info, self.options, joint)
 
 
 _DECOMPS = None
@@ -106,15 +115,16 @@ def gpu_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = 
     example_inputs = list(example_inputs)
 
     def make(graph):
-        target = GpuTarget(example_inputs, mode, options)
+        from ..entry import BackendInfo
+        info = BackendInfo()
+        target = GpuTarget(example_inputs, mode, options, info)
         dims = _dynamic_dims(graph)
         if dims:
             # symbolic sizes: one shape-generic compile for every size (gpu/dynamic.py),
             # or per-shape code where that cannot be made (said in tempa_info.dynamic)
             from .dynamic import GpuDynamicTarget
             target = GpuDynamicTarget(dims, target)
-        compiled = build(graph, example_inputs, target)
-        info = compiled.tempa_info
+        compiled = build(graph, example_inputs, target, info)
         info.notes.append(f"device: cuda, mode: {mode or 'default'}")
         if mode in ("reduce-overhead", "max-autotune"):
             # as torch.compile's max-autotune, the tuned graph also replays as a CUDA graph

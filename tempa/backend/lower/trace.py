@@ -360,8 +360,11 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
                 env[n] = n.target(*args, **kwargs)
         outs = list(out_vals)
         user = outs[: traced.num_outputs]
-        for v in outs[traced.num_outputs:]:
-            if isinstance(v, torch.Tensor) and v.requires_grad:
+        # A new value for a mutated input may carry grad (BatchNorm's running mean is made
+        # from the batch mean); eager updates it outside autograd, and so does the forward
+        # graph. Only an input that itself requires grad cannot be mutated.
+        for i in traced.mutated:
+            if isinstance(clones[i], torch.Tensor) and clones[i].requires_grad:
                 raise Unsupported("an input that requires grad is mutated in place")
         diff = [i for i, o in enumerate(user) if isinstance(o, torch.Tensor) and o.requires_grad]
         grad_inputs = [i for i, c in enumerate(clones) if isinstance(c, torch.Tensor) and c.requires_grad]

@@ -3,9 +3,9 @@
 Why: on small inputs a GPU graph's time is the CPU's time to launch its kernels (a few
 microseconds each); a CUDA graph launches all of them with one call.
 
-How (one ``CudaGraphRunner`` per compiled graph and input shape: a CUDA graph holds fixed
-addresses and sizes, so a new shape records a new graph; a graph with symbolic sizes shares
-its shape-generic kernels between the recordings, gpu/dynamic.py):
+How (one ``CudaGraphRunner`` per compiled graph; one recording per input layout: a CUDA
+graph holds fixed addresses and sizes, so a new shape records a new graph; a graph with
+symbolic sizes shares its shape-generic kernels between the recordings, gpu/dynamic.py):
 
   * static inputs: arguments that are ``nn.Parameter``s are used in place (their addresses
     are fixed; if a different tensor object arrives in a parameter slot the graph is
@@ -23,10 +23,18 @@ its shape-generic kernels between the recordings, gpu/dynamic.py):
       - "clone": a copy of every output on every call (one device copy each).
       - "overwrite": torch.compile's contract: outputs are overwritten by the next call;
         tempa warns once when it overwrites an output the caller still holds.
+  * training (calls that need autograd): the compiled forward and the compiled backward of
+    the ``autograd.Function`` (backend/autograd.py) each replay as CUDA graphs of their own
+    (``AutogradPartRunner``). Their outputs are protected as above, with one difference:
+    an output buffer something still holds that cannot be redirected (autograd's copy of a
+    saved output whose backward has not run yet, a gradient autograd keeps in ``.grad``
+    while gradients accumulate, a view) is never overwritten; that call runs the compiled
+    code without its graph, said once. The backward reads the forward's saved tensors in
+    place when they are still the forward's buffers, so a step copies only its inputs.
   * no graph (the compiled code runs as is, and the reason is given once, as a warning and
     in ``tempa_info.notes``): CPU tensors among the inputs, a graph that mutates its inputs,
-    a graph that fell back to eager, calls that need autograd (training runs the compiled
-    forward and backward without CUDA graphs), or a capture that failed.
+    a graph that fell back to eager, training with shape-generic kernels, or a capture that
+    failed.
 """
 from __future__ import annotations
 
@@ -38,6 +46,13 @@ import torch
 
 stats = importlib.import_module("tempa.stats")
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
+# Giving an earlier output its own copy (set_) bumps its version counter; autograd would then
+# refuse it as a saved tensor ("modified by an inplace operation"). The values are the same,
+# so the version is put back.
+_set_versions = getattr(torch._C._autograd, "_unsafe_set_version_counter", None)
+
+
+_NO_TRAINING_GRAPHS = "reduce-overhead: training runs without CUDA graphs"
 
 
 def _warn(msg):
@@ -50,44 +65,65 @@ def _flat(out):
     return list(out), False
 
 
+# Indirections a test replaces to run the bookkeeping on the CPU (tests/backend/test_cudagraph_runner.py)
+def _on_gpu(t):
+    return t.is_cuda
+
+
+def _cuda_available():
+    return torch.cuda.is_available()
+
+
+def _storage_ptr(t):
+    return t.untyped_storage().data_ptr()
+
+
 class _Recording:
     def __init__(self):
         self.graph = None
-        self.static_in = {}        # arg index -> static buffer
-        self.static_ids = []       # (arg index, tensor) used in place
+        self.static_in = {}        # arg index -> static buffer the argument is copied into
+        self.static_ids = []       # (arg index, tensor) used in place (parameters)
         self.outs = []             # static output tensors (or non-tensors)
         self.single = False
-        self.base = []             # storage use count of each output right after recording
+        self.watched = []          # (storage handle, use count right after recording) per owned output
         self.given = []            # weakrefs to what the last call returned
 
 
 class CudaGraphRunner:
+    capture_error_mode = "global"
+
     def __init__(self, fn, example_inputs, info, options, used=None):
         self.fn = fn
         self.info = info
         self.policy = (options or {}).get("cudagraph_outputs", "protect")
         if self.policy not in ("protect", "clone", "overwrite"):
             raise ValueError(f"cudagraph_outputs must be 'protect', 'clone' or 'overwrite', not {self.policy!r}")
-        n = len(example_inputs)
-        used = used if used is not None else [True] * n
-        self.param_idx = [i for i, t in enumerate(example_inputs)
-                          if isinstance(t, torch.nn.Parameter) and used[i]]
-        self.dyn_idx = [i for i, t in enumerate(example_inputs)
-                        if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter) and used[i]]
-        self.needs_grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
         self.recs = {}
         self.disabled = None
         self.warned = set()
-        reason = self._uncapturable(example_inputs)
-        if reason:
-            self._disable(reason)
+        self.replays = 0
+        self.needs_grad = False
+        self.param_idx = self.dyn_idx = None
+        if example_inputs is not None:
+            self._slots(example_inputs, used)
+            self.needs_grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
+            reason = self._uncapturable(example_inputs)
+            if reason:
+                self._disable(reason)
+
+    def _slots(self, examples, used=None):
+        used = used if used is not None else [True] * len(examples)
+        self.param_idx = [i for i, t in enumerate(examples)
+                          if isinstance(t, torch.nn.Parameter) and used[i]]
+        self.dyn_idx = [i for i, t in enumerate(examples)
+                        if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter) and used[i]]
 
     # -- why not -----------------------------------------------------------------------
     def _uncapturable(self, examples):
         for t in examples:
-            if isinstance(t, torch.Tensor) and not t.is_cuda:
+            if isinstance(t, torch.Tensor) and not _on_gpu(t):
                 return "an input is a CPU tensor"
-        if not torch.cuda.is_available():
+        if not _cuda_available():
             return "CUDA is not available"
         inf = self.info
         if inf.fallback_reason:
@@ -105,23 +141,44 @@ class CudaGraphRunner:
         if msg in self.warned:
             return
         self.warned.add(msg)
-        self.info.notes.append(msg)
-        _warn("tempa: " + msg)
+        note_once(self.info, msg)
 
     # -- recording -----------------------------------------------------------------------
     def _key(self, args):
         return tuple((tuple(args[i].shape), tuple(args[i].stride()), args[i].dtype) for i in self.dyn_idx)
+
+    def _borrowed(self, args, i) -> bool:
+        """Whether argument ``i`` is read in place (AutogradPartRunner: the forward's buffers)."""
+        return False
 
     def _record(self, args):
         rec = _Recording()
         call_args = list(args)
         for i in self.dyn_idx:
             a = args[i]
+            if self._borrowed(args, i):
+                continue
             buf = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
             buf.copy_(a)
             rec.static_in[i] = buf
             call_args[i] = buf
         rec.static_ids = [(i, args[i]) for i in self.param_idx]
+        rec.graph, out = self._capture(call_args)
+        rec.outs, rec.single = _flat(out)
+        if _use_count is not None:
+            # Outputs that alias an input (a parameter, a static input buffer) are watched by
+            # nobody: their storage is the input's, held wherever the input is.
+            inputs = {_storage_ptr(t) for t in call_args if isinstance(t, torch.Tensor)}
+            seen = set()
+            for o in rec.outs:
+                if isinstance(o, torch.Tensor) and _storage_ptr(o) not in inputs | seen:
+                    seen.add(_storage_ptr(o))
+                    c = o.untyped_storage()._cdata
+                    rec.watched.append((c, _use_count(c)))
+        return rec
+
+    def _capture(self, call_args):
+        """(CUDA graph, its outputs) of one call of ``fn`` on ``call_args``."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -131,22 +188,24 @@ class CudaGraphRunner:
         g = torch.cuda.CUDAGraph()
         pool = torch.cuda.graph_pool_handle()
         with torch.no_grad():
-            with torch.cuda.graph(g, pool=pool):
+            with torch.cuda.graph(g, pool=pool, capture_error_mode=self.capture_error_mode):
                 out = self.fn(*call_args)
-        rec.graph = g
-        rec.outs, rec.single = _flat(out)
-        rec.base = [(_use_count(o.untyped_storage()._cdata) if isinstance(o, torch.Tensor) and _use_count else 0)
-                    for o in rec.outs]
-        return rec
+        return g, out
 
     # -- calling -------------------------------------------------------------------------
     def __call__(self, *args):
         if self.disabled is not None:
             return self.fn(*args)
         if self.needs_grad and torch.is_grad_enabled():
-            self._note("reduce-overhead: calls that need autograd run the compiled forward/backward "
-                       "without CUDA graphs")
-            return self.fn(*args)
+            out = self.fn(*args)         # the forward and backward replay their own graphs
+            if not self.info.training_cudagraphs and not any(
+                    n.startswith(_NO_TRAINING_GRAPHS) for n in self.info.notes):
+                self._note(f"{_NO_TRAINING_GRAPHS}: the training graph was compiled shape-generically "
+                           "or fell back")
+            return out
+        return self._replay(args)
+
+    def _replay(self, args):
         key = self._key(args) if self.dyn_idx else ()
         rec = self.recs.get(key)
         if rec is not None:
@@ -156,7 +215,7 @@ class CudaGraphRunner:
                     break
         if rec is None:
             for i in self.dyn_idx + self.param_idx:
-                if not args[i].is_cuda:
+                if not _on_gpu(args[i]):
                     return self.fn(*args)
             try:
                 rec = self._record(args)
@@ -165,33 +224,49 @@ class CudaGraphRunner:
                 torch.cuda.synchronize()
                 return self.fn(*args)
             self.recs[key] = rec
+            self._recorded(rec)
         else:
+            if not self._protect(rec):
+                return self.fn(*args)
             for i, buf in rec.static_in.items():
                 buf.copy_(args[i])
-        self._protect(rec)
         rec.graph.replay()
+        self.replays += 1
         return self._give(rec)
 
-    def _protect(self, rec):
+    def _recorded(self, rec):
+        """Hook: a new recording exists (AutogradPartRunner lends its buffers)."""
+
+    def _protect(self, rec) -> bool:
+        """Before a replay: give earlier outputs the caller holds their own copy. False when
+        something that cannot be redirected still holds an output buffer."""
         if self.policy == "clone":
-            return
-        for k, ref in enumerate(rec.given):
+            return True
+        for ref in rec.given:
             t = ref() if ref is not None else None
             if t is None:
                 continue
             if self.policy == "protect":
-                t.set_(t.clone())           # the caller keeps its values; the graph its buffer
+                version = t._version
+                with torch.no_grad():
+                    t.set_(t.clone())       # the caller keeps its values; the graph its buffer
+                if _set_versions is not None:
+                    _set_versions((t,), (version,))
             else:
                 self._note("reduce-overhead: an output of an earlier call is still referenced and is "
                            "overwritten by this call (cudagraph_outputs='overwrite'); copy it with "
                            ".clone() to keep it")
         if _use_count is not None and self.policy == "protect":
-            for o, base in zip(rec.outs, rec.base):
-                if isinstance(o, torch.Tensor) and _use_count(o.untyped_storage()._cdata) > base:
-                    self._note("reduce-overhead: a view of an earlier call's output is still referenced and "
-                               "is overwritten by this call; take .clone() of outputs you keep, or pass "
-                               "options={'cudagraph_outputs': 'clone'}")
-                    break
+            for c, base in rec.watched:
+                if _use_count(c) > base:
+                    return self._held()
+        return True
+
+    def _held(self) -> bool:
+        self._note("reduce-overhead: a view of an earlier call's output is still referenced and "
+                   "is overwritten by this call; take .clone() of outputs you keep, or pass "
+                   "options={'cudagraph_outputs': 'clone'}")
+        return True
 
     def _give(self, rec):
         outs = []
@@ -210,6 +285,96 @@ class CudaGraphRunner:
                 refs.append(weakref.ref(a))
         rec.given = refs
         return outs[0] if rec.single else tuple(outs)
+
+
+class AutogradPartRunner(CudaGraphRunner):
+    """The compiled forward or backward of a training graph (the ``autograd.Function``'s
+    ``fw_call`` / ``bw_call``) replayed as a CUDA graph.
+
+    Differences from the inference runner:
+      * slots are found on the first call (parameters are the ``nn.Parameter`` arguments);
+      * an output buffer still held where it cannot be redirected is never overwritten:
+        the call runs the compiled code as is (``_held``);
+      * the backward (``lender`` = the forward's runner) reads a saved tensor in place when
+        it is one of the forward's output buffers: the protection above guarantees such a
+        buffer holds the values of the forward call that saved it;
+      * capture is thread-local: autograd runs the backward on its own device thread.
+    """
+    capture_error_mode = "thread_local"
+
+    def __init__(self, fn, info, options, part, lender=None):
+        options = dict(options or {})
+        options["cudagraph_outputs"] = "protect"   # autograd keeps outputs: they must stay right
+        super().__init__(fn, None, info, options)
+        self.part = part
+        self.lender = lender
+        self.lent = set()          # storage addresses of this runner's output buffers
+
+    def __call__(self, *args):
+        if self.disabled is not None:
+            return self.fn(*args)
+        if self.dyn_idx is None:
+            self._slots(args)
+            bad = next((t for t in args if isinstance(t, torch.Tensor) and not _on_gpu(t)), None)
+            if bad is not None:
+                self._disable(f"the {self.part} graph has a CPU tensor among its inputs")
+                return self.fn(*args)
+        return self._replay(args)
+
+    def _key(self, args):
+        lent = self.lender.lent if self.lender is not None else ()
+        key = []
+        for i in self.dyn_idx:
+            t = args[i]
+            if lent and _storage_ptr(t) in lent:
+                key.append((t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype))
+            else:
+                key.append((tuple(t.shape), tuple(t.stride()), t.dtype))
+        return tuple(key)
+
+    def _borrowed(self, args, i) -> bool:
+        return self.lender is not None and _storage_ptr(args[i]) in self.lender.lent
+
+    def _recorded(self, rec):
+        for o in rec.outs:
+            if isinstance(o, torch.Tensor):
+                self.lent.add(_storage_ptr(o))
+
+    def _held(self) -> bool:
+        self._note(f"reduce-overhead: a buffer of the {self.part} graph is still held where it cannot "
+                   "be given its own copy (a saved tensor whose backward has not run, gradients "
+                   "accumulating in .grad, or a view of an output); such calls run without the CUDA "
+                   "graph")
+        return False
+
+
+def note_once(info, msg):
+    """Say ``msg`` in ``info.notes`` and as a warning, once per compiled graph."""
+    if msg in info.notes:
+        return
+    info.notes.append(msg)
+    _warn("tempa: " + msg)
+
+
+def training_graphs(info, options, joint):
+    """``graph_calls`` for autograd.build_training ((fw_call, bw_call) -> runners), or None
+    (said once) where the training graph cannot replay: a forward that writes into its
+    inputs (BatchNorm's running statistics would go to its static copies), or a PyTorch
+    without the two functions that keep saved tensors right."""
+    if joint.mutated:
+        reason = "the training graph mutates its inputs"
+    elif _use_count is None or _set_versions is None:
+        reason = ("this PyTorch lacks torch._C._storage_Use_Count or "
+                  "torch._C._autograd._unsafe_set_version_counter")
+    else:
+        def graph_calls(fw_call, bw_call):
+            fw = AutogradPartRunner(fw_call, info, options, "forward")
+            bw = AutogradPartRunner(bw_call, info, options, "backward", lender=fw)
+            info.training_cudagraphs = (fw, bw)
+            return fw, bw
+        return graph_calls
+    note_once(info, f"{_NO_TRAINING_GRAPHS}: {reason}")
+    return None
 
 
 def wrap(compiled, example_inputs, info, options=None, used=None):
