@@ -242,14 +242,23 @@ class CudaGraphRunner:
         something that cannot be redirected still holds an output buffer."""
         if self.policy == "clone":
             return True
+        copies = {}
         for ref in rec.given:
             t = ref() if ref is not None else None
             if t is None:
                 continue
             if self.policy == "protect":
+                # The caller keeps its values, the graph its buffer. The copy keeps the
+                # layout (a saved tensor may be a strided view into a wider buffer, and the
+                # backward was compiled for those strides); outputs sharing a buffer share
+                # one copy of it.
+                storage = t.untyped_storage()
+                new = copies.get(storage.data_ptr())
+                if new is None:
+                    new = copies[storage.data_ptr()] = storage.clone()
                 version = t._version
                 with torch.no_grad():
-                    t.set_(t.clone())       # the caller keeps its values; the graph its buffer
+                    t.set_(new, t.storage_offset(), t.size(), t.stride())
                 if _set_versions is not None:
                     _set_versions((t,), (version,))
             else:
