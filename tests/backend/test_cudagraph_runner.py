@@ -133,16 +133,22 @@ def test_a_training_loop_replays_forward_and_backward():
     assert not fw_bufs & {cudagraphs._storage_ptr(b) for b in rec.static_in.values()}
 
 
-def test_two_forwards_before_one_backward():
-    """The second forward would overwrite what the first one saved for its backward: the
-    saved tensors are given their own copy first (their version counters kept, or autograd
-    would refuse them)."""
+def _recorded():
+    """A model, its eager copy, its compiled wrapper with both graphs recorded, two inputs."""
     m = _mlp()
     ref = copy.deepcopy(m)
     compiled = _compiled(m)
     x1, x2 = torch.randn(4, 16), torch.randn(4, 16)
-    compiled(x1).sum().backward()                 # records both graphs
+    compiled(x1).sum().backward()
     m.zero_grad(set_to_none=True)
+    return m, ref, compiled, x1, x2
+
+
+def test_two_forwards_before_one_backward():
+    """The second forward would overwrite what the first one saved for its backward: the
+    saved tensors are given their own copy first (their version counters kept, or autograd
+    would refuse them)."""
+    m, ref, compiled, x1, x2 = _recorded()
     (compiled(x1).sum() + compiled(x2).square().sum()).backward()
     (ref(x1).sum() + ref(x2).square().sum()).backward()
     _assert_grads(m, ref)
@@ -153,12 +159,7 @@ def test_two_forwards_before_one_backward():
 def test_a_view_of_an_earlier_output_is_never_overwritten():
     """A view cannot be given its own copy: the call that would overwrite it runs without
     its graph, and says so."""
-    m = _mlp()
-    ref = copy.deepcopy(m)
-    compiled = _compiled(m)
-    x1, x2 = torch.randn(4, 16), torch.randn(4, 16)
-    compiled(x1).sum().backward()                 # records both graphs
-    m.zero_grad(set_to_none=True)
+    m, ref, compiled, x1, x2 = _recorded()
     first_rows = compiled(x1)[:2]                 # only a view of the output is kept
     kept = first_rows.detach().clone()
     with pytest.warns(RuntimeWarning, match="forward graph is still held"):
