@@ -5,7 +5,9 @@ per call, more than a small model's whole budget. Here a call is ``apply`` (the 
 ``_FunctionBase.apply``, skipping the Python ``Function.apply`` shim) plus the compiled
 forward. Saved tensors that are not outputs are kept as plain ctx attributes (cheaper than
 ``save_for_backward``; they are fresh buffers nobody else can modify); saved outputs go
-through ``save_for_backward`` to avoid a reference cycle through ``grad_fn``.
+through ``save_for_backward`` to avoid a reference cycle through ``grad_fn``. Under CUDA
+graphs (``graph_calls``) every saved tensor goes through ``save_for_backward``: autograd
+then drops them after the backward, and the forward's next replay need not copy them away.
 """
 from __future__ import annotations
 
