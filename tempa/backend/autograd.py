@@ -44,7 +44,7 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
     user_nodes = vals[:n_out]
     saved_nodes = vals[len(vals) - n_saved:] if n_saved else []
     alias = [user_nodes.index(sn) if sn in user_nodes else -1 for sn in saved_nodes]
-    has_alias = any(a >= 0 for a in alias)
+    has_alias = any(a >= 0 for a in alias) and not all_saved_variables
     n_si = len(saved_inputs)
 
     forward = _render_forward(fw_call, n_in, n_out, n_saved, saved_inputs, alias, non_diff, single,
@@ -57,11 +57,8 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
             if not g.is_contiguous():
                 g = g.contiguous()   # the backward was compiled for contiguous tangents
             tangents.append(g)
-        if all_saved_variables:
-            saved = ctx.saved_tensors
-        else:
-            saved = ctx.tempa_saved
-        if has_alias and not all_saved_variables:
+        saved = ctx.saved_tensors if all_saved_variables else ctx.tempa_saved
+        if has_alias:
             it = iter(ctx.saved_tensors)
             saved = list(saved)
             for k, a in enumerate(alias):

@@ -91,11 +91,10 @@ def _mlp():
 
 
 def _compiled(model):
-    compiled = tempa.compile(model, backend=_graphed_backend)
-    return compiled
+    return tempa.compile(model, backend=_graphed_backend)
 
 
-def _runners(compiled):
+def _info_of(compiled):
     infos = [e.compiled.tempa_info for e in tempa.entries(compiled)]
     assert len(infos) == 1
     return infos[0]
@@ -120,7 +119,7 @@ def test_a_training_loop_replays_forward_and_backward():
             loss.backward()
             o.step()
         torch.testing.assert_close(m(x), ref(x), rtol=1e-5, atol=1e-6)
-    info = _runners(compiled)
+    info = _info_of(compiled)
     fw, bw = info.training_cudagraphs
     assert (len(fw.recs), len(bw.recs)) == (1, 1)
     assert fw.replays == 5 and bw.replays == 5          # every step, the first one included
@@ -152,7 +151,7 @@ def test_two_forwards_before_one_backward():
     (compiled(x1).sum() + compiled(x2).square().sum()).backward()
     (ref(x1).sum() + ref(x2).square().sum()).backward()
     _assert_grads(m, ref)
-    fw, bw = _runners(compiled).training_cudagraphs
+    fw, bw = _info_of(compiled).training_cudagraphs
     assert fw.replays == 3 and bw.replays >= 2
 
 
@@ -168,7 +167,7 @@ def test_a_view_of_an_earlier_output_is_never_overwritten():
     (first_rows.sum() + y2.sum()).backward()
     (ref(x1)[:2].sum() + ref(x2).sum()).backward()
     _assert_grads(m, ref)
-    fw, _ = _runners(compiled).training_cudagraphs
+    fw, _ = _info_of(compiled).training_cudagraphs
     assert fw.replays == 2                        # the call with the view held ran as is
 
 
@@ -235,4 +234,4 @@ def test_a_training_graph_that_mutates_its_inputs_runs_without_graphs_and_says_w
     ref(x).square().sum().backward()
     _assert_grads(m, ref)
     torch.testing.assert_close(m[1].running_mean, ref[1].running_mean)
-    assert _runners(compiled).training_cudagraphs == ()
+    assert _info_of(compiled).training_cudagraphs == ()

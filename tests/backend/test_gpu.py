@@ -95,15 +95,11 @@ def test_zoo_forward_and_backward(name, mode):
     for (n, b), (_, rb) in zip(model.named_buffers(), ref_model.named_buffers()):
         torch.testing.assert_close(b, rb, rtol=rtol, atol=atol, msg=n)
     infos = _info(compiled)
-    assert infos and not [i.fallback_reason for i in infos if i.fallback_reason and name not in _KNOWN_EAGER]
-    if mode and needs_grad and name not in _KNOWN_EAGER and name != "batchnorm2d_train":
+    assert infos and not [i.fallback_reason for i in infos if i.fallback_reason and name not in zoo.EAGER_IN_TRAINING]
+    if mode and needs_grad and name not in zoo.EAGER_IN_TRAINING and name != "batchnorm2d_train":
         # the training graphs replayed (batchnorm2d_train mutates its running statistics)
         assert all(i.training_cudagraphs and i.training_cudagraphs[0].replays >= 2 for i in infos), \
             [i.notes for i in infos]
-
-
-# still eager in training (tests/backend/test_models_tempa.py KNOWN_FALLBACKS)
-_KNOWN_EAGER = {"groupnorm"}
 
 
 @cuda

@@ -37,16 +37,10 @@ def test_forward_and_gradients_match_eager(name):
     infos = [e.kernels for e in tempa.entries(fast)]
     assert all(info is not None for info in infos), "the graph did not go through the tempa backend"
     eager = [info.fallback_reason for info in infos if info.fallback_reason]
-    if name in KNOWN_FALLBACKS:          # still eager: the test fails when that changes
-        assert eager and all(KNOWN_FALLBACKS[name] in r for r in eager), eager
+    if name in zoo.EAGER_IN_TRAINING:    # still eager: the test fails when that changes
+        assert eager and all(zoo.EAGER_IN_TRAINING[name] in r for r in eager), eager
     else:
         assert not eager, f"a variant fell back to eager: {eager}"
-
-
-# Variants tempa still runs eagerly (said in explain and in tempa_info.fallback_reason):
-# GroupNorm's backward, as PyTorch runs it, writes into a view of a fresh buffer (copy_),
-# and the backward graph is traced strictly functional.
-KNOWN_FALLBACKS = {"groupnorm": "mutating op aten.copy_.default in the backward"}
 
 
 def test_gpt_training_20_sgd_steps_same_losses_as_eager():

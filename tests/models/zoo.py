@@ -19,6 +19,7 @@ Names are stable ids; tests and benchmark tables refer to them. The lists:
     TRANSFORMERS  GPT + HF + HF_CACHE
     ONE_GRAPH     every case a correct capturer takes as one graph with no break
     ALL           everything
+    EAGER_IN_TRAINING  cases whose training variant tempa still runs eagerly, and why
 """
 
 from __future__ import annotations
@@ -359,4 +360,10 @@ HF_CACHE = _names("hf_cache")
 TRANSFORMERS = GPT + HF + HF_CACHE
 ALL = list(_FACTORIES)
 ONE_GRAPH = [n for n in ALL if n != "graph_break_seed"]
+
+# Cases whose training variant tempa's backend still runs eagerly (said in explain and in
+# tempa_info.fallback_reason), with the reason: GroupNorm's backward, as PyTorch runs it,
+# writes into a view of a fresh buffer (copy_), and the backward graph is traced strictly
+# functional.
+EAGER_IN_TRAINING = {"groupnorm": "mutating op aten.copy_.default in the backward"}
 TRAIN = ["batchnorm2d_train", "gpt_train"]

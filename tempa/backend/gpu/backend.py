@@ -18,12 +18,16 @@ from . import compile as gc
 
 stats = importlib.import_module("tempa.stats")
 
+# The modes whose graphs replay as CUDA graphs (as torch.compile's max-autotune, the tuned
+# graph does too); "max-autotune-no-cudagraphs" tunes without them.
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+
 
 class GpuTarget:
     """The renderer ``entry._State`` compiles with on CUDA."""
     name = "cuda"
 
-    def __init__(self, examples, mode=None, options=None, info=None):
+    def __init__(self, examples, info, mode=None, options=None):
         self.info = info                 # the graph's BackendInfo: training CUDA graphs note into it
         self.params = frozenset(i for i, t in enumerate(examples) if isinstance(t, torch.nn.Parameter))
         self.mode = mode
@@ -51,7 +55,7 @@ class GpuTarget:
 
     def _training_graphs(self, joint):
         """reduce-overhead / max-autotune: the forward and backward replay as CUDA graphs."""
-        if self.mode not in ("reduce-overhead", "max-autotune") or self.info is None:
+        if self.mode not in CUDAGRAPH_MODES:
             return None
         from ..runtime.cudagraphs import training_graphs
         return training_graphs(self.info, self.options, joint)
@@ -117,7 +121,7 @@ def gpu_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = 
     def make(graph):
         from ..entry import BackendInfo
         info = BackendInfo()
-        target = GpuTarget(example_inputs, mode, options, info)
+        target = GpuTarget(example_inputs, info, mode, options)
         dims = _dynamic_dims(graph)
         if dims:
             # symbolic sizes: one shape-generic compile for every size (gpu/dynamic.py),
@@ -126,8 +130,7 @@ def gpu_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = 
             target = GpuDynamicTarget(dims, target)
         compiled = build(graph, example_inputs, target, info)
         info.notes.append(f"device: cuda, mode: {mode or 'default'}")
-        if mode in ("reduce-overhead", "max-autotune"):
-            # as torch.compile's max-autotune, the tuned graph also replays as a CUDA graph
+        if mode in CUDAGRAPH_MODES:
             from ..runtime.cudagraphs import wrap
             used = [bool(n.users) for n in graph.graph.nodes if n.op == "placeholder"]
             compiled = wrap(compiled, example_inputs, info, options, used)

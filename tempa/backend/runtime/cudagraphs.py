@@ -100,8 +100,8 @@ class CudaGraphRunner:
             raise ValueError(f"cudagraph_outputs must be 'protect', 'clone' or 'overwrite', not {self.policy!r}")
         self.recs = {}
         self.disabled = None
-        self.warned = set()
         self.replays = 0
+        self.training_said = False
         self.needs_grad = False
         self.param_idx = self.dyn_idx = None
         if example_inputs is not None:
@@ -138,17 +138,14 @@ class CudaGraphRunner:
         self._note(f"reduce-overhead: running without CUDA graphs: {reason}")
 
     def _note(self, msg):
-        if msg in self.warned:
-            return
-        self.warned.add(msg)
         note_once(self.info, msg)
 
     # -- recording -----------------------------------------------------------------------
     def _key(self, args):
         return tuple((tuple(args[i].shape), tuple(args[i].stride()), args[i].dtype) for i in self.dyn_idx)
 
-    def _borrowed(self, args, i) -> bool:
-        """Whether argument ``i`` is read in place (AutogradPartRunner: the forward's buffers)."""
+    def _borrowed(self, t) -> bool:
+        """Whether argument ``t`` is read in place (AutogradPartRunner: the forward's buffers)."""
         return False
 
     def _record(self, args):
@@ -156,7 +153,7 @@ class CudaGraphRunner:
         call_args = list(args)
         for i in self.dyn_idx:
             a = args[i]
-            if self._borrowed(args, i):
+            if self._borrowed(a):
                 continue
             buf = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
             buf.copy_(a)
@@ -168,10 +165,9 @@ class CudaGraphRunner:
         if _use_count is not None:
             # Outputs that alias an input (a parameter, a static input buffer) are watched by
             # nobody: their storage is the input's, held wherever the input is.
-            inputs = {_storage_ptr(t) for t in call_args if isinstance(t, torch.Tensor)}
-            seen = set()
+            seen = {_storage_ptr(t) for t in call_args if isinstance(t, torch.Tensor)}
             for o in rec.outs:
-                if isinstance(o, torch.Tensor) and _storage_ptr(o) not in inputs | seen:
+                if isinstance(o, torch.Tensor) and _storage_ptr(o) not in seen:
                     seen.add(_storage_ptr(o))
                     c = o.untyped_storage()._cdata
                     rec.watched.append((c, _use_count(c)))
@@ -198,10 +194,12 @@ class CudaGraphRunner:
             return self.fn(*args)
         if self.needs_grad and torch.is_grad_enabled():
             out = self.fn(*args)         # the forward and backward replay their own graphs
-            if not self.info.training_cudagraphs and not any(
-                    n.startswith(_NO_TRAINING_GRAPHS) for n in self.info.notes):
-                self._note(f"{_NO_TRAINING_GRAPHS}: the training graph was compiled shape-generically "
-                           "or fell back")
+            if not self.training_said:   # built by the first training call: known from now on
+                self.training_said = True
+                if not self.info.training_cudagraphs and not any(
+                        n.startswith(_NO_TRAINING_GRAPHS) for n in self.info.notes):
+                    self._note(f"{_NO_TRAINING_GRAPHS}: the training graph was compiled "
+                               "shape-generically or fell back")
             return out
         return self._replay(args)
 
@@ -324,8 +322,7 @@ class AutogradPartRunner(CudaGraphRunner):
             return self.fn(*args)
         if self.dyn_idx is None:
             self._slots(args)
-            bad = next((t for t in args if isinstance(t, torch.Tensor) and not _on_gpu(t)), None)
-            if bad is not None:
+            if any(isinstance(t, torch.Tensor) and not _on_gpu(t) for t in args):
                 self._disable(f"the {self.part} graph has a CPU tensor among its inputs")
                 return self.fn(*args)
         return self._replay(args)
@@ -341,8 +338,8 @@ class AutogradPartRunner(CudaGraphRunner):
                 key.append((tuple(t.shape), tuple(t.stride()), t.dtype))
         return tuple(key)
 
-    def _borrowed(self, args, i) -> bool:
-        return self.lender is not None and _storage_ptr(args[i]) in self.lender.lent
+    def _borrowed(self, t) -> bool:
+        return self.lender is not None and _storage_ptr(t) in self.lender.lent
 
     def _recorded(self, rec):
         for o in rec.outs:
