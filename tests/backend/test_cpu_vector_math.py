@@ -70,7 +70,8 @@ def test_exp_in_softmax_rows_is_vectorised():
     x = torch.randn(64, 96)
     c = compile_fn(lambda t: torch.softmax(t * 0.5, -1), x)
     assert torch.allclose(c(x), torch.softmax(x * 0.5, -1), rtol=1e-5, atol=1e-7)
-    assert _imports(c, "_ZGVdN8v_expf"), c.tempa_info.cpp_source
+    # gcc picks the widest vector exp the machine has: AVX2's 8 lanes or AVX-512's 16.
+    assert _imports(c, "_ZGVdN8v_expf") or _imports(c, "_ZGVeN16v_expf"), c.tempa_info.cpp_source
 
 
 def test_max_reduction_propagates_nan_and_handles_inf():
