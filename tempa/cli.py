@@ -87,6 +87,16 @@ def _common(p: argparse.ArgumentParser, *, measure: bool):
         p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    import torch
+    try:
+        mine = version("tempa")
+    except PackageNotFoundError:    # run from a source tree that was never installed
+        mine = "(not installed)"
+    return f"{mine} (torch {torch.__version__})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tempa", formatter_class=_Fmt,
@@ -94,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "\"does compiling pay off for my model?\" and show what tempa did.",
         epilog=CONVENTION_HELP + "\nLogging: TEMPA_LOGS=graphs,guards,recompiles,breaks,code,"
                                  "perf,fallbacks (or all) prints tempa's log channels.")
+    p.add_argument("--version", action="version", version=f"tempa {_version()}")
     sub = p.add_subparsers(dest="command", metavar="{bench,explain,report,cache}")
 
     b = sub.add_parser("bench", formatter_class=_Fmt, epilog=BENCH_HELP,

@@ -6,6 +6,7 @@ Read an option as ``tempa.config.recompile_limit``; set it in code with
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field, fields
 
 
@@ -39,20 +40,37 @@ class Config:
     automatic_dynamic_shapes: bool = True
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
 def _coerce(value: str, like):
+    """The environment string as the option's type; ValueError when it is not one."""
     if isinstance(like, bool):
-        return value.strip().lower() in ("1", "true", "yes", "on")
+        word = value.strip().lower()
+        if word not in _TRUE + _FALSE:
+            raise ValueError(f"expected one of {', '.join(_TRUE + _FALSE[:-1])}")
+        return word in _TRUE
     if isinstance(like, int):
-        return int(value)
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError("expected an integer") from None
     return value
 
 
 def _from_environment() -> Config:
     cfg = Config()
     for f in fields(cfg):
-        env = os.environ.get("TEMPA_" + f.name.upper())
-        if env is not None:
+        name = "TEMPA_" + f.name.upper()
+        env = os.environ.get(name)
+        if env is None:
+            continue
+        try:
             setattr(cfg, f.name, _coerce(env, getattr(cfg, f.name)))
+        except ValueError as e:
+            # Importing tempa must not fail over a typo in the shell; say which variable.
+            warnings.warn(f"{name}={env!r} ignored ({e}); using the default "
+                          f"{getattr(cfg, f.name)!r}", stacklevel=2)
     return cfg
 
 

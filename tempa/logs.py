@@ -17,19 +17,38 @@ def get(channel: str) -> logging.Logger:
     return logging.getLogger("tempa." + channel)
 
 
+def parse(spec: str) -> dict[str, int]:
+    """``"graphs,+guards"`` -> {channel: level}. ``+name`` is verbose (DEBUG), as in
+    TORCH_LOGS; ``all`` is every channel. An unknown name is an error that lists the valid
+    ones: a typo (``grpahs``) silently logging nothing is what the user would least expect."""
+    levels: dict[str, int] = {}
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        verbose = item.startswith("+")
+        name = item.lstrip("+")
+        level = logging.DEBUG if verbose else logging.INFO
+        if name == "all":
+            levels.update((c, level) for c in CHANNELS)
+        elif name in CHANNELS:
+            levels[name] = level
+        else:
+            raise ValueError(f"TEMPA_LOGS: unknown log channel {name!r}; the channels are "
+                             f"{', '.join(CHANNELS)} (or all; +name for verbose)")
+    return levels
+
+
 def enable(spec: str) -> None:
-    """Switch on the comma-separated channels in ``spec`` ("all" switches on every one)."""
+    """Switch on the comma-separated channels in ``spec`` (see ``parse``)."""
     global _handler
-    names = [s.strip() for s in spec.split(",") if s.strip()]
-    if "all" in names:
-        names = list(CHANNELS)
+    levels = parse(spec)
     if _handler is None:
         _handler = logging.StreamHandler(sys.stderr)
         _handler.setFormatter(logging.Formatter("[tempa.%(channel)s] %(message)s"))
         _handler.addFilter(_add_channel)
-    for name in names:
+    for name, level in levels.items():
         logger = get(name)
-        logger.setLevel(logging.INFO)
+        logger.setLevel(level)
         if _handler not in logger.handlers:
             logger.addHandler(_handler)
 
