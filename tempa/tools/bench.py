@@ -401,7 +401,14 @@ def _measure_mode(r: ModeResult, target, mode, backend_obj, sync, grad, warmup, 
                 out = compiled(*args, **kwargs)
                 sync()
                 r.first_call_in_process_s = time.perf_counter() - t0
-            _check_same(model(*args, **kwargs), out)
+            random_ops = random_modules_in_training(model)
+            if random_ops:
+                r.fallback_messages.append(
+                    f"outputs not compared with eager: the model is in training mode with "
+                    f"random ops ({', '.join(random_ops[:3])}), whose values differ per call; "
+                    "call model.eval() before benchmarking to have them compared")
+            else:
+                _check_same(model(*args, **kwargs), out)
             for _ in range(warmup):
                 compiled(*args, **kwargs)
             sync()
@@ -444,6 +451,24 @@ def _describe_entries(r: ModeResult, compiled):
                 r.fallback_messages.append(msg)
 
 
+def random_modules_in_training(model) -> list[str]:
+    """Names of the submodules that draw random numbers in this call (dropout in training
+    mode): eager and compiled outputs then differ by design, not by a bug."""
+    import torch
+    if not isinstance(model, torch.nn.Module):
+        return []
+    found = []
+    for name, sub in model.named_modules():
+        if not sub.training:
+            continue
+        p = getattr(sub, "p", None) if isinstance(sub, torch.nn.modules.dropout._DropoutNd) \
+            else getattr(sub, "dropout", None) if isinstance(sub, torch.nn.MultiheadAttention) \
+            else None
+        if isinstance(p, float) and p > 0:
+            found.append(f"{name or type(model).__name__}: {type(sub).__name__}(p={p})")
+    return found
+
+
 def _check_same(expected, got):
     """Compiled results must match eager; a mismatch is a tempa bug worth shouting about."""
     import torch
@@ -469,6 +494,13 @@ def _conclude(r: ModeResult, eager: Timing):
     r.break_even_calls = break_even(r.first_call_cold_s, e, c)
     r.break_even_calls_warm = break_even(r.first_call_warm_s, e, c)
     r.reasons = _reasons(r, eager)
+    if r.kernels == 0 and any("eagerly" in m or "failed" in m for m in r.fallback_messages):
+        # Nothing was compiled: a speed-up here would be noise around the same ATen calls.
+        first = next(m for m in r.fallback_messages if "eagerly" in m or "failed" in m)
+        r.verdict = (f"nothing was compiled ({_short(first)}), so the compiled column is the "
+                     f"same ATen calls as eager plus tempa's dispatch ({r.speedup:.2f}x); no "
+                     "verdict")
+        return
     if r.eager_after_s and r.eager_after_s > 1.5 * e:
         r.fallback_messages.append(
             f"eager calls right after the compiled ones ran {r.eager_after_s / e:.1f}x slower "

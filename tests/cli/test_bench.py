@@ -109,3 +109,33 @@ def test_fmt_and_table():
     assert bench.fmt_time(0.0025) == "2.50 ms"
     assert bench.fmt_time(12.34e-6) == "12.3 µs"
     assert bench.break_even(1.0, 2e-6, 3e-6) is None
+
+
+def test_no_kernel_compiled_gives_no_verdict():
+    # A missing C++ compiler: the graph ran with ATen calls; a "pays off" verdict would lie.
+    m = _mode(compiled=10e-6, stats={}, kernels=0, fallback_messages=[
+        "C++ build failed: C++ compiler '/nonexistent' not found; running this graph with "
+        "eager ATen calls instead"])
+    bench._conclude(m, EAGER)
+    assert m.verdict.startswith("nothing was compiled (C++ build failed")
+    assert "pays off" not in m.verdict
+
+
+def test_training_mode_dropout_is_not_compared():
+    import torch
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5))
+    assert bench.random_modules_in_training(model) == ["1: Dropout(p=0.5)"]
+    assert bench.random_modules_in_training(model.eval()) == []
+    mha = torch.nn.TransformerEncoderLayer(8, 2, dim_feedforward=16)
+    assert any("MultiheadAttention(p=0.1)" in n for n in bench.random_modules_in_training(mha))
+
+
+def test_bench_of_a_train_mode_dropout_model_does_not_fail(tmp_path):
+    import torch
+    from tempa.tools.load import Target
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5))
+    target = Target("m.py", model, (torch.randn(4, 8),))
+    res = bench.run(target, first_call="in-process", calls=30, progress=False)
+    m = res.modes[0]
+    assert m.ok, m.error
+    assert any("outputs not compared" in msg for msg in m.fallback_messages)
