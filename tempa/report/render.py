@@ -29,7 +29,7 @@ def page(res: BenchResult, ex: Explanation, generated: list[GraphInfo]) -> str:
         "<nav>" + "".join(f"<a href='#{sid}'>{escape(name)}</a>" for sid, name in SECTIONS)
         + "</nav>", "<main>",
         _verdict(res), _bench(res), _charts(res), _graphs(ex), _breaks(ex), _guards(ex),
-        _recompiles(ex), _fallbacks(ex, res), _kernels(generated, res), _environment(res),
+        _recompiles(ex, res), _fallbacks(ex, res), _kernels(generated, res), _environment(res),
         "</main>"]
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
@@ -212,8 +212,18 @@ def _guards(ex: Explanation) -> str:
                     "\n".join(items) or _empty("No guards recorded."))
 
 
-def _recompiles(ex: Explanation) -> str:
-    items = "".join(f"<li data-item>{escape(r)}</li>" for r in ex.recompiles)
+def _recompiles(ex: Explanation, res: BenchResult) -> str:
+    """Recompiles of the explanation's own calls and of the timing runs: the same model
+    can recompile while it is timed (a guard on a value that changes per call), and the
+    page must not say "No recompiles" above a fallback that says "recompiled 8 times"."""
+    rows = list(ex.recompiles)
+    for m in res.modes:
+        n = m.stats.get("recompiles", 0)
+        if n:
+            said = [msg for msg in m.fallback_messages if "recompil" in msg]
+            rows.append(f"[{m.mode}] {n} recompiles while timing" +
+                        (f": {said[0]}" if said else ""))
+    items = "".join(f"<li data-item>{escape(r)}</li>" for r in rows)
     return _section("recompiles", "Recompiles",
                     f"<ul>{items}</ul>" if items else _empty(
                         "No recompiles. (Add `extra_inputs` to the model file to try other "

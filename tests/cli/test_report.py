@@ -104,3 +104,17 @@ def test_report_renders_when_compiling_fails(tmp_path, cache_dir, monkeypatch):
     if os.path.exists(CHROMIUM):
         dom = _chromium(tmp_path, "--dump-dom", out.as_uri()).stdout
         assert 'data-rendered="1"' in dom and "compiling failed" in dom
+
+
+def test_recompiles_while_timing_are_listed():
+    # The explanation saw no recompile, the timing run did: the section must not say "No".
+    from tempa.report import render
+    from tempa.tools import bench
+    from tempa.tools.explain import Explanation
+    mode = bench.ModeResult("default", stats={"recompiles": 8}, fallback_messages=[
+        "tempa: f was recompiled 8 times (recompile_limit=8); it runs eagerly from now on"])
+    res = bench.BenchResult("m.py", "f", "", "cpu", False, "tempa", 0.0,
+                            bench.Timing(1e-3, 1e-3, 1e-3, 0, 1), [], [mode], {})
+    html = render._recompiles(Explanation("f", ""), res)
+    assert "No recompiles" not in html
+    assert "[default] 8 recompiles while timing: tempa: f was recompiled 8 times" in html
