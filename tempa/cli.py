@@ -224,8 +224,6 @@ def cmd_explain(args) -> int:
         check_eager(target, args.debug)
         ex = explain.explain(target, backend=backend)
     print(explain.render_text(ex, show_code=not args.no_code))
-    if args.debug and explain.FALLBACK_NOTES:
-        print("\n(debug) " + "; ".join(explain.FALLBACK_NOTES), file=sys.stderr)
     return 0
 
 

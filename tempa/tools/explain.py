@@ -1,10 +1,8 @@
 """What tempa made of a model: graphs, breaks (with the user's source line), guards per
 entry, recompile reasons, eager fallbacks, and what the backend generated for each graph.
 
-Sources, most public first: ``tempa.explain`` (capture's own report), ``tempa.entries``
-(the compiled entries of a compiled model). Where one of them is missing in this version of
-tempa, the same facts are read from the compile context the api hangs on the compiled object
-(``_tempa_context`` / ``__tempa_context__``) so the tools keep working; see FALLBACK_NOTES.
+Sources: ``tempa.explain`` (capture's own report of one call) and ``tempa.entries`` (the
+compiled entries of a compiled model).
 """
 from __future__ import annotations
 
@@ -14,8 +12,6 @@ from dataclasses import dataclass, field
 
 from .bench import collect_logs
 from .load import Target
-
-FALLBACK_NOTES: list[str] = []   # which public accessors were missing (shown by --debug)
 
 
 @dataclass
@@ -108,54 +104,11 @@ def _op_count(gm) -> int:
                if n.op in ("call_function", "call_method", "call_module"))
 
 
-def _context_of(compiled):
-    return (getattr(compiled, "__dict__", {}).get("_tempa_context")
-            or getattr(compiled, "__tempa_context__", None))
-
-
 def entries(compiled) -> list[GraphInfo]:
     """One GraphInfo per compiled entry of ``compiled`` (a tempa.compile result)."""
     import tempa
-    out = []
-    if hasattr(tempa, "entries"):
-        try:
-            for e in tempa.entries(compiled):
-                gm = getattr(e, "graph", None)
-                out.append(_graph_info(getattr(e, "function", "?"), gm,
-                                       getattr(e, "graph_code", None),
-                                       list(getattr(e, "guards", []) or []),
-                                       getattr(e, "compiled", None)))
-            return out
-        except Exception as err:  # an API in flux must not take the tools down
-            FALLBACK_NOTES.append(f"tempa.entries failed ({type(err).__name__}: {err})")
-    else:
-        _note("tempa.entries(compiled) is missing; reading the compile context")
-    ctx = _context_of(compiled)
-    if ctx is None:
-        return out
-    for cache in list(getattr(ctx, "caches", {}).values()):
-        for e in reversed(list(getattr(cache, "entries", []))):   # oldest first
-            captured = getattr(e, "captured", None)
-            gm = getattr(captured, "gm", None)
-            guards = [g[1] if isinstance(g, tuple) else str(g) for g in getattr(e, "guards", [])]
-            out.append(_graph_info(getattr(cache, "name", "?"), gm, None, guards,
-                                   getattr(e, "compiled", None)))
-    return out
-
-
-def eager_reasons(compiled) -> list[str]:
-    """Why code objects of ``compiled`` run eagerly for good (from the compile context)."""
-    ctx = _context_of(compiled)
-    if ctx is None:
-        return []
-    return [f"{getattr(c, 'name', '?')}: {c.eager_reason}"
-            for c in list(getattr(ctx, "caches", {}).values())
-            if getattr(c, "eager_reason", None)]
-
-
-def _note(msg: str):
-    if msg not in FALLBACK_NOTES:
-        FALLBACK_NOTES.append(msg)
+    return [_graph_info(e.function, e.graph, e.graph_code, list(e.guards), e.compiled)
+            for e in tempa.entries(compiled)]
 
 
 def _graph_info(function, gm, code, guards, compiled) -> GraphInfo:
@@ -164,7 +117,7 @@ def _graph_info(function, gm, code, guards, compiled) -> GraphInfo:
                    op_count=_op_count(gm) if gm is not None else 0, guards=guards)
     info = getattr(compiled, "tempa_info", None)
     if info is not None:
-        g = lambda n: getattr(info, n, None) if not isinstance(info, dict) else info.get(n)  # noqa: E731
+        g = lambda n: getattr(info, n, None)  # noqa: E731 - BackendInfo fields, some unset
         gi.backend = "tempa: generated kernels"
         gi.kernel_count = g("kernel_count")
         gi.cpp_source = g("cpp_source")
@@ -202,21 +155,15 @@ def explain(target: Target, *, backend="eager") -> Explanation:
     args, kwargs = target.args, target.kwargs
     tempa.reset()
     with collect_logs("fallbacks", "recompiles", "breaks") as logs_:
-        if hasattr(tempa, "explain"):
-            try:
-                _from_public_explain(ex, tempa.explain(target.model)(*args, **kwargs))
-            except Exception as e:
-                ex.error = f"tempa.explain raised {type(e).__name__}: {e}"
-        else:
-            _note("tempa.explain is missing; capturing with backend='eager' and reading the "
-                  "compile context")
-        # A compile of our own: for the fallback above and for recompiles (extra_inputs).
+        try:
+            _from_public_explain(ex, tempa.explain(target.model)(*args, **kwargs))
+        except Exception as e:
+            ex.error = f"tempa.explain raised {type(e).__name__}: {e}"
+        # A compile of our own: for recompiles (extra_inputs) and fallbacks.
         tempa.reset()
         try:
             compiled = tempa.compile(target.model, backend=backend)
             compiled(*args, **kwargs)
-            if not hasattr(tempa, "explain"):
-                _from_entries(ex, compiled)
             for a, k in target.extra_inputs:
                 compiled(*a, **k)
         except Exception as e:
@@ -235,33 +182,17 @@ def explain(target: Target, *, backend="eager") -> Explanation:
 
 
 def _from_public_explain(ex: Explanation, rep):
-    ex.graph_count = int(getattr(rep, "graph_count", 0))
-    ex.break_count = int(getattr(rep, "graph_break_count", 0))
-    ex.op_count = int(getattr(rep, "op_count", 0))
-    graphs = list(getattr(rep, "graphs", []) or [])
-    ops = list(getattr(rep, "ops_per_graph", []) or [])
-    guards = list(getattr(rep, "guards", []) or [])
-    for i, gm in enumerate(graphs):
-        gi = _graph_info(getattr(gm, "_tempa_function", f"graph {i + 1}"), gm, None,
-                         [str(g) for g in (guards[i] if i < len(guards) else [])], None)
-        if i < len(ops) and isinstance(ops[i], (list, tuple)):
-            gi.op_count = len(ops[i])
+    ex.graph_count = rep.graph_count
+    ex.break_count = rep.graph_break_count
+    ex.op_count = rep.op_count
+    for i, (gm, ops) in enumerate(zip(rep.graphs, rep.ops_per_graph)):
+        function = rep.graph_functions[i] if i < len(rep.graph_functions) else f"graph {i + 1}"
+        guards = rep.guards[i] if i < len(rep.guards) else []
+        gi = _graph_info(function, gm, None, [str(g) for g in guards], None)
+        gi.op_count = len(ops)
         ex.graphs.append(gi)
-    ex.breaks = [_break_from(b) for b in getattr(rep, "break_reasons", []) or []]
-    ex.eager_fallbacks = [str(f) for f in getattr(rep, "eager_fallbacks", []) or []]
-
-
-def _from_entries(ex: Explanation, compiled):
-    ex.graphs = entries(compiled)
-    ex.graph_count = len(ex.graphs)
-    ex.op_count = sum(g.op_count for g in ex.graphs)
-    for reason in eager_reasons(compiled):
-        fn, _, text = reason.partition(": ")
-        b = parse_break(text)
-        if b.type != "unknown" or "recompile_limit" not in text:
-            ex.breaks.append(b)
-        ex.eager_fallbacks.append(f"{fn} runs eagerly: {text.split('. Hint:')[0]}")
-    ex.break_count = len(ex.breaks)
+    ex.breaks = [_break_from(b) for b in rep.break_reasons]
+    ex.eager_fallbacks = [str(f) for f in rep.eager_fallbacks]
 
 
 # -- text ---------------------------------------------------------------------------------
