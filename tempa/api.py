@@ -164,6 +164,9 @@ class CompileContext:
             captured = self._capture(cache, fn, args, kwargs)
         except Unsupported as u:
             _stats.bump("graph_breaks")
+            if u.location is None:   # raised outside any frame (building the output plan)
+                code = fn.__code__
+                u.at(code.co_filename, code.co_firstlineno, fn.__qualname__)
             if self.fullgraph:
                 raise GraphBreakError(u.location) from None
             cache.eager_reason = str(u)
