@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import keyword
 import logging
 import operator
 import re
@@ -66,6 +67,11 @@ class GraphBuilder:
         name = re.sub(r"\W+", "_", hint).strip("_") or "input"
         if name[0].isdigit():
             name = "t_" + name
+        if name == "self" or keyword.iskeyword(name):
+            # The GraphModule's forward has its own `self`: an input named so (a function
+            # whose first parameter is `self`, Tensor.backward reached after a break) would
+            # be dropped from the signature and the graph called with one argument too many.
+            name += "_arg"
         base, i = name, 1
         while name in self._names:
             name, i = f"{base}_{i}", i + 1

@@ -1,0 +1,57 @@
+"""Capture edge cases: fullgraph refusals raised outside any frame (the output plan, which
+once crashed the error path) and inputs whose names clash with the graph module's own."""
+import collections
+
+import pytest
+import torch
+
+import tempa
+
+
+def test_refusal_outside_a_frame_names_the_function():
+    def f(x):
+        dd = collections.defaultdict(dict)
+        dd["a"] = x + 1
+        return dd["b"], dd
+
+    with pytest.raises(tempa.GraphBreakError) as err:
+        tempa.compile(f, backend="eager", fullgraph=True)(torch.ones(1))
+    msg = str(err.value)
+    assert "defaultdict" in msg
+    assert f"{__file__}:" in msg and "in test_refusal_outside_a_frame_names_the_function" in msg
+
+
+def test_same_refusal_without_fullgraph_runs_eagerly_with_eager_result():
+    def f(x):
+        dd = collections.defaultdict(dict)
+        dd["a"] = x + 1
+        return dd["b"], dd
+
+    tempa.reset()
+    out = tempa.compile(f, backend="eager")(torch.ones(1))
+    assert out[0] == {} and isinstance(out[1], collections.defaultdict)
+    assert tempa.stats().eager_fallbacks == 1
+
+
+def test_a_function_whose_first_parameter_is_named_self():
+    def f(self, x):
+        return self + x
+
+    x = torch.ones(1)
+    for backend in ("eager", "tempa"):
+        tempa.reset()
+        assert tempa.compile(f, backend=backend, fullgraph=True)(x, 2 * x).tolist() == [3.0]
+        assert tempa.stats().captures == 1
+
+
+def test_backward_called_after_a_graph_break():
+    # After the break, Tensor.backward(self, ...) is reached from an entry's Python part.
+    def g(x):
+        a = torch.sin(x)
+        print("", end="")
+        a.sum().backward()
+        return x.grad
+
+    x = torch.ones(2, requires_grad=True)
+    out = tempa.compile(g, backend="eager")(x)
+    assert torch.allclose(out, torch.cos(torch.ones(2)))
