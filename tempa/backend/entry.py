@@ -124,8 +124,12 @@ def _dynamic_dims(gm):
 def build(gm: torch.fx.GraphModule, example_inputs, target, info: BackendInfo | None = None):
     """The variants of one graph compiled with ``target``'s renderer. ``info``: the record to
     fill (a target that reports into it while it builds passes its own)."""
-    t0 = time.perf_counter()
     info = BackendInfo() if info is None else info
+    if _in_transform():
+        # captured under vmap/jvp/grad: the example inputs are functorch wrappers without
+        # storage, which cannot be traced to kernels; build from the first plain call
+        return _built_outside_transforms(gm, target, info)
+    t0 = time.perf_counter()
     example_inputs = list(example_inputs)
     try:
         pgm, attrs = prepare(gm)
@@ -150,12 +154,21 @@ def build(gm: torch.fx.GraphModule, example_inputs, target, info: BackendInfo | 
         info.compile_seconds = time.perf_counter() - t0
         return _eager(gm, info, info.fallback_reason)
 
+    # _in_transform, checked on every call inline (no extra frame): see _transformed_call.
+    functorch_active = torch._C._are_functorch_transforms_active
+    dual_levels = torch.autograd.forward_ad
+    transformed = _transformed_call(gm, info)
     if not needs_grad:
-        inner = first
+        def inner(*args):
+            if functorch_active() or dual_levels._current_level >= 0:
+                return transformed(*args)
+            return first(*args)
     else:
         is_grad = torch.is_grad_enabled
 
         def inner(*args):
+            if functorch_active() or dual_levels._current_level >= 0:
+                return transformed(*args)
             if is_grad():
                 return (state.train_fn or state.training())(*args)
             return (state.infer_fn or state.inference())(*args)
@@ -163,11 +176,8 @@ def build(gm: torch.fx.GraphModule, example_inputs, target, info: BackendInfo | 
     if attr_vals:
         def compiled(*args):
             return inner(*args, *attr_vals)
-    elif needs_grad:
-        compiled = inner
     else:
-        def compiled(*args):
-            return inner(*args)
+        compiled = inner
     info.compile_seconds = time.perf_counter() - t0
     compiled.tempa_info = info
     return compiled
@@ -180,6 +190,50 @@ def _attr_getter(gm, target):
             obj = getattr(obj, p)
         return obj
     return get
+
+
+def _in_transform() -> bool:
+    return torch._C._are_functorch_transforms_active() or \
+        torch.autograd.forward_ad._current_level >= 0
+
+
+def _built_outside_transforms(gm, target, info):
+    transformed = _transformed_call(gm, info)
+    lock = threading.Lock()
+    built = []
+
+    def compiled(*args):
+        if _in_transform():
+            return transformed(*args)
+        if not built:
+            with lock:
+                if not built:
+                    built.append(build(gm, args, target, info))
+        return built[0](*args)
+    compiled.tempa_info = info
+    return compiled
+
+
+def _transformed_call(gm, info):
+    """The graph for a call under forward-mode AD (``forward_ad.dual_level``) or a functorch
+    transform (``torch.func.vmap``, ``jvp``, ``grad``): the torch-level graph run eagerly.
+    Why: the compiled kernels read the raw buffers of plain tensors, so a dual tensor's
+    tangent would be dropped and a BatchedTensor (no storage) cannot be read at all; torch's
+    own ops carry both. Said once per graph on ``tempa.fallbacks``."""
+    n_user = len([n for n in gm.graph.nodes if n.op == "placeholder"])
+    said = []
+
+    def run(*args):
+        if not said:
+            said.append(True)
+            why = ("forward-mode AD or a torch.func transform (vmap, jvp, grad) is active; "
+                   "the compiled kernels read plain tensors only")
+            info.notes.append(f"eager: {why}")
+            stats.bump("eager_fallbacks")
+            logs.get("fallbacks").warning("tempa: running a compiled graph with eager ATen ops: %s",
+                                          why)
+        return gm(*args[:n_user])
+    return run
 
 
 def _eager(gm, info, reason):
@@ -235,6 +289,7 @@ class _State:
                 return self.train_fn
             try:
                 joint = trace_training(self.pgm, self.examples, self.target.decomps())
+                joint.recompute = self.pgm
                 fn, fw_info, bw_info = self.target.build_training(joint, self.n_in, joint.single)
             except Exception as e:  # noqa: BLE001
                 return self._failed(e, "training")
