@@ -170,3 +170,52 @@ def test_torch_func_transforms_over_compiled_code(transform):
     fast = tempa.compile(_sum_sin2)
     fast(x[0])
     assert torch.allclose(run(fast), run(_sum_sin2), atol=1e-6)
+
+
+# -- compiled optimizer steps ---------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["tempa", "eager"])
+@pytest.mark.parametrize("make", [
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    lambda p: torch.optim.Adam(p, lr=0.01),
+], ids=["sgd_momentum", "adam"])
+def test_compiled_optimizer_step_matches_eager_over_ten_steps(backend, make):
+    # step() switches grad mode off with a plain torch.set_grad_enabled(False) and then
+    # breaks the graph: the rest must run with grad mode off, as in eager
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
+    ref = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
+    ref.load_state_dict(model.state_dict())
+    opt, ref_opt = make(model.parameters()), make(ref.parameters())
+    step = tempa.compile(opt.step, backend=backend)
+    for _ in range(10):
+        x = torch.randn(5, 4)
+        for module, o in ((model, opt), (ref, ref_opt)):
+            o.zero_grad()
+            module(x).square().mean().backward()
+        step()
+        ref_opt.step()
+        assert torch.is_grad_enabled()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            assert torch.allclose(p, q, atol=1e-6)
+    assert tempa.stats().graph_breaks > 0        # what could not be captured is said
+
+
+def _switch_off_then_break(x):
+    torch.set_grad_enabled(False)
+    y = x * 2
+    print("break")
+    return y * 3
+
+
+@pytest.mark.parametrize("backend", ["tempa", "eager"])
+def test_plain_set_grad_enabled_before_a_graph_break_holds_after_it(backend):
+    x = torch.randn(3, requires_grad=True)
+    fast = tempa.compile(_switch_off_then_break, backend=backend)
+    try:
+        out = fast(x)
+        assert not torch.is_grad_enabled()       # eager leaves it off too
+    finally:
+        torch.set_grad_enabled(True)
+    assert not out.requires_grad and torch.allclose(out, x.detach() * 6)
+    assert tempa.stats().graph_breaks == 1
