@@ -1,6 +1,7 @@
 """``tempa_backend``: choose and build variants (inference / autograd), handle failures."""
 from __future__ import annotations
 
+import copy
 import importlib
 import threading
 import time
@@ -174,12 +175,31 @@ def build(gm: torch.fx.GraphModule, example_inputs, target, info: BackendInfo | 
             return (state.infer_fn or state.inference())(*args)
 
     if attr_vals:
-        def compiled(*args):
+        def with_attrs(*args):
             return inner(*args, *attr_vals)
+        compiled = _following_requires_grad(with_attrs, attr_vals, gm, target, info)
     else:
         compiled = inner
     info.compile_seconds = time.perf_counter() - t0
     compiled.tempa_info = info
+    return compiled
+
+
+def _following_requires_grad(fn, attr_vals, gm, target, info):
+    """``fn`` while the get_attr tensors' requires_grad is what it was at build time, else a
+    build for the new pattern. Why: they are no inputs the frontend guards, and the variants
+    depend on it: a parameter unfrozen since would get no gradient from a graph built while
+    it was frozen (the inference kernels, or a joint that differentiates the others only)."""
+    variants = {tuple(a.requires_grad for a in attr_vals): fn}
+
+    def compiled(*args):
+        key = tuple(a.requires_grad for a in attr_vals)
+        run = variants.get(key)
+        if run is None:
+            # a target that binds the graph keeps per-build state: a copy for each build
+            fresh = copy.copy(target) if hasattr(target, "bind") else target
+            run = variants[key] = build(gm, args, fresh, info)
+        return run(*args)
     return compiled
 
 
@@ -232,8 +252,20 @@ def _transformed_call(gm, info):
             stats.bump("eager_fallbacks")
             logs.get("fallbacks").warning("tempa: running a compiled graph with eager ATen ops: %s",
                                           why)
-        return gm(*args[:n_user])
+        return run_graph(gm, args[:n_user])
     return run
+
+
+def run_graph(gm, args):
+    """The torch-level graph run with ATen ops, as eager would. A graph that switches grad
+    mode (``with torch.no_grad():`` inside) restores it at its end; when an op in between
+    raises, the mode is restored here, so the caller's grad mode survives the error."""
+    grad = torch.is_grad_enabled()
+    try:
+        return gm(*args)
+    except BaseException:
+        torch._C._set_grad_enabled(grad)
+        raise
 
 
 def _eager(gm, info, reason):
@@ -241,7 +273,7 @@ def _eager(gm, info, reason):
     info.aten_fallbacks = info.aten_fallbacks or ["<whole graph>"]
 
     def compiled(*args):
-        return gm(*args)
+        return run_graph(gm, args)
     compiled.tempa_info = info
     return compiled
 
@@ -317,7 +349,7 @@ class _State:
         n_user = len([n for n in orig.graph.nodes if n.op == "placeholder"])
 
         def fn(*args):
-            return orig(*args[:n_user])
+            return run_graph(orig, args[:n_user])
         if variant == "inference":
             self.infer_fn = fn
         else:

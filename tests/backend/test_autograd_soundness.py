@@ -219,3 +219,41 @@ def test_plain_set_grad_enabled_before_a_graph_break_holds_after_it(backend):
         torch.set_grad_enabled(True)
     assert not out.requires_grad and torch.allclose(out, x.detach() * 6)
     assert tempa.stats().graph_breaks == 1
+
+
+# -- the training/inference choice and grad mode ---------------------------------------------
+
+def test_fx_graph_follows_parameters_frozen_and_unfrozen():
+    # tempa_backend on a torch.fx graph: the parameters are get_attr tensors no guard sees
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
+    model[0].requires_grad_(False)
+    x = torch.randn(5, 4)
+    compiled = compile_fn(model, x)
+    compiled(x).sum().backward()
+    assert model[0].weight.grad is None and model[2].weight.grad is not None
+    model[0].requires_grad_(True)
+    model.zero_grad(set_to_none=True)
+    compiled(x).sum().backward()
+    got = _grads(model)
+    model.zero_grad(set_to_none=True)
+    model(x).sum().backward()
+    assert _same(got, _grads(model))
+    model.requires_grad_(False)
+    assert not compiled(x).requires_grad
+
+
+def _gather_under_no_grad(x, idx):
+    with torch.no_grad():
+        y = torch.gather(x, 0, idx)
+    return y * x.sum()
+
+
+def test_grad_mode_survives_an_error_in_a_graph_run_eagerly():
+    # under vmap the graph runs with ATen ops; the gather raises inside its no_grad block
+    fast = tempa.compile(_gather_under_no_grad)
+    x = torch.randn(4)
+    fast(x, torch.tensor([0, 1]))
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        torch.func.vmap(fast, in_dims=(None, 0))(x, torch.tensor([[0, 1], [0, 9]]))
+    assert torch.is_grad_enabled()
