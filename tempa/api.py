@@ -57,6 +57,9 @@ class CompileContext:
                         "max-autotune-no-cudagraphs"):
             raise ValueError(f"tempa.compile: unknown mode {mode!r}; use 'default', "
                              "'reduce-overhead' or 'max-autotune'")
+        # the arguments of tempa.compile, so a copied OptimizedModule can compile afresh
+        self.settings = dict(fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
+                             options=options)
         self.fullgraph = fullgraph
         self.dynamic = dynamic
         self.mode = mode
@@ -338,6 +341,18 @@ class OptimizedModule(torch.nn.Module):
 
     def __dir__(self):
         return sorted(set(super().__dir__()) | set(dir(self._orig_mod)))
+
+    def __reduce__(self):
+        """copy.copy, copy.deepcopy and pickle, as for torch's OptimizedModule: the copy wraps
+        a copy of the module (deepcopy: a deep copy) and compiles it afresh under the same
+        settings. The compiled entries, guards and kernels stay with the original (they read
+        its module). The wrapper's own hooks and attributes travel as the state."""
+        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_tempa_")}
+        return _rebuild_optimized_module, (self._orig_mod, self._tempa_context.settings), state
+
+
+def _rebuild_optimized_module(mod, settings):
+    return compile(mod, **settings)
 
 
 def _call_module(mod, *args, **kwargs):

@@ -8,6 +8,15 @@ forward. Saved tensors that are not outputs are kept as plain ctx attributes (ch
 through ``save_for_backward`` to avoid a reference cycle through ``grad_fn``. Under CUDA
 graphs (``graph_calls``) every saved tensor goes through ``save_for_backward``: autograd
 then drops them after the backward, and the forward's next replay need not copy them away.
+
+Double backward (``create_graph=True``: Hessians, gradient penalties): the compiled backward
+reads raw buffers and returns gradients without history, which would make every second
+derivative zero. When the backward runs with grad mode on, it instead recomputes the
+torch-level graph from the forward's inputs (kept as ``ctx.tempa_inputs``) with eager ATen
+ops and differentiates that with ``create_graph``, so the gradient is eager's, history
+included. The compiled backward still runs once as a check: a recomputation that does not
+reproduce its gradient (random ops, an input modified in place since the forward) raises
+instead of returning a different gradient.
 """
 from __future__ import annotations
 
@@ -50,7 +59,16 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
     forward = _render_forward(fw_call, n_in, n_out, n_saved, saved_inputs, alias, non_diff, single,
                               all_saved_variables)
 
+    is_grad = torch.is_grad_enabled
+    recompute = joint.recompute
+
     def backward(ctx, *grads):
+        if is_grad():
+            return _differentiable_backward(ctx, grads, compiled_backward, recompute, diff,
+                                            grad_inputs, joint.mutated)
+        return compiled_backward(ctx, grads)
+
+    def compiled_backward(ctx, grads):
         tangents = []
         for i in diff:
             g = grads[i]
@@ -80,6 +98,58 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
     return _C_APPLY.__get__(None, Fn), fw_info, bw_info
 
 
+def _differentiable_backward(ctx, grads, compiled_backward, recompute, diff, grad_inputs,
+                             mutated):
+    """The backward under ``create_graph``: eager's gradient, itself differentiable. Inputs
+    the graph mutates (BatchNorm's running statistics) are recomputed from copies: the
+    forward already updated them once."""
+    if recompute is None:
+        raise RuntimeError("tempa: this compiled graph cannot be differentiated twice "
+                           "(create_graph=True / double backward): no torch-level graph to "
+                           "recompute it from. Run this function eagerly (tempa.disable) for "
+                           "higher-order gradients.")
+    with torch.no_grad():
+        expected = compiled_backward(ctx, grads)
+    inputs = ctx.tempa_inputs
+    fresh = [t.clone() if i in mutated else t for i, t in enumerate(inputs)]
+    with torch.enable_grad():
+        outs = recompute(*fresh)
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    pairs = [(outs[i], grads[i]) for i in diff if outs[i].requires_grad]
+    wrt = [inputs[i] for i in grad_inputs]
+    got = torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs],
+                              create_graph=True, allow_unused=True) if pairs else [None] * len(wrt)
+    result = list(expected)
+    scale = max((w.abs().max().item() for w in expected
+                 if isinstance(w, torch.Tensor) and w.numel()), default=0.0)
+    for i, g in zip(grad_inputs, got):
+        want = expected[i]
+        if g is None:
+            g = None if want is None else torch.zeros_like(want)
+        elif want is not None and not _close(g.detach(), want, scale):
+            raise RuntimeError(
+                "tempa: double backward (create_graph=True) through a compiled graph: "
+                "recomputing its forward eagerly did not reproduce the compiled gradient (the "
+                "graph draws random numbers, or an input was modified in place after the "
+                "forward). Run this function eagerly (tempa.disable) for higher-order "
+                "gradients.")
+        result[i] = g
+    return tuple(result)
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, scale: float) -> bool:
+    """The eager recomputation against the compiled kernels: equal up to their rounding
+    (fused kernels reorder float operations). ``scale``: the largest gradient of the call;
+    a gradient that is zero in exact arithmetic (a bias before BatchNorm) is rounding noise
+    of that size in both."""
+    if not got.is_floating_point() and not got.is_complex():
+        return torch.equal(got, want)
+    tol = 1e-3 if got.dtype in (torch.float32, torch.float64, torch.complex64,
+                                torch.complex128) else 3e-2
+    return torch.allclose(got, want.to(got.dtype), rtol=tol, atol=tol * max(scale, 1e-6),
+                          equal_nan=True)
+
+
 # Class attributes ``THPFunction_apply`` looks up by name on every call. They live two
 # classes up the MRO and the lookup bypasses the type cache (a fresh, uninterned name),
 # so copying them onto the class saves two dict probes each (measured with callgrind).
@@ -97,7 +167,9 @@ def _render_forward(fw_call, n_in, n_out, n_saved, saved_inputs, alias, non_diff
     inputs, which eager would save too. ``all_saved_variables``: everything goes through
     ``save_for_backward`` (inputs first, then the saved values, the backward's order)."""
     args = ", ".join(f"a{i}" for i in range(n_in))
-    lines = [f"def forward(ctx, {args}):", f"    r = fw_call({args})"]
+    # every input, for the recomputation of a double backward (see _differentiable_backward)
+    lines = [f"def forward(ctx, {args}):", f"    r = fw_call({args})",
+             "    ctx.tempa_inputs = (" + "".join(f"a{i}, " for i in range(n_in)) + ")"]
     if all_saved_variables:
         lines.append("    ctx.save_for_backward(" + "".join(f"a{i}, " for i in saved_inputs) +
                      f"*r[{n_out}:])")

@@ -1,6 +1,7 @@
 """``tempa_backend``: choose and build variants (inference / autograd), handle failures."""
 from __future__ import annotations
 
+import copy
 import importlib
 import threading
 import time
@@ -124,8 +125,12 @@ def _dynamic_dims(gm):
 def build(gm: torch.fx.GraphModule, example_inputs, target, info: BackendInfo | None = None):
     """The variants of one graph compiled with ``target``'s renderer. ``info``: the record to
     fill (a target that reports into it while it builds passes its own)."""
-    t0 = time.perf_counter()
     info = BackendInfo() if info is None else info
+    if _in_transform():
+        # captured under vmap/jvp/grad: the example inputs are functorch wrappers without
+        # storage, which cannot be traced to kernels; build from the first plain call
+        return _built_outside_transforms(gm, target, info)
+    t0 = time.perf_counter()
     example_inputs = list(example_inputs)
     try:
         pgm, attrs = prepare(gm)
@@ -150,26 +155,51 @@ def build(gm: torch.fx.GraphModule, example_inputs, target, info: BackendInfo | 
         info.compile_seconds = time.perf_counter() - t0
         return _eager(gm, info, info.fallback_reason)
 
+    # _in_transform, checked on every call inline (no extra frame): see _transformed_call.
+    functorch_active = torch._C._are_functorch_transforms_active
+    dual_levels = torch.autograd.forward_ad
+    transformed = _transformed_call(gm, info)
     if not needs_grad:
-        inner = first
+        def inner(*args):
+            if functorch_active() or dual_levels._current_level >= 0:
+                return transformed(*args)
+            return first(*args)
     else:
         is_grad = torch.is_grad_enabled
 
         def inner(*args):
+            if functorch_active() or dual_levels._current_level >= 0:
+                return transformed(*args)
             if is_grad():
                 return (state.train_fn or state.training())(*args)
             return (state.infer_fn or state.inference())(*args)
 
     if attr_vals:
-        def compiled(*args):
+        def with_attrs(*args):
             return inner(*args, *attr_vals)
-    elif needs_grad:
-        compiled = inner
+        compiled = _following_requires_grad(with_attrs, attr_vals, gm, target, info)
     else:
-        def compiled(*args):
-            return inner(*args)
+        compiled = inner
     info.compile_seconds = time.perf_counter() - t0
     compiled.tempa_info = info
+    return compiled
+
+
+def _following_requires_grad(fn, attr_vals, gm, target, info):
+    """``fn`` while the get_attr tensors' requires_grad is what it was at build time, else a
+    build for the new pattern. Why: they are no inputs the frontend guards, and the variants
+    depend on it: a parameter unfrozen since would get no gradient from a graph built while
+    it was frozen (the inference kernels, or a joint that differentiates the others only)."""
+    variants = {tuple(a.requires_grad for a in attr_vals): fn}
+
+    def compiled(*args):
+        key = tuple(a.requires_grad for a in attr_vals)
+        run = variants.get(key)
+        if run is None:
+            # a target that binds the graph keeps per-build state: a copy for each build
+            fresh = copy.copy(target) if hasattr(target, "bind") else target
+            run = variants[key] = build(gm, args, fresh, info)
+        return run(*args)
     return compiled
 
 
@@ -182,12 +212,68 @@ def _attr_getter(gm, target):
     return get
 
 
+def _in_transform() -> bool:
+    return torch._C._are_functorch_transforms_active() or \
+        torch.autograd.forward_ad._current_level >= 0
+
+
+def _built_outside_transforms(gm, target, info):
+    transformed = _transformed_call(gm, info)
+    lock = threading.Lock()
+    built = []
+
+    def compiled(*args):
+        if _in_transform():
+            return transformed(*args)
+        if not built:
+            with lock:
+                if not built:
+                    built.append(build(gm, args, target, info))
+        return built[0](*args)
+    compiled.tempa_info = info
+    return compiled
+
+
+def _transformed_call(gm, info):
+    """The graph for a call under forward-mode AD (``forward_ad.dual_level``) or a functorch
+    transform (``torch.func.vmap``, ``jvp``, ``grad``): the torch-level graph run eagerly.
+    Why: the compiled kernels read the raw buffers of plain tensors, so a dual tensor's
+    tangent would be dropped and a BatchedTensor (no storage) cannot be read at all; torch's
+    own ops carry both. Said once per graph on ``tempa.fallbacks``."""
+    n_user = len([n for n in gm.graph.nodes if n.op == "placeholder"])
+    said = []
+
+    def run(*args):
+        if not said:
+            said.append(True)
+            why = ("forward-mode AD or a torch.func transform (vmap, jvp, grad) is active; "
+                   "the compiled kernels read plain tensors only")
+            info.notes.append(f"eager: {why}")
+            stats.bump("eager_fallbacks")
+            logs.get("fallbacks").warning("tempa: running a compiled graph with eager ATen ops: %s",
+                                          why)
+        return run_graph(gm, args[:n_user])
+    return run
+
+
+def run_graph(gm, args):
+    """The torch-level graph run with ATen ops, as eager would. A graph that switches grad
+    mode (``with torch.no_grad():`` inside) restores it at its end; when an op in between
+    raises, the mode is restored here, so the caller's grad mode survives the error."""
+    grad = torch.is_grad_enabled()
+    try:
+        return gm(*args)
+    except BaseException:
+        torch._C._set_grad_enabled(grad)
+        raise
+
+
 def _eager(gm, info, reason):
     info.fallback_reason = reason
     info.aten_fallbacks = info.aten_fallbacks or ["<whole graph>"]
 
     def compiled(*args):
-        return gm(*args)
+        return run_graph(gm, args)
     compiled.tempa_info = info
     return compiled
 
@@ -235,6 +321,7 @@ class _State:
                 return self.train_fn
             try:
                 joint = trace_training(self.pgm, self.examples, self.target.decomps())
+                joint.recompute = self.pgm
                 fn, fw_info, bw_info = self.target.build_training(joint, self.n_in, joint.single)
             except Exception as e:  # noqa: BLE001
                 return self._failed(e, "training")
@@ -262,7 +349,7 @@ class _State:
         n_user = len([n for n in orig.graph.nodes if n.op == "placeholder"])
 
         def fn(*args):
-            return orig(*args[:n_user])
+            return run_graph(orig, args[:n_user])
         if variant == "inference":
             self.infer_fn = fn
         else:

@@ -122,13 +122,29 @@ def build_entry(fn, captured, compiled) -> Entry:
 # torch calls these global hooks from register_parameter/register_buffer/add_module and
 # from Module.__setattr__, so `model.fc1 = nn.Linear(...)` or `model.w = nn.Parameter(...)`
 # drops every entry that read that module, instead of each call guarding every parameter.
+# The registry holds only weak references: an entry keeps its graph, guard constants,
+# modules and weights alive, and a compiled model the user dropped must free all of them.
+# A module's slot goes away with the module (its id may then be reused by a new object).
 _watchers: dict[int, list] = {}
 _watch_lock = threading.Lock()
 
 
 def _watch(module, cache: CodeCache, entry: Entry) -> None:
+    key = id(module)
     with _watch_lock:
-        _watchers.setdefault(id(module), []).append((weakref.ref(cache), entry, weakref.ref(module)))
+        watchers = _watchers.get(key)
+        if watchers is None:
+            watchers = _watchers[key] = []
+            weakref.finalize(module, _forget_module, key, watchers)
+        # entries dropped since (recompiles, a compiled wrapper freed) leave dead references
+        watchers[:] = [w for w in watchers if w[1]() is not None]
+        watchers.append((weakref.ref(cache), weakref.ref(entry), weakref.ref(module)))
+
+
+def _forget_module(key: int, watchers: list) -> None:
+    with _watch_lock:
+        if _watchers.get(key) is watchers:
+            del _watchers[key]
 
 
 def _on_registration(module, name, value):
@@ -137,9 +153,9 @@ def _on_registration(module, name, value):
         return None
     with _watch_lock:
         watchers = _watchers.pop(id(module), [])
-    for cache_ref, entry, mod_ref in watchers:
-        cache = cache_ref()
-        if cache is not None and mod_ref() is module:
+    for cache_ref, entry_ref, mod_ref in watchers:
+        cache, entry = cache_ref(), entry_ref()
+        if cache is not None and entry is not None and mod_ref() is module:
             cache.remove(entry)
     return None
 

@@ -102,8 +102,14 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
             if frame.stopped_at is not None:
                 if frame.stopped_at.offset != _stop.root_offset:
                     raise _stop  # the second pass took another path: give up on this frame
+                break_grad = torch.is_grad_enabled()
                 _leave_contexts(tracer, grad)
                 break_plan = plan_break(fn, frame, plan, runtime)
+                if break_grad != grad:
+                    # A plain torch.set_grad_enabled(m) before the break (no `with` object
+                    # whose re-entry sets it, e.g. the optimizers' _use_grad_for_differentiable):
+                    # the graph ended in the entry's mode; the rest runs in m, as in eager.
+                    body.append(f"{guards.const(torch._C._set_grad_enabled, 'F')}({break_grad})")
                 body += break_plan.lines
             else:
                 body.append(f"return {plan.expr(result)}")

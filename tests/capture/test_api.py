@@ -165,3 +165,61 @@ def test_is_compiling_is_true_during_capture():
 
     fast = tempa.compile(f, backend="eager", fullgraph=True)
     assert_same(fast(torch.zeros(2)), torch.ones(2))
+
+
+def test_deepcopy_and_pickle_compile_a_fresh_copy():
+    # EMA / teacher copies: the copy wraps its own module and has its own compiled entries
+    import copy
+    import pickle
+    model = JaringanKecil()
+    fast = tempa.compile(model, backend="eager", dynamic=False)
+    x = torch.randn(4, 32)
+    fast(x)
+    for twin in (copy.deepcopy(fast), pickle.loads(pickle.dumps(fast))):
+        assert isinstance(twin, tempa.OptimizedModule)
+        assert twin._orig_mod is not model and twin.fc1.weight is not model.fc1.weight
+        assert twin.__dict__["_tempa_context"] is not fast.__dict__["_tempa_context"]
+        assert twin.__dict__["_tempa_context"].dynamic is False
+        with torch.no_grad():
+            twin.fc2.bias.add_(1.0)           # the copy's weights are its own
+        assert torch.allclose(twin(x), model(x) + 1.0, atol=1e-6)
+    assert torch.allclose(fast(x), model(x))
+    assert tempa.stats().captures == 3        # each copy captured afresh
+
+
+def test_shallow_copy_shares_the_module_and_keeps_wrapper_hooks():
+    import copy
+    model = JaringanKecil()
+    fast = tempa.compile(model, backend="eager")
+    fast.register_forward_hook(lambda mod, args, out: out * 2)
+    twin = copy.copy(fast)
+    x = torch.randn(2, 32)
+    assert twin._orig_mod is model
+    assert torch.allclose(twin(x), model(x) * 2)
+
+
+def test_dropped_compiled_models_are_freed():
+    # the module-watch registry must not keep entries (graphs, modules, weights) alive
+    import gc
+    import weakref
+    refs = []
+    for _ in range(3):
+        model = JaringanKecil()
+        fast = tempa.compile(model, backend="eager")
+        fast(torch.randn(2, 32))
+        refs.append(weakref.ref(model.fc1.weight))
+        del model, fast
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
+    from tempa.capture import cache
+    assert not cache._watchers        # the modules' slots went with them
+
+
+def test_reassigning_a_watched_submodule_still_recaptures():
+    model = JaringanKecil()
+    fast = tempa.compile(model, backend="eager")
+    x = torch.randn(2, 32)
+    fast(x)
+    model.fc2 = nn.Linear(64, 10)
+    assert torch.allclose(fast(x), model(x))
+    assert tempa.stats().captures == 2

@@ -299,6 +299,8 @@ class Joint:
     diff_outputs: list      # which user outputs get a tangent
     constants: dict
     single: bool = False    # the user's function returned one tensor, not a tuple
+    # the torch-level graph over the same inputs: a double backward recomputes it eagerly
+    recompute: object = None
 
 
 # Composite ops whose own derivative is cheaper than differentiating their decomposition:
