@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import re
 import types
 import warnings
 from collections.abc import Mapping
@@ -352,6 +353,8 @@ def snapshot(obj, versions: bool = False, _depth: int = 0, _seen=None):
         return ObjSnap(_type_name(obj), [str(obj), [rec(a) for a in obj.args]])
     if isinstance(obj, (torch.Size, torch.dtype, torch.device)):
         return ObjSnap(_type_name(obj), str(obj))
+    if isinstance(obj, torch.Generator):
+        return ObjSnap(_type_name(obj), _tensor_snap(obj.get_state(), False))
     if isinstance(obj, (list, tuple)):
         return ObjSnap(_type_name(obj), [rec(v) for v in obj])
     if isinstance(obj, Mapping):
@@ -361,7 +364,7 @@ def snapshot(obj, versions: bool = False, _depth: int = 0, _seen=None):
     if dataclasses.is_dataclass(obj) or hasattr(obj, "__dict__"):
         items = {k: rec(v) for k, v in vars(obj).items() if not k.startswith("__")}
         return ObjSnap(_type_name(obj), items)
-    return ObjSnap(_type_name(obj), repr(obj))
+    return ObjSnap(_type_name(obj), re.sub(r" at 0x[0-9a-f]+", "", repr(obj)))
 
 
 def _tensor_snap(t: torch.Tensor, versions: bool) -> TensorSnap:
@@ -518,7 +521,8 @@ def _compare_items(actual, expected, path, tol, diffs):
         for i, (a, e) in enumerate(zip(actual, expected)):
             if isinstance(e, tuple) and len(e) == 2 and isinstance(a, tuple):   # a mapping's (key, value)
                 compare_snap(a[0], e[0], f"{path}<key {i}>", tol, diffs)
-                compare_snap(a[1], e[1], f"{path}[{e[0]!r}]", tol, diffs)
+                key = repr(e[0]) if isinstance(e[0], _SCALARS) else f"<key {i}>"
+                compare_snap(a[1], e[1], f"{path}[{key}]", tol, diffs)
             else:
                 compare_snap(a, e, f"{path}[{i}]", tol, diffs)
     else:
@@ -596,7 +600,10 @@ def _fmt_error(err) -> str:
 
 
 def check_case(case: Case, forced_breaks: list = ()) -> list:
-    """Run the case eagerly and compiled with each of its backends; all differences."""
+    """Run the case eagerly and compiled with each of its backends; all differences.
+    A first eager run is discarded: once-per-process work (lazy imports and the warnings
+    they emit, first-use initialisation) then happens before the reference run."""
+    run_case(case, None)
     expected = run_case(case, None)
     diffs = []
     for backend in case.backends:

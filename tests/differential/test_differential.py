@@ -21,6 +21,11 @@ def _unique(cases):
     return cases
 
 
+def _shown(diffs, limit=15):
+    more = f"\n  ... and {len(diffs) - limit} more" if len(diffs) > limit else ""
+    return "\n  ".join(diffs[:limit]) + more
+
+
 def _param(case, key, *values, id):  # noqa: A002 - pytest.param spelling
     marks = [pytest.mark.xfail(strict=True, reason=KNOWN_FAILURES[key])] if key in KNOWN_FAILURES else []
     return pytest.param(case, *values, id=id, marks=marks)
@@ -29,7 +34,8 @@ def _param(case, key, *values, id):  # noqa: A002 - pytest.param spelling
 @pytest.mark.parametrize("case", [_param(c, c.id, id=c.id) for c in _unique(ALL_CASES)])
 def test_case(case):
     diffs = check_case(case)
-    assert not diffs, "compiled differs from eager:\n  " + "\n  ".join(diffs)
+    if diffs:
+        pytest.fail("compiled differs from eager:\n  " + _shown(diffs), pytrace=False)
 
 
 def _break_points(case):
@@ -56,5 +62,6 @@ def _break_params():
 @pytest.mark.parametrize("case,point", list(_break_params()))
 def test_case_broken_at_statement(case, point):
     diffs = check_case(case, forced_breaks=[point])
-    assert not diffs, f"with a graph break forced at {point}, compiled differs from eager:\n  " + \
-        "\n  ".join(diffs)
+    if diffs:
+        pytest.fail(f"with a graph break forced at {point}, compiled differs from eager:\n  " + _shown(diffs),
+                    pytrace=False)
