@@ -21,8 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._util import fn_case, module_case, rnd
-from .harness import (Case, Lazy, R, State, apply, call, forward_code, mutate, probe,
-                      requires_grad, zero_grad)
+from .harness import Case, Lazy, R, State, apply, call, mutate, probe, requires_grad, zero_grad
 
 
 def fresh_fn(src: str, name: str, **globals_):

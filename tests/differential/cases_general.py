@@ -5,7 +5,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._util import fn_case, module_case, rnd
-from .harness import Case, Lazy, R, State, call, forward_code, mutate, probe, requires_grad, zero_grad
+from .harness import (Case, Lazy, R, State, call, del_attr, forward_code, mutate, probe, requires_grad,
+                      set_attr, zero_grad)
 
 
 # ---------------------------------------------------------------- blocks
@@ -360,8 +361,10 @@ CASES = [
     module_case("buffers_and_attrs_updated", Counter, call(rnd(3, 4)), call(rnd(3, 4)), call(rnd(3, 4)),
                 breaks=forward_code),
     module_case("branch_on_module_attrs", Branchy, call(rnd(2, 4)),
-                mutate(lambda s: setattr(s.fn, "use_b", True), "use_b = True"), call(rnd(2, 4)),
-                mutate(lambda s: setattr(s.fn, "scale", 0.5), "scale = 0.5"), call(rnd(2, 4)),
+                set_attr("fn", "use_b", lambda s: True), call(rnd(2, 4)),
+                set_attr("fn", "scale", lambda s: 0.5), call(rnd(2, 4)),
+                set_attr("fn", "note", lambda s: "unread"), call(rnd(2, 4)), del_attr("fn", "note"),
+                call(rnd(2, 4)),
                 breaks=forward_code),
     module_case("modulelist_moduledict_helpers", WithHelpers, call(rnd(2, 4)), call(rnd(2, 4), head="reg"),
                 call(rnd(2, 4), _backward=True), breaks=forward_code),

@@ -117,13 +117,8 @@ def del_attr(path: str, name: str) -> Step:
 
 
 def requires_grad(path: str, flag: bool) -> Step:
-    def go(s):
-        obj = R(path).get(s)
-        if isinstance(obj, torch.nn.Module):
-            obj.requires_grad_(flag)
-        else:
-            obj.requires_grad_(flag)
-    return mutate(go, f"{path}.requires_grad_({flag})")
+    """Freeze / unfreeze a parameter, a tensor or all of a module's parameters."""
+    return mutate(lambda s: R(path).get(s).requires_grad_(flag), f"{path}.requires_grad_({flag})")
 
 
 def zero_grad(path: str = "fn") -> Step:
