@@ -174,6 +174,15 @@ def cache_slice(x, cache):
     return cache[:, :3]
 
 
+class ReturnsItsParameter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(3))
+
+    def forward(self, x):
+        return x * self.w, self.w
+
+
 def _optimizer_state(make):
     def setup():
         m = nn.Linear(4, 3)
@@ -563,6 +572,7 @@ CASES = [
     fn_case("bug13_outputs_view_each_other", view_outputs, call(torch.zeros(4))),
     Case("bug13_output_view_of_buffer", lambda: State(fn=cache_slice, cache=torch.zeros(2, 6)),
          [call(torch.ones(2, 2), R("cache")), call(torch.ones(2, 2) * 2, R("cache"))]),
+    module_case("bug13_returns_module_parameter", ReturnsItsParameter, call(rnd(3)), call(rnd(3), _backward=True)),
     Case("bug14_compiled_optimizer_step_sgd_momentum",
          _optimizer_state(lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)), [call(), call()]),
     Case("bug14_compiled_optimizer_step_adam", _optimizer_state(lambda p: torch.optim.Adam(p, lr=0.01)), [call()]),

@@ -432,3 +432,21 @@ CASES = [
     Case("grad_mode_probe", lambda: State(fn=grad_of_input),
          [call(rnd(3), rnd(3)), probe(lambda s: torch.is_grad_enabled(), "is_grad_enabled")]),
 ]
+
+
+def returns_input_list(x, lst):
+    lst.append(x.sum())
+    return lst
+
+
+def returns_dict_arg(x, d):
+    d["y"] = x * 2
+    return d, x + 1
+
+
+CASES += [
+    Case("returns_an_input_list", lambda: State(fn=returns_input_list, acc=[]),
+         [call(rnd(3), R("acc")), call(rnd(3), R("acc"))]),
+    Case("returns_an_input_dict", lambda: State(fn=returns_dict_arg, d={}),
+         [call(rnd(2), R("d")), call(rnd(2), R("d"))]),
+]
