@@ -1,0 +1,1 @@
+"""tempa's differential soundness harness (see README.md)."""
