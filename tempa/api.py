@@ -83,6 +83,7 @@ class CompileContext:
 
     def dispatcher(self, fn, eager):
         cache = self.cache_for(fn)
+        cache.module_call = cache.module_call or eager is _call_module
         miss = self._miss
 
         def dispatch(*args, **kwargs):
@@ -202,7 +203,7 @@ class CompileContext:
         dynamic = self._dynamic_for(cache, fn, args, kwargs)
         try:
             return capture(fn, args, kwargs, runtime=self, allow_breaks=not self.fullgraph,
-                           dynamic=dynamic)
+                           dynamic=dynamic, module_call=cache.module_call)
         except UserError as e:
             if not dynamic:
                 raise
@@ -211,7 +212,7 @@ class CompileContext:
             # call with its real sizes; if that fails too, it is the user's error. This function
             # then compiles per shape (it had been silently eager, recapturing on every call).
             captured = capture(fn, args, kwargs, runtime=self, allow_breaks=not self.fullgraph,
-                               dynamic=False)
+                               dynamic=False, module_call=cache.module_call)
             first_line = (str(e.exc).splitlines() or [""])[0][:160]
             cache.static_only = f"symbolic sizes failed ({type(e.exc).__name__}: {first_line})"
             _fallback_log.warning("tempa: %s: %s; compiling it per shape instead", _where(fn),
@@ -338,8 +339,8 @@ class OptimizedModule(torch.nn.Module):
 
 
 def _call_module(mod, *args, **kwargs):
-    # The eager path runs the module as the user would, hooks included.
-    return torch.nn.Module.__call__(mod, *args, **kwargs)
+    # The eager path runs the module as the user would: its __call__, hooks, forward.
+    return mod(*args, **kwargs)
 
 
 def compile(model=None, *, fullgraph: bool = False, dynamic: bool | None = None,
