@@ -186,11 +186,15 @@ def call_module(tracer, frame, mod: torch.nn.Module, args, kwargs):
     return call(tracer, frame, guard_module_call(tracer, mod), list(args), kwargs)
 
 
-def guard_root_module_call(tracer, mod: torch.nn.Module) -> None:
-    """The compiled module itself: its forward is what runs (it is the captured code)."""
+def guard_root_module_call(tracer, mod: torch.nn.Module, fn) -> None:
+    """The compiled module itself, whose forward ``fn`` is the captured code: calling the
+    module must still mean exactly ``fn(mod, ...)`` (else it runs eagerly, as called)."""
     if _guard_module_class(tracer, mod):
         raise Unsupported("unsupported construct", f"{type(mod).__name__} overrides __call__")
-    guard_module_call(tracer, mod)
+    forward = guard_module_call(tracer, mod)
+    if getattr(forward, "__func__", None) is not fn:
+        raise Unsupported("unsupported construct", f"{type(mod).__name__}.forward was replaced "
+                          "after compiling")
 
 
 def _guard_module_class(tracer, mod) -> bool:
@@ -495,6 +499,7 @@ def _len(tracer, frame, args, kwargs):
             raise UserError(TypeError("len() of a 0-d tensor"))
         return v.fake.shape[0]
     if isinstance(v, torch.nn.Module):
+        tracer.guard_module_contents(v)
         return len(v)
     return len(v)
 

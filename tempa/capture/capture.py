@@ -54,7 +54,7 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
     arguments = bind_arguments(fn, args, kwargs)
     calls.guard_function(guards, fn, defaults=True)
     if module_call:
-        calls.guard_root_module_call(tracer, args[0])
+        calls.guard_root_module_call(tracer, args[0], fn)
     varkw = fn.__code__.co_varnames[fn.__code__.co_argcount + fn.__code__.co_kwonlyargcount +
                                      bool(fn.__code__.co_flags & 0x04)] \
         if fn.__code__.co_flags & 0x08 else None

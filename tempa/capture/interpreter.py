@@ -170,6 +170,7 @@ class Frame(DataOpcodes):
             parts = self.tracer.builder.call("call_method", "unbind", (v, 0), {})
             return CapturedIter(list(parts))
         if isinstance(v, torch.nn.Module):
+            self.tracer.guard_module_contents(v)
             items = list(iter(v))
             out = []
             for i, item in enumerate(items):

@@ -237,7 +237,10 @@ class Tracer:
             if entries is None or name not in entries:
                 continue
             value = entries[name]
-            src = f"{g.const(entries, 'MD')}[{name!r}]"
+            # Sequential/ModuleList deletions replace the whole `_modules` dict: read it
+            # through the instance dict each time; `_parameters`/`_buffers` change in place
+            src = f"{g.const(d, 'ID')}['_modules'][{name!r}]" if table == "_modules" else \
+                f"{g.const(entries, 'MD')}[{name!r}]"
             where = f"{self.path_of(mod)}.{name}"
             if value is None:
                 g.add("module", f"{src} is None", f"{where} is None")
@@ -258,6 +261,19 @@ class Tracer:
                 return self.builder.attr_input(value, f"{self.path_of(mod)}.{name}")
             return self.external(value, f"{self.expr_of(mod)}.{name}", user=False)
         return self._static_or_concrete(mod, name, frame, guard=True)
+
+    def guard_module_contents(self, mod: torch.nn.Module) -> None:
+        """A container module (Sequential, ModuleList, ParameterList, ...) iterated, indexed,
+        measured or searched: its children and parameters, in order, are what the code saw
+        (``del seq[1]``, ``seq.insert``, ``m._modules[k] = new`` are then seen)."""
+        g = self.guards
+        d = mod.__dict__
+        for table in ("_modules", "_parameters"):
+            entries = d.get(table)
+            if entries:
+                g.add("module", f"tuple({g.const(d, 'ID')}[{table!r}].items()) == "
+                      f"{g.const(tuple(entries.items()), 'K')}",
+                      f"{self.path_of(mod)} has the same {table[1:]}")
 
     def tensor_attr(self, t: TensorVar, name: str):
         fake = t.fake
