@@ -138,6 +138,12 @@ class Tracer:
         self.external_copies[id(copy)] = (copy, expr)
         return copy
 
+    @staticmethod
+    def is_library_globals(g: dict) -> bool:
+        """``g`` is the global namespace of a real library module (torch's own code)."""
+        mod = sys.modules.get(g.get("__name__") or "")
+        return mod is not None and is_library_module(mod) and mod.__dict__ is g
+
     def dynamic_dims(self, tensor: torch.Tensor, expr: str) -> set:
         if self.builder.sizes is None:
             return set()
