@@ -254,8 +254,9 @@ def guard_function(guards, fn, *, defaults: bool = False) -> None:
                f"{fn.__qualname__}.__code__ is the same code")
     for attr in ("__defaults__", "__kwdefaults__") if defaults else ():
         value = getattr(fn, attr)
-        guards.add("identity", f"{f}.{attr} is " + ("None" if value is None else guards.const(value, "DEF")),
-                   f"{fn.__qualname__}.{attr} is unchanged")
+        if value is not None:
+            guards.add("identity", f"{f}.{attr} is {guards.const(value, 'DEF')}",
+                       f"{fn.__qualname__}.{attr} is unchanged")
 
 
 def inline(tracer, frame, fn: types.FunctionType, args, kwargs):

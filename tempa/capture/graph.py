@@ -117,7 +117,7 @@ class GraphBuilder:
         self.attr_inputs.append((node, tensor))
         # read live on every call: `.data = ...`, `.half()`, `requires_grad_()` change the
         # same object, so its metadata is guarded like an argument's
-        self.guards.tensor(self.guards.const(tensor, "P"), tensor, what=hint)
+        self.guards.tensor(self.guards.const(tensor, "P"), tensor, what=hint, attribute=True)
         self._input_by_id[id(tensor)] = var
         return var
 

@@ -78,10 +78,16 @@ class GuardSet:
             return exact + f"{expr} == 0.0 and {self.const(math.copysign, 'F')}(1.0, {expr}) == {sign}"
         return exact + f"{expr} == {self.const(value, 'V')}"
 
-    def tensor(self, expr: str, t: torch.Tensor, *, dynamic_dims=(), what: str = "") -> None:
-        """Everything the graph assumed about a tensor it reads (an argument, a parameter, a
-        buffer): type, dtype, device, sizes, strides, storage offset, requires_grad, the
-        conjugate/negative bits and inference-ness."""
+    def tensor(self, expr: str, t: torch.Tensor, *, dynamic_dims=(), what: str = "",
+               attribute: bool = False) -> None:
+        """What the graph assumed about a tensor it reads: type, dtype, device, sizes,
+        strides, requires_grad; for an argument also its storage offset, the conjugate and
+        negative bits and inference-ness. A parameter or buffer (``attribute``) is the same
+        object on every call and its metadata changes only through ``.data =``, ``.to()``,
+        ``requires_grad_()`` and in-place resizes: those four items are guarded; the rest
+        (each a ~100 ns torch call per tensor per call) is not, a measured trade-off
+        (benchmarks/guard_cost.py): kernels read ``data_ptr()``, which includes the
+        offset, and a parameter holding a negative-bit or inference view is not seen."""
         parts = [f"{expr}.__class__ is {self.const(type(t), 'T')}",
                  f"{expr}.dtype is {self.const(t.dtype, 'D')}"]
         if t.device.type == "cpu":
@@ -96,15 +102,20 @@ class GuardSet:
             parts.append(f"{expr}.is_contiguous()")
         else:
             parts.append(f"{expr}.shape == {self.const(tuple(t.shape), 'S')}")
-            parts.append(f"{expr}.stride() == {self.const(tuple(t.stride()), 'S')}")
-        parts.append(f"{expr}.storage_offset() == {t.storage_offset()}")
+            if t.is_contiguous() and all(n > 1 for n in t.shape):
+                # the same sizes and contiguous: the same strides (cheaper than stride())
+                parts.append(f"{expr}.is_contiguous()")
+            else:
+                parts.append(f"{expr}.stride() == {self.const(tuple(t.stride()), 'S')}")
         parts.append(f"{expr}.requires_grad is {t.requires_grad}")
-        # The conjugate bit exists only on complex tensors; the negative bit and inference
-        # mode on any tensor.
-        if t.is_complex():
-            parts.append(f"{expr}.is_conj() is {t.is_conj()}")
-        parts.append(f"{expr}.is_neg() is {t.is_neg()}")
-        parts.append(f"{expr}.is_inference() is {t.is_inference()}")
+        if not attribute:
+            parts.append(f"{expr}.storage_offset() == {t.storage_offset()}")
+            # the conjugate bit exists only on complex tensors; the negative bit and
+            # inference-ness on any
+            if t.is_complex():
+                parts.append(f"{expr}.is_conj() is {t.is_conj()}")
+            parts.append(f"{expr}.is_neg() is {t.is_neg()}")
+            parts.append(f"{expr}.is_inference() is {t.is_inference()}")
         shape = tuple("*" if d in dynamic_dims else n for d, n in enumerate(t.shape))
         layout = "contiguous" if dynamic_dims else f"stride {tuple(t.stride())}"
         flags = "".join(f", {name}" for name, on in (("conj", t.is_conj()), ("neg", t.is_neg()),
