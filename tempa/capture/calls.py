@@ -149,11 +149,18 @@ _PY_TENSOR_METHOD_OPS = {"split", "unique", "norm", "stft", "istft", "lu", "unfl
                          "__pow__", "__neg__", "__abs__", "__len__", "__contains__", "__reversed__"}
 
 
+# A flag of a tensor argument that its guard checks (GuardSet.tensor) but fake tensors lack.
+_INPUT_FLAG_METHODS = {"is_inference"}
+
+
 def tensor_method(tracer, m: TensorMethod, args, kwargs):
     name, t = m.name, m.tensor
     if name in _TENSOR_METADATA_METHODS:
         if contains_tensor(args) or contains_tensor(kwargs):
             raise Unsupported("unsupported call", f"tensor.{name} with tensor arguments")
+        real = tracer.builder.argument_tensor(t) if name in _INPUT_FLAG_METHODS else None
+        if real is not None:   # fake tensors do not carry these flags; the guard checks them
+            return getattr(real, name)()
         return getattr(t.fake, name)(*args, **kwargs)
     if name in _TENSOR_DATA_METHODS:
         raise Unsupported("data-dependent value", f"tensor.{name}() needs the tensor's value")

@@ -104,6 +104,17 @@ class GraphBuilder:
         self.guards.tensor(expr, tensor, dynamic_dims=tuple(sorted(dims)))
         return var
 
+    def argument_tensor(self, var: TensorVar):
+        """The caller's tensor behind ``var`` when ``var`` is a tensor argument, else None."""
+        for node, _, tensor in self.user_inputs:
+            if node is var.node:
+                return tensor
+        return None
+
+    def argument_expr(self, var: TensorVar):
+        """The guard expression of the tensor argument behind ``var`` (else None)."""
+        return next((expr for node, expr, _ in self.user_inputs if node is var.node), None)
+
     def attr_input(self, tensor: torch.Tensor, hint: str) -> TensorVar:
         """A tensor reached through a module or object (parameter, buffer, global): read live
         on every call, so optimizer updates are seen; its identity is guarded elsewhere."""

@@ -302,7 +302,20 @@ class Tracer:
             raise Unsupported("unsupported construct", f"reading tensor.{name} inside a graph")
         if hasattr(torch.Tensor, name):
             return TensorMethod(t, name)
-        raise AttributeError(f"'Tensor' object has no attribute '{name}'")
+        return self._tensor_instance_attr(t, name)
+
+    def _tensor_instance_attr(self, t: TensorVar, name: str):
+        """``x.name`` set by the user on an argument tensor (``x.test = None``): read from
+        the tensor's ``__dict__``, its presence or absence guarded."""
+        real = self.builder.argument_tensor(t)
+        attrs = getattr(real, "__dict__", None) if real is not None else None
+        if attrs is None:
+            raise AttributeError(f"'Tensor' object has no attribute '{name}'")
+        expr = self.builder.argument_expr(t)
+        if name not in attrs:
+            self.guards.add("constant", f"{name!r} not in {expr}.__dict__", f"{expr}.{name} does not exist")
+            raise AttributeError(f"'Tensor' object has no attribute '{name}'")
+        return self.external(attrs[name], f"{expr}.__dict__[{name!r}]", user=False)
 
     def path_of(self, mod) -> str:
         return self.paths.get(id(mod), type(mod).__name__)
