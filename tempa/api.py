@@ -337,6 +337,10 @@ class OptimizedModule(torch.nn.Module):
     def __dir__(self):
         return sorted(set(super().__dir__()) | set(dir(self._orig_mod)))
 
+    def __bool__(self):
+        # the wrapper is truthy like the module it stands for (an empty ModuleList is not)
+        return bool(self._orig_mod)
+
 
 def _call_module(mod, *args, **kwargs):
     # The eager path runs the module as the user would: its __call__, hooks, forward.

@@ -321,3 +321,23 @@ def test_deeply_nested_list_argument_runs():
     for _ in range(900):
         cfg = [cfg]
     _same(tempa.compile(f)(torch.ones(2), cfg), torch.full((2,), 2.0))
+
+
+def test_compiled_module_is_truthy_like_the_module():
+    assert not tempa.compile(nn.ModuleList())
+    assert tempa.compile(nn.Linear(2, 2))
+
+
+def test_argument_flags_and_attributes_read_in_forward():
+    def f(x):
+        if x.is_inference():
+            return x + 1
+        return x + 3 if hasattr(x, "tag") else x - 1
+    c = tempa.compile(f, backend="eager")
+    x = torch.ones(2)
+    _same(c(x), f(x))
+    with torch.inference_mode():
+        xi = torch.ones(2)
+    _same(c(xi), f(xi))
+    x.tag = None
+    _same(c(x), f(x))
