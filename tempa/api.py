@@ -86,6 +86,7 @@ class CompileContext:
 
     def dispatcher(self, fn, eager):
         cache = self.cache_for(fn)
+        cache.module_call = cache.module_call or eager is _call_module
         miss = self._miss
 
         def dispatch(*args, **kwargs):
@@ -208,7 +209,7 @@ class CompileContext:
         dynamic = self._dynamic_for(cache, fn, args, kwargs)
         try:
             return capture(fn, args, kwargs, runtime=self, allow_breaks=not self.fullgraph,
-                           dynamic=dynamic)
+                           dynamic=dynamic, module_call=cache.module_call)
         except UserError as e:
             if not dynamic:
                 raise
@@ -217,7 +218,7 @@ class CompileContext:
             # call with its real sizes; if that fails too, it is the user's error. This function
             # then compiles per shape (it had been silently eager, recapturing on every call).
             captured = capture(fn, args, kwargs, runtime=self, allow_breaks=not self.fullgraph,
-                               dynamic=False)
+                               dynamic=False, module_call=cache.module_call)
             first_line = (str(e.exc).splitlines() or [""])[0][:160]
             cache.static_only = f"symbolic sizes failed ({type(e.exc).__name__}: {first_line})"
             _fallback_log.warning("tempa: %s: %s; compiling it per shape instead", _where(fn),
@@ -342,6 +343,10 @@ class OptimizedModule(torch.nn.Module):
     def __dir__(self):
         return sorted(set(super().__dir__()) | set(dir(self._orig_mod)))
 
+    def __bool__(self):
+        # the wrapper is truthy like the module it stands for (an empty ModuleList is not)
+        return bool(self._orig_mod)
+
     def __reduce__(self):
         """copy.copy, copy.deepcopy and pickle, as for torch's OptimizedModule: the copy wraps
         a copy of the module (deepcopy: a deep copy) and compiles it afresh under the same
@@ -356,8 +361,8 @@ def _rebuild_optimized_module(mod, settings):
 
 
 def _call_module(mod, *args, **kwargs):
-    # The eager path runs the module as the user would, hooks included.
-    return torch.nn.Module.__call__(mod, *args, **kwargs)
+    # The eager path runs the module as the user would: its __call__, hooks, forward.
+    return mod(*args, **kwargs)
 
 
 def compile(model=None, *, fullgraph: bool = False, dynamic: bool | None = None,

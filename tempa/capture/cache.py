@@ -51,6 +51,7 @@ class CodeCache:
         self.last_shapes: dict = {}       # expression -> shape of the last capture's inputs
         self.dynamic_inputs: dict = {}    # expression -> dims made symbolic (automatic dynamic)
         self.static_only = None           # why symbolic sizes failed here (then: per shape)
+        self.module_call = False          # the code is a module's forward, called as the module
 
     def add(self, entry: Entry) -> None:
         # Most recent first: a changed input (batch 9 after 8) is likely to repeat.
@@ -97,15 +98,23 @@ def build_entry(fn, captured, compiled) -> Entry:
     ordered = guards.ordered()
     sig = signature_source(fn.__code__, fn)
     call_args = list(captured.user_input_exprs) + [guards.const(t, "P") for t in captured.attr_tensors]
-    lines = [f"def ___entry({sig}):"]
+    # A guard that cannot be evaluated (a shorter list, a missing key, a deleted attribute)
+    # is a miss, never the user's exception: the checks run inside one try (free in CPython
+    # 3.11+ until something raises); the compiled call runs outside it.
+    lines = [f"def ___entry({sig}):", "    try:"]
     for expr, _ in ordered:
-        lines.append(f"    if not ({expr}): return ___MISS")
+        lines.append(f"        if not ({expr}): return ___MISS")
+    lines.append("    except Exception:")
+    lines.append("        return ___MISS")
     lines.append(f"    ___o = ___compiled({', '.join(call_args)})")
     lines.extend(f"    {stmt}" for stmt in captured.body)
     source = "\n".join(lines)
     why_lines = [f"def ___why({sig}):"]
     for i, (expr, _) in enumerate(ordered):
-        why_lines.append(f"    if not ({expr}): return ___DESC[{i}]")
+        why_lines.append("    try:")
+        why_lines.append(f"        if not ({expr}): return ___DESC[{i}]")
+        why_lines.append("    except Exception as e:")
+        why_lines.append(f"        return f'{{___DESC[{i}]}} (the check raised {{type(e).__name__}})'")
     why_lines.append("    return None")
     ns = dict(guards.consts)
     ns.update(___setattr=setattr, ___MISS=MISS, ___compiled=compiled, ___DESC=[d for _, d in ordered])

@@ -12,6 +12,7 @@ Four outcomes, decided by what the callable is:
 from __future__ import annotations
 
 import builtins
+import sys
 import copy
 import functools
 import logging
@@ -148,11 +149,18 @@ _PY_TENSOR_METHOD_OPS = {"split", "unique", "norm", "stft", "istft", "lu", "unfl
                          "__pow__", "__neg__", "__abs__", "__len__", "__contains__", "__reversed__"}
 
 
+# A flag of a tensor argument that its guard checks (GuardSet.tensor) but fake tensors lack.
+_INPUT_FLAG_METHODS = {"is_inference"}
+
+
 def tensor_method(tracer, m: TensorMethod, args, kwargs):
     name, t = m.name, m.tensor
     if name in _TENSOR_METADATA_METHODS:
         if contains_tensor(args) or contains_tensor(kwargs):
             raise Unsupported("unsupported call", f"tensor.{name} with tensor arguments")
+        real = tracer.builder.argument_tensor(t) if name in _INPUT_FLAG_METHODS else None
+        if real is not None:   # fake tensors do not carry these flags; the guard checks them
+            return getattr(real, name)()
         return getattr(t.fake, name)(*args, **kwargs)
     if name in _TENSOR_DATA_METHODS:
         raise Unsupported("data-dependent value", f"tensor.{name}() needs the tensor's value")
@@ -171,20 +179,91 @@ def _changes_anything(t: TensorVar, name, args, kwargs) -> bool:
     return True
 
 
+_MODULE_CALL = torch.nn.Module.__call__
+_MODULE_CALL_IMPL = torch.nn.Module._call_impl
+_HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_GLOBAL_HOOK_TABLES = ("_global_forward_hooks", "_global_forward_pre_hooks",
+                       "_global_backward_hooks", "_global_backward_pre_hooks")
+
+
 def call_module(tracer, frame, mod: torch.nn.Module, args, kwargs):
-    if mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks or \
-            mod._backward_pre_hooks or _global_hooks():
+    if _guard_module_class(tracer, mod):
+        # an overridden __call__ runs instead of Module.__call__ (and may call super's)
+        return call(tracer, frame, type(mod).__call__, [mod, *args], kwargs)
+    return call(tracer, frame, guard_module_call(tracer, mod), list(args), kwargs)
+
+
+def guard_root_module_call(tracer, mod: torch.nn.Module, fn) -> None:
+    """The compiled module itself, whose forward ``fn`` is the captured code: calling the
+    module must still mean exactly ``fn(mod, ...)`` (else it runs eagerly, as called)."""
+    if _guard_module_class(tracer, mod):
+        raise Unsupported("unsupported construct", f"{type(mod).__name__} overrides __call__")
+    forward = guard_module_call(tracer, mod)
+    if getattr(forward, "__func__", None) is not fn:
+        raise Unsupported("unsupported construct", f"{type(mod).__name__}.forward was replaced "
+                          "after compiling")
+
+
+def _guard_module_class(tracer, mod) -> bool:
+    """Guard ``mod``'s class and its ``__call__``; True when ``__call__`` is overridden."""
+    cls = type(mod)
+    g = tracer.guards
+    g.add("module", f"{tracer.expr_of(mod)}.__class__ is {g.const(cls, 'T')}",
+          f"{tracer.path_of(mod)} is a {cls.__name__}")
+    g.add("module", f"{g.const(cls, 'T')}.__call__ is {g.const(cls.__call__, 'F')}",
+          f"{cls.__name__}.__call__ is the same function")
+    return cls.__call__ is not _MODULE_CALL
+
+
+def guard_module_call(tracer, mod: torch.nn.Module):
+    """What ``Module.__call__`` would do besides ``forward``, guarded to stay nothing: no
+    hooks (the module's own and the global ones; hook dicts are bound as constants, so
+    ``not (H1 or H2 ...)`` costs a few ns) and no instance attribute ``forward`` other than
+    the one seen. Returns the forward to inline; raises Unsupported where hooks exist."""
+    g = tracer.guards
+    d = mod.__dict__
+    tables = [d.get(name) for name in _HOOK_TABLES]
+    where = tracer.path_of(mod)
+    if any(tables) or _global_hooks():
         raise Unsupported("hooks", f"{type(mod).__name__} has forward/backward hooks")
-    forward = mod.__dict__.get("forward")
+    g.add("module", "not (" + " or ".join(g.const(t, "H") for t in tables) + ")",
+          f"{where} has no hooks")
+    g.add("module", "not (" + " or ".join(g.const(t, "H") for t in _global_hook_tables()) + ")",
+          "no global module hooks")
+    forward = d.get("forward")
     if forward is None:
-        forward = types.MethodType(type(mod).forward, mod)
-    return call(tracer, frame, forward, list(args), kwargs)
+        g.add("module", f"'forward' not in {g.const(d, 'ID')}", f"{where}.forward is not overridden")
+        cls = type(mod)
+        g.add("module", f"{g.const(cls, 'T')}.forward is {g.const(cls.forward, 'F')}",
+              f"{cls.__name__}.forward is the same function")
+        return types.MethodType(cls.forward, mod)
+    g.add("module", f"{g.const(d, 'ID')}.get('forward') is {g.const(forward, 'F')}",
+          f"{where}.forward is the same")
+    return forward
+
+
+def _global_hook_tables() -> list:
+    from torch.nn.modules import module as m
+    return [getattr(m, name) for name in _GLOBAL_HOOK_TABLES]
 
 
 def _global_hooks() -> bool:
-    from torch.nn.modules import module as m
-    return bool(m._global_forward_hooks or m._global_forward_pre_hooks or
-                m._global_backward_hooks or m._global_backward_pre_hooks)
+    return any(_global_hook_tables())
+
+
+def guard_function(guards, fn, *, defaults: bool = False) -> None:
+    """A Python function's code (``f.__code__ = ...`` keeps the function object) and, with
+    ``defaults``, its ``__defaults__``/``__kwdefaults__`` objects: the compiled function's
+    entry binds the defaults it was built with. (An inlined callee's defaults are read
+    from their source when used: ``bind_arguments``.)"""
+    f = guards.const(fn, "F")
+    guards.add("identity", f"{f}.__code__ is {guards.const(fn.__code__, 'CODE')}",
+               f"{fn.__qualname__}.__code__ is the same code")
+    for attr in ("__defaults__", "__kwdefaults__") if defaults else ():
+        value = getattr(fn, attr)
+        if value is not None:
+            guards.add("identity", f"{f}.{attr} is {guards.const(value, 'DEF')}",
+                       f"{fn.__qualname__}.{attr} is unchanged")
 
 
 def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
@@ -196,7 +275,9 @@ def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
     if tracer.depth >= _INLINE_DEPTH_LIMIT:
         raise Unsupported("unsupported construct", "calls nested too deeply (recursion?)")
     from .interpreter import Frame  # the two modules call each other
-    bound = bind_arguments(fn, args, kwargs)
+    if not tracer.is_internal(fn) and not _is_library_function(fn):
+        guard_function(tracer.guards, fn)
+    bound = bind_arguments(fn, args, kwargs, tracer=None if tracer.is_internal(fn) else tracer)
     child = Frame(tracer, code, fn.__globals__, bound, fn.__closure__, name=fn.__qualname__,
                   parent=frame, is_generator=bool(code.co_flags & _CO_GENERATOR))
     tracer.depth += 1
@@ -210,9 +291,18 @@ def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
     return result
 
 
-def bind_arguments(fn, args, kwargs) -> dict:
+def _is_library_function(fn) -> bool:
+    """A function of a real library module (torch, ...): its code is not user state."""
+    from .tracer import is_library_module
+    mod = sys.modules.get(getattr(fn, "__module__", None) or "")
+    return mod is not None and is_library_module(mod) and fn.__globals__ is mod.__dict__
+
+
+def bind_arguments(fn, args, kwargs, tracer=None) -> dict:
     """Bind a call's arguments to ``fn``'s parameter names as CPython does (the names the
-    code uses: a comprehension's implicit ``.0`` included, which inspect renames)."""
+    code uses: a comprehension's implicit ``.0`` included, which inspect renames). With a
+    ``tracer``, a default value used is read from its source (``f.__defaults__[i]``), so a
+    default tensor is an input read on every call and a default list is guarded."""
     code = fn.__code__
     names = code.co_varnames
     npos, nkw, nposonly = code.co_argcount, code.co_kwonlyargcount, code.co_posonlyargcount
@@ -248,12 +338,15 @@ def bind_arguments(fn, args, kwargs) -> dict:
         if name not in out:
             if j < first_default:
                 raise error(f"missing required positional argument: '{name}'")
-            out[name] = defaults[j - first_default]
+            out[name] = defaults[j - first_default] if tracer is None else tracer.external(
+                defaults[j - first_default], f"{tracer.expr_of(fn)}.__defaults__[{j - first_default}]",
+                user=False)
     for name in kw_names:
         if name not in out:
             if name not in kwdefaults:
                 raise error(f"missing required keyword-only argument: '{name}'")
-            out[name] = kwdefaults[name]
+            out[name] = kwdefaults[name] if tracer is None else tracer.external(
+                kwdefaults[name], f"{tracer.expr_of(fn)}.__kwdefaults__[{name!r}]", user=False)
     if has_varkw:
         out[names[i]] = extra
     return out
@@ -414,6 +507,7 @@ def _len(tracer, frame, args, kwargs):
             raise UserError(TypeError("len() of a 0-d tensor"))
         return v.fake.shape[0]
     if isinstance(v, torch.nn.Module):
+        tracer.guard_module_contents(v)
         return len(v)
     return len(v)
 
@@ -625,7 +719,16 @@ _ITERATING_TYPES = {type: _type, super: _super, enumerate: _enumerate, zip: _zip
 _BUILTIN_TYPES = {list, tuple, dict, set, frozenset, int, float, bool, str, complex, type,
                   super, enumerate, zip, map, filter, reversed, slice, range, object, bytes}
 
+def _module_call_body(tracer, frame, args, kwargs):
+    """``Module.__call__(m, ...)`` reached from an overridden ``__call__``'s
+    ``super().__call__``: hooks (guarded absent), then forward."""
+    mod = args[0]
+    return call(tracer, frame, guard_module_call(tracer, mod), list(args[1:]), kwargs)
+
+
 _SPECIAL = {
+    _MODULE_CALL: _module_call_body,
+    _MODULE_CALL_IMPL: _module_call_body,
     builtins.isinstance: _isinstance,
     builtins.len: _len,
     builtins.getattr: _getattr,

@@ -8,12 +8,13 @@ import torch.fx as fx
 from torch.amp import autocast_mode
 
 from .breaks import Unsupported, UserError
-from .graph import GraphBuilder
-from .guards import GuardSet
+from .graph import GraphBuilder, _is_impure
+from .guards import GuardSet, storage_groups
 from .interpreter import Frame, _PyException
 from .output import OutputPlan
 from .tracer import Tracer
 from .breakplan import plan_break
+from . import calls
 from .calls import bind_arguments
 
 
@@ -36,18 +37,24 @@ class Captured:
 
 
 def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool = False,
-            dynamic=None, _stop: Unsupported | None = None) -> Captured:
+            dynamic=None, module_call: bool = False,
+            _stop: Unsupported | None = None) -> Captured:
     """Interpret ``fn(*args, **kwargs)`` symbolically. Raises Unsupported or UserError.
 
     With ``allow_breaks``, an unsupported instruction of ``fn`` itself (or a call whose
     callee is unsupported) becomes a graph break: capture runs again, stops right before
     that instruction, and the entry continues in Python from there (``breakplan.py``).
-    ``runtime`` supplies ``dispatcher(fn, eager)`` and ``call(fn, *a, **k)`` for that."""
+    ``runtime`` supplies ``dispatcher(fn, eager)`` and ``call(fn, *a, **k)`` for that.
+    ``module_call``: ``fn`` is ``type(args[0]).forward`` called as the module is called
+    (hooks, an overridden ``forward`` or ``__call__`` then make capture give up)."""
     symbolic = dynamic is True or bool(dynamic) or _any_marked_dynamic(args, kwargs)
     builder = GraphBuilder(symbolic=symbolic and dynamic is not False)
     tracer = Tracer(builder, dynamic=dynamic)
     guards = builder.guards
     arguments = bind_arguments(fn, args, kwargs)
+    calls.guard_function(guards, fn, defaults=True)
+    if module_call:
+        calls.guard_root_module_call(tracer, args[0], fn)
     varkw = fn.__code__.co_varnames[fn.__code__.co_argcount + fn.__code__.co_kwonlyargcount +
                                      bool(fn.__code__.co_flags & 0x04)] \
         if fn.__code__.co_flags & 0x08 else None
@@ -120,16 +127,8 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
 
     if retry:
         return capture(fn, args, kwargs, runtime=runtime, allow_breaks=True, dynamic=dynamic,
-                       _stop=first_break)
-    if builder.attr_inputs:
-        # model.half() / model.to(device) change parameters in place (same objects, new
-        # .data): one cheap check on the first parameter catches such whole-model moves.
-        first = builder.attr_inputs[0][1]
-        c = guards.const(first, "P")
-        on_device = (f"{c}.is_cpu" if first.device.type == "cpu" else     # no device object built
-                     f"{c}.device == {guards.const(first.device, 'DEV')}")
-        guards.add("module", f"{c}.dtype is {guards.const(first.dtype, 'D')} and {on_device}",
-                   f"parameters are still {first.dtype} on {first.device}")
+                       module_call=module_call, _stop=first_break)
+    _guard_input_aliasing(builder, guards)
     for node in reversed(entered):
         builder.graph.call_function(autocast_mode._exit_autocast, (node,))
     if builder.sizes is not None:
@@ -152,6 +151,23 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         instructions=tracer.instructions_run,
         op_count=op_count,
     )
+
+
+def _guard_input_aliasing(builder, guards) -> None:
+    """Which tensor arguments share storage is part of what the graph assumed: traced as
+    distinct, ``a.add_(1); return b * 2`` must not run on ``f(z, z[:])``. Capture traces
+    aliased arguments as independent tensors, which is right only if nothing writes them."""
+    tensors = [t for _, _, t in builder.user_inputs]
+    if len(tensors) < 2:
+        return
+    groups = storage_groups(*tensors)
+    if groups != tuple(range(len(tensors))) and any(
+            _is_impure(n) and n.op not in ("placeholder", "output") for n in builder.graph.nodes):
+        raise Unsupported("unsupported construct", "tensor arguments that share storage, "
+                          "written in place")
+    args = ", ".join(expr for _, expr, _ in builder.user_inputs)
+    guards.add("global", f"{guards.const(storage_groups, 'F')}({args}) == {groups}",
+               "tensor arguments share storage as " + str(groups))
 
 
 def _leave_contexts(tracer, entry_grad: bool) -> None:

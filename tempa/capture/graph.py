@@ -58,6 +58,7 @@ class GraphBuilder:
         self.user_inputs: list[tuple[fx.Node, str, torch.Tensor]] = []  # (placeholder, expr, tensor)
         self.attr_inputs: list[tuple[fx.Node, torch.Tensor]] = []  # parameters, buffers, ...
         self._input_by_id: dict[int, TensorVar] = {}
+        self._expr_by_id: dict[int, str] = {}            # id(user input tensor) -> its expression
         self._names: set[str] = set()
         self.modules: dict[int, torch.nn.Module] = {}   # modules this graph depends on
         self.keepalive: list = []                       # objects whose id() we rely on
@@ -84,7 +85,13 @@ class GraphBuilder:
         from their sizes, so the guard can check ``is_contiguous()`` instead)."""
         hit = self._input_by_id.get(id(tensor))
         if hit is not None:
+            # the same tensor passed twice (f(z, z)), or a parameter passed as an argument:
+            # the graph has one input for both, so later calls must pass one object too
+            first = self._expr_by_id.get(id(tensor)) or self.guards.const(tensor, "P")
+            if first != expr:
+                self.guards.add("identity", f"{expr} is {first}", f"{expr} is {first}")
             return hit
+        self._expr_by_id[id(tensor)] = expr
         node = self._placeholder(expr)
         dims = set(dynamic_dims) if self.sizes is not None and tensor.is_contiguous() else set()
         if dims:
@@ -103,6 +110,17 @@ class GraphBuilder:
         self.guards.tensor(expr, tensor, dynamic_dims=tuple(sorted(dims)))
         return var
 
+    def argument_tensor(self, var: TensorVar):
+        """The caller's tensor behind ``var`` when ``var`` is a tensor argument, else None."""
+        for node, _, tensor in self.user_inputs:
+            if node is var.node:
+                return tensor
+        return None
+
+    def argument_expr(self, var: TensorVar):
+        """The guard expression of the tensor argument behind ``var`` (else None)."""
+        return next((expr for node, expr, _ in self.user_inputs if node is var.node), None)
+
     def attr_input(self, tensor: torch.Tensor, hint: str) -> TensorVar:
         """A tensor reached through a module or object (parameter, buffer, global): read live
         on every call, so optimizer updates are seen; its identity is guarded elsewhere."""
@@ -114,6 +132,9 @@ class GraphBuilder:
         var = TensorVar(node, fake)
         node.meta["example_value"] = fake
         self.attr_inputs.append((node, tensor))
+        # read live on every call: `.data = ...`, `.half()`, `requires_grad_()` change the
+        # same object, so its metadata is guarded like an argument's
+        self.guards.tensor(self.guards.const(tensor, "P"), tensor, what=hint, attribute=True)
         self._input_by_id[id(tensor)] = var
         return var
 

@@ -8,6 +8,8 @@ attribute chain at call time (``m.fc1`` through ``Module.__getattr__`` costs ~0.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 # The order guards run in: cheap, discriminating checks first (research memo §4: a shape
@@ -44,22 +46,48 @@ class GuardSet:
         self.add("identity", f"{expr} is {self.const(obj)}", f"{what or expr} is the same object")
 
     def constant(self, expr: str, value) -> None:
-        """``expr`` evaluates to this Python constant (type included: True is not 1)."""
+        """``expr`` evaluates to this Python constant (type included: True is not 1; a float
+        by value and sign: 0.0 is not -0.0, and NaN is NaN)."""
         if value is None or value is True or value is False or value is Ellipsis:
             self.add("constant", f"{expr} is {value!r}", f"{expr} is {value!r}")
         elif isinstance(value, (torch.dtype, type)) or callable(value):
             self.add("constant", f"{expr} is {self.const(value)}", f"{expr} is {value!r}")
+        elif type(value) is float:
+            self.add("constant", self._float_check(expr, value), f"{expr} == {value!r}")
         elif isinstance(value, (int, float, str, bytes, torch.device)) or is_numpy_scalar(value):
             t = self.const(type(value), "T")
             self.add("constant", f"({expr}).__class__ is {t} and {expr} == {self.const(value, 'V')}",
                      f"{expr} == {value!r}")
-        elif isinstance(value, tuple) and all(_is_plain_constant(v) for v in value):
+        elif type(value) is tuple and all(_is_exact_by_equality(v) for v in value):
             self.add("constant", f"{expr} == {self.const(value, 'V')}", f"{expr} == {value!r}")
+        elif type(value) is tuple and all(_is_plain_constant(v) for v in value):
+            # floats, bools or nested tuples inside: compared item by item, type and sign too
+            self.add("length", f"{expr}.__class__ is {self.const(tuple, 'T')} and "
+                     f"len({expr}) == {len(value)}", f"{expr} is a tuple of length {len(value)}")
+            for i, v in enumerate(value):
+                self.constant(f"{expr}[{i}]", v)
         else:
             self.identity(expr, value)
 
-    def tensor(self, expr: str, t: torch.Tensor, *, dynamic_dims=()) -> None:
-        """Type, dtype, device, sizes, strides and requires_grad of an input tensor."""
+    def _float_check(self, expr: str, value: float) -> str:
+        exact = f"({expr}).__class__ is {self.const(float, 'T')} and "
+        if value != value:
+            return exact + f"{expr} != {expr}"                      # NaN equals nothing
+        if value == 0.0:
+            sign = math.copysign(1.0, value)
+            return exact + f"{expr} == 0.0 and {self.const(math.copysign, 'F')}(1.0, {expr}) == {sign}"
+        return exact + f"{expr} == {self.const(value, 'V')}"
+
+    def tensor(self, expr: str, t: torch.Tensor, *, dynamic_dims=(), what: str = "",
+               attribute: bool = False) -> None:
+        """What the graph assumed about a tensor it reads: type, dtype, device, sizes,
+        strides, requires_grad; for an argument also its storage offset, the conjugate and
+        negative bits and inference-ness. A parameter or buffer (``attribute``) is the same
+        object on every call and its metadata changes only through ``.data =``, ``.to()``,
+        ``requires_grad_()`` and in-place resizes: those four items are guarded; the rest
+        (each a ~100 ns torch call per tensor per call) is not, a measured trade-off
+        (benchmarks/guard_cost.py): kernels read ``data_ptr()``, which includes the
+        offset, and a parameter holding a negative-bit or inference view is not seen."""
         parts = [f"{expr}.__class__ is {self.const(type(t), 'T')}",
                  f"{expr}.dtype is {self.const(t.dtype, 'D')}"]
         if t.device.type == "cpu":
@@ -74,12 +102,27 @@ class GuardSet:
             parts.append(f"{expr}.is_contiguous()")
         else:
             parts.append(f"{expr}.shape == {self.const(tuple(t.shape), 'S')}")
-            parts.append(f"{expr}.stride() == {self.const(tuple(t.stride()), 'S')}")
+            if t.is_contiguous() and all(n > 1 for n in t.shape):
+                # the same sizes and contiguous: the same strides (cheaper than stride())
+                parts.append(f"{expr}.is_contiguous()")
+            else:
+                parts.append(f"{expr}.stride() == {self.const(tuple(t.stride()), 'S')}")
         parts.append(f"{expr}.requires_grad is {t.requires_grad}")
+        if not attribute:
+            parts.append(f"{expr}.storage_offset() == {t.storage_offset()}")
+            # the conjugate bit exists only on complex tensors; the negative bit and
+            # inference-ness on any
+            if t.is_complex():
+                parts.append(f"{expr}.is_conj() is {t.is_conj()}")
+            parts.append(f"{expr}.is_neg() is {t.is_neg()}")
+            parts.append(f"{expr}.is_inference() is {t.is_inference()}")
         shape = tuple("*" if d in dynamic_dims else n for d, n in enumerate(t.shape))
         layout = "contiguous" if dynamic_dims else f"stride {tuple(t.stride())}"
-        desc = (f"{expr} is a {type(t).__name__} {t.dtype} on {t.device} of shape "
-                f"{shape}, {layout}, requires_grad={t.requires_grad}")
+        flags = "".join(f", {name}" for name, on in (("conj", t.is_conj()), ("neg", t.is_neg()),
+                                                     ("inference", t.is_inference())) if on)
+        desc = (f"{what or expr} is a {type(t).__name__} {t.dtype} on {t.device} of shape "
+                f"{shape}, {layout}, offset {t.storage_offset()}, "
+                f"requires_grad={t.requires_grad}{flags}")
         self.add("tensor", " and ".join(parts), desc)
 
     def global_state(self, expr: str, value, description: str) -> None:
@@ -88,6 +131,26 @@ class GuardSet:
     # -- output ------------------------------------------------------------------------
     def ordered(self) -> list[tuple[str, str]]:
         return [(e, d) for _, e, d in sorted(self.guards, key=lambda g: g[0])]
+
+
+def storage_groups(*tensors) -> tuple:
+    """For each tensor, the index of the first one sharing its storage: (0, 1, 0) says the
+    first and third alias. Guarded over a call's tensor arguments, so a graph traced with
+    distinct inputs never runs on aliased ones (``f(z, z)`` after ``f(a, b)``)."""
+    first: dict = {}
+    return tuple(first.setdefault(_storage_key(t), i) for i, t in enumerate(tensors))
+
+
+def _storage_key(t: torch.Tensor):
+    storage = t.untyped_storage()
+    # empty storages all have address 0: they alias nothing
+    return (storage.data_ptr(), t.device) if storage.nbytes() else id(t)
+
+
+def _is_exact_by_equality(v) -> bool:
+    """Tuple items for which ``==`` on the whole tuple is exact: no bool/int/float mixing,
+    no signed zeros (``(1,) == (True,)`` and ``(0.0,) == (-0.0,)`` are both True)."""
+    return v is None or type(v) in (int, str) or isinstance(v, torch.dtype)
 
 
 def _is_plain_constant(v) -> bool:

@@ -170,6 +170,7 @@ class Frame(DataOpcodes):
             parts = self.tracer.builder.call("call_method", "unbind", (v, 0), {})
             return CapturedIter(list(parts))
         if isinstance(v, torch.nn.Module):
+            self.tracer.guard_module_contents(v)
             items = list(iter(v))
             out = []
             for i, item in enumerate(items):
@@ -287,6 +288,10 @@ class Frame(DataOpcodes):
             if name not in b:
                 raise NameError(f"name '{name}' is not defined")
             value = b[name]
+            tracer = self.tracer
+            if not tracer.is_library_globals(g):   # a global defined later shadows it
+                tracer.guards.add("global", f"{name!r} not in {tracer.expr_of(g)}",
+                                  f"global {name} is not defined (the builtin is used)")
         if ins.push_null:
             self.push_callable(value)
         else:

@@ -160,6 +160,7 @@ class DataOpcodes:
                 not isinstance(container, (list, tuple, dict, set)):
             raise Unsupported("data-dependent value", "`in` on a tensor")
         if isinstance(container, torch.nn.Module):
+            self.tracer.guard_module_contents(container)
             r = item in container
         else:
             r = item in container
@@ -197,6 +198,7 @@ class DataOpcodes:
         if isinstance(key, TensorVar):
             raise Unsupported("data-dependent value", "indexing a Python container with a tensor")
         if isinstance(container, torch.nn.Module):
+            tracer.guard_module_contents(container)
             item = container[key]
             if isinstance(item, torch.nn.Module):
                 tracer.builder.modules[id(item)] = item

@@ -8,7 +8,9 @@ code, or evaluate a pure function on constants).
 from __future__ import annotations
 
 import builtins
+import collections
 import inspect
+import sys
 import types
 
 import torch
@@ -25,11 +27,22 @@ TENSOR_METADATA_ATTRS = {
     "is_quantized", "is_mkldnn", "is_nested", "layout", "is_leaf", "requires_grad",
     "is_mps", "is_xpu",
 }
-# Python modules whose attributes are not guarded: they are libraries, not user state.
-_UNGUARDED_MODULE_PREFIXES = ("torch", "math", "operator", "builtins", "functools",
-                              "itertools", "collections", "typing", "transformers",
-                              "numpy", "warnings", "logging", "inspect", "dataclasses",
-                              "contextlib", "enum", "copy", "abc", "types", "re")
+# Library packages whose module objects (only the real ones, found in sys.modules under
+# their own name) are not guarded: their attributes are code, not user state. Nothing is
+# exempt by name alone (a user's ``remote_cfg`` or ``torch_utils`` is guarded like any object).
+_LIBRARY_PACKAGES = frozenset({
+    "torch", "math", "cmath", "operator", "builtins", "functools", "itertools", "collections",
+    "typing", "transformers", "numpy", "warnings", "logging", "inspect", "dataclasses",
+    "contextlib", "enum", "copy", "abc", "types", "re", "einops", "sys"})
+# Containers deeper than this are not guarded item by item: capture gives up on the frame
+# (it runs eagerly, and says so) instead of recursing towards the interpreter's limit.
+_MAX_GUARD_DEPTH = 32
+
+
+def is_library_module(value) -> bool:
+    name = getattr(value, "__name__", None)
+    return isinstance(value, types.ModuleType) and isinstance(name, str) and \
+        name.partition(".")[0] in _LIBRARY_PACKAGES and sys.modules.get(name) is value
 
 
 class Tracer:
@@ -58,7 +71,7 @@ class Tracer:
         return self._internal.get(id(obj)) is obj
 
     # -- values entering from outside the captured code -----------------------------
-    def external(self, value, expr: str, *, user: bool = True):
+    def external(self, value, expr: str, *, user: bool = True, depth: int = 0):
         """Wrap ``value`` read at ``expr`` (an expression valid in the guard function) and
         record what the graph assumes about it."""
         if isinstance(value, torch.Tensor):
@@ -69,33 +82,67 @@ class Tracer:
         if is_constant_type(value):
             self.guards.constant(expr, value)
             return value
+        if depth >= _MAX_GUARD_DEPTH and isinstance(value, (list, tuple, dict, set, frozenset)):
+            raise Unsupported("unsupported construct", f"{expr[:60]}...: a container nested "
+                              f"more than {_MAX_GUARD_DEPTH} deep")
         t = type(value)
+        guards = self.guards
         if t is tuple or t is list:
-            self.guards.add("length", f"{expr}.__class__ is {self.guards.const(t, 'T')} and "
-                            f"len({expr}) == {len(value)}", f"{expr} is a {t.__name__} of "
-                            f"length {len(value)}")
-            items = [self.external(v, f"{expr}[{i}]", user=user) for i, v in enumerate(value)]
+            guards.add("length", f"{expr}.__class__ is {guards.const(t, 'T')} and "
+                       f"len({expr}) == {len(value)}", f"{expr} is a {t.__name__} of "
+                       f"length {len(value)}")
+            items = [self.external(v, f"{expr}[{i}]", user=user, depth=depth + 1)
+                     for i, v in enumerate(value)]
             if t is tuple:
                 return tuple(items)
             self.external_copies[id(items)] = (items, expr)
             return items
-        if t is dict:
-            keys = tuple(value.keys())
-            if all(isinstance(k, str) for k in keys):
-                self.guards.add("length", f"{expr}.__class__ is {self.guards.const(t, 'T')} and "
-                                f"tuple({expr}) == {self.guards.const(keys, 'K')}",
-                                f"{expr} is a dict with keys {keys}")
-                copy = {k: self.external(v, f"{expr}[{k!r}]", user=user) for k, v in value.items()}
+        if t in (dict, collections.OrderedDict, collections.defaultdict):
+            return self._external_dict(value, expr, user, depth)
+        if (t is set or t is frozenset) and all(is_constant_type(v) for v in value):
+            guards.add("constant", f"{expr}.__class__ is {guards.const(t, 'T')} and "
+                       f"{expr} == {guards.const(frozenset(value), 'V')}", f"{expr} == {value!r}")
+            copy = set(value) if t is set else value
+            if t is set:
                 self.external_copies[id(copy)] = (copy, expr)
-                return copy
+            return copy
         if isinstance(value, torch.nn.Module):
-            self.guards.identity(expr, value, expr)
+            guards.identity(expr, value, expr)
             self.builder.modules[id(value)] = value
             return value
-        if isinstance(value, types.ModuleType) and value.__name__.startswith(_UNGUARDED_MODULE_PREFIXES):
+        if is_library_module(value):
             return value
-        self.guards.identity(expr, value, expr)
+        guards.identity(expr, value, expr)
         return value
+
+    def _external_dict(self, value: dict, expr: str, user: bool, depth: int) -> dict:
+        """A caller's dict (any keys; OrderedDict and defaultdict too): its type and keys in
+        order are guarded, each value by its own source; capture works on a copy, so a
+        write to it is seen (and breaks the graph) instead of reaching the caller's dict."""
+        guards, t = self.guards, type(value)
+        keys = tuple(value.keys())
+        check = f"{expr}.__class__ is {guards.const(t, 'T')} and tuple({expr}) == {guards.const(keys, 'K')}"
+        if not all(type(k) is str for k in keys):
+            # 1 == True == 1.0 as keys: the key types are part of what the code saw
+            check += f" and tuple(map(type, {expr})) == {guards.const(tuple(map(type, keys)), 'K')}"
+        if t is collections.defaultdict:
+            check += f" and {expr}.default_factory is {guards.const(value.default_factory)}"
+        guards.add("length", check, f"{expr} is a {t.__name__} with keys {keys}")
+        items = [(k, self.external(v, f"{expr}[{guards.const(k, 'K')}]" if type(k) is not str
+                                   else f"{expr}[{k!r}]", user=user, depth=depth + 1))
+                 for k, v in value.items()]
+        if t is collections.defaultdict:
+            copy = _CapturedDefaultDict(value.default_factory, items)
+        else:
+            copy = t(items)
+        self.external_copies[id(copy)] = (copy, expr)
+        return copy
+
+    @staticmethod
+    def is_library_globals(g: dict) -> bool:
+        """``g`` is the global namespace of a real library module (torch's own code)."""
+        mod = sys.modules.get(g.get("__name__") or "")
+        return mod is not None and is_library_module(mod) and mod.__dict__ is g
 
     def dynamic_dims(self, tensor: torch.Tensor, expr: str) -> set:
         if self.builder.sizes is None:
@@ -105,7 +152,9 @@ class Tracer:
             dims |= set(range(tensor.dim()))
         elif isinstance(self.dynamic, dict):
             dims |= set(self.dynamic.get(expr, ()))
-        return dims - set(getattr(tensor, "_tempa_static_dims", ()))
+        dims -= set(getattr(tensor, "_tempa_static_dims", ()))
+        # dims remembered from an earlier call of another rank (a bias (4,) after (3, 4))
+        return dims & set(range(tensor.dim()))
 
     def expr_of(self, obj) -> str:
         """An expression for a fixed object: the object itself, bound as a constant."""
@@ -125,12 +174,24 @@ class Tracer:
         if isinstance(obj, torch.nn.Module):
             return self.module_attr(obj, name, frame)
         if isinstance(obj, types.ModuleType):
-            value = getattr(obj, name)
-            if obj.__name__.startswith(_UNGUARDED_MODULE_PREFIXES):
+            if is_library_module(obj):
+                value = getattr(obj, name)
                 return value if not isinstance(value, torch.Tensor) else \
                     self.external(value, f"{self.expr_of(obj)}.{name}", user=False)
-            return self.external(value, f"{self.expr_of(obj)}.{name}", user=False)
+            return self._guarded_getattr(obj, name, lambda: getattr(obj, name))
         return self._static_or_concrete(obj, name, frame, guard=True)
+
+    def _guarded_getattr(self, obj, name: str, read):
+        """``read()`` = ``obj.name`` of an outside object: guarded by value when present,
+        by its absence when it raises AttributeError (``getattr(cfg, "x", default)``)."""
+        expr = f"{self.expr_of(obj)}.{name}"
+        try:
+            value = read()
+        except AttributeError:
+            self.guards.add("constant", f"not {self.guards.const(hasattr, 'F')}({self.expr_of(obj)}, "
+                            f"{name!r})", f"{expr} does not exist")
+            raise
+        return self.external(value, expr, user=False)
 
     def _static_or_concrete(self, obj, name, frame, *, guard: bool):
         # Properties and Python-level descriptors run their Python code in the interpreter
@@ -145,39 +206,60 @@ class Tracer:
         if isinstance(static, types.FunctionType) and not (isinstance(obj, type)):
             inst_dict = getattr(obj, "__dict__", None)
             if not (isinstance(inst_dict, dict) and name in inst_dict):
+                if guard:
+                    self._guard_class_method(obj, name, static, inst_dict)
                 return types.MethodType(static, obj)
         if isinstance(static, (classmethod,)) and isinstance(static.__func__, types.FunctionType):
             return types.MethodType(static.__func__, obj if isinstance(obj, type) else type(obj))
         if isinstance(static, staticmethod):
             return static.__func__
-        value = getattr(obj, name)  # may raise AttributeError: the frame handles it
-        if not guard or callable(value) and not isinstance(value, torch.Tensor) and \
-                inspect.isroutine(value):
-            return value
-        return self.external(value, f"{self.expr_of(obj)}.{name}", user=False)
+        if not guard:
+            return getattr(obj, name)  # may raise AttributeError: the frame handles it
+        value = getattr(obj, name) if inspect.isroutine(static) else None
+        if value is not None and getattr(obj, name) is not value:
+            return value   # a C method, bound afresh on each read: its class decides it
+        return self._guarded_getattr(obj, name, lambda: getattr(obj, name))
+
+    def _guard_class_method(self, obj, name: str, fn, inst_dict) -> None:
+        """``obj.name`` resolved to the class's function ``fn``: guard the class (a
+        ``__class__`` swap), the class attribute (a patched method) and that no instance
+        attribute shadows it (``obj.name = other``)."""
+        g, cls = self.guards, type(obj)
+        o, c = self.expr_of(obj), g.const(cls, "T")
+        g.add("module", f"{o}.__class__ is {c}", f"{o} is a {cls.__name__}")
+        g.add("module", f"{c}.{name} is {g.const(fn, 'F')}", f"{cls.__name__}.{name} is the same function")
+        if isinstance(inst_dict, dict):
+            g.add("module", f"{name!r} not in {g.const(inst_dict, 'ID')}",
+                  f"{o}.{name} is not overridden on the instance")
 
     def module_attr(self, mod: torch.nn.Module, name: str, frame):
+        """``mod.name`` as ``Module.__getattr__`` finds it, guarded at its source: the entry
+        of ``_parameters``/``_buffers``/``_modules`` (bound as constants: a direct write such
+        as ``m._modules["fc"] = new`` or ``del m.fc`` is seen, not only ``setattr``)."""
         d = mod.__dict__
-        params = d.get("_parameters")
-        if params is not None and name in params:
-            p = params[name]
-            if p is None:
+        g = self.guards
+        for table in ("_parameters", "_buffers", "_modules"):
+            entries = d.get(table)
+            if entries is None or name not in entries:
+                continue
+            value = entries[name]
+            # Sequential/ModuleList deletions replace the whole `_modules` dict: read it
+            # through the instance dict each time; `_parameters`/`_buffers` change in place
+            src = f"{g.const(d, 'ID')}['_modules'][{name!r}]" if table == "_modules" else \
+                f"{g.const(entries, 'MD')}[{name!r}]"
+            where = f"{self.path_of(mod)}.{name}"
+            if value is None:
+                g.add("module", f"{src} is None", f"{where} is None")
                 return None
-            self.param_ids.add(id(p))
-            return self.builder.attr_input(p, f"{self.path_of(mod)}.{name}")
-        buffers = d.get("_buffers")
-        if buffers is not None and name in buffers:
-            b = buffers[name]
-            if b is None:
-                return None
-            return self.builder.attr_input(b, f"{self.path_of(mod)}.{name}")
-        modules = d.get("_modules")
-        if modules is not None and name in modules:
-            sub = modules[name]
-            if sub is not None:
-                self.builder.modules[id(sub)] = sub
-                self.paths.setdefault(id(sub), f"{self.path_of(mod)}.{name}")
-            return sub
+            g.add("module", f"{src} is {g.const(value, 'P' if table != '_modules' else 'O')}",
+                  f"{where} is the same {table[1:-1]}")
+            if table == "_parameters":
+                self.param_ids.add(id(value))
+            if table == "_modules":
+                self.builder.modules[id(value)] = value
+                self.paths.setdefault(id(value), where)
+                return value
+            return self.builder.attr_input(value, where)
         if name in d:
             value = d[name]
             if isinstance(value, torch.Tensor):
@@ -185,6 +267,19 @@ class Tracer:
                 return self.builder.attr_input(value, f"{self.path_of(mod)}.{name}")
             return self.external(value, f"{self.expr_of(mod)}.{name}", user=False)
         return self._static_or_concrete(mod, name, frame, guard=True)
+
+    def guard_module_contents(self, mod: torch.nn.Module) -> None:
+        """A container module (Sequential, ModuleList, ParameterList, ...) iterated, indexed,
+        measured or searched: its children and parameters, in order, are what the code saw
+        (``del seq[1]``, ``seq.insert``, ``m._modules[k] = new`` are then seen)."""
+        g = self.guards
+        d = mod.__dict__
+        for table in ("_modules", "_parameters"):
+            entries = d.get(table)
+            if entries:
+                g.add("module", f"tuple({g.const(d, 'ID')}[{table!r}].items()) == "
+                      f"{g.const(tuple(entries.items()), 'K')}",
+                      f"{self.path_of(mod)} has the same {table[1:]}")
 
     def tensor_attr(self, t: TensorVar, name: str):
         fake = t.fake
@@ -207,7 +302,20 @@ class Tracer:
             raise Unsupported("unsupported construct", f"reading tensor.{name} inside a graph")
         if hasattr(torch.Tensor, name):
             return TensorMethod(t, name)
-        raise AttributeError(f"'Tensor' object has no attribute '{name}'")
+        return self._tensor_instance_attr(t, name)
+
+    def _tensor_instance_attr(self, t: TensorVar, name: str):
+        """``x.name`` set by the user on an argument tensor (``x.test = None``): read from
+        the tensor's ``__dict__``, its presence or absence guarded."""
+        real = self.builder.argument_tensor(t)
+        attrs = getattr(real, "__dict__", None) if real is not None else None
+        if attrs is None:
+            raise AttributeError(f"'Tensor' object has no attribute '{name}'")
+        expr = self.builder.argument_expr(t)
+        if name not in attrs:
+            self.guards.add("constant", f"{name!r} not in {expr}.__dict__", f"{expr}.{name} does not exist")
+            raise AttributeError(f"'Tensor' object has no attribute '{name}'")
+        return self.external(attrs[name], f"{expr}.__dict__[{name!r}]", user=False)
 
     def path_of(self, mod) -> str:
         return self.paths.get(id(mod), type(mod).__name__)
@@ -215,6 +323,14 @@ class Tracer:
     # -- calls -----------------------------------------------------------------------
     def call(self, frame, fn, args: list, kwargs: dict):
         return calls.call(self, frame, fn, args, kwargs)
+
+
+class _CapturedDefaultDict(collections.defaultdict):
+    """Capture's copy of a caller's defaultdict: reading a missing key would insert into
+    the caller's dict, a write capture cannot replay, so it breaks the graph instead."""
+
+    def __missing__(self, key):
+        raise Unsupported("mutation of outside state", "a missing key of a caller's defaultdict")
 
 
 def builtin(name: str):
