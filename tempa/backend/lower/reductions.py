@@ -125,26 +125,34 @@ def _argmax(ctx, node, x, dim=None, keepdim=False):
 
 
 def _var(ctx, node, x, dims, correction, keepdim, want_mean):
+    """Two passes (the mean, then the squared deviations from it), both in float64.
+
+    Why float64 throughout, as eager's Welford reduction accumulates: with a large mean
+    (1e5, spread 0.1) a float32 sum misses the mean by ~1e-2, a float32 mean is itself
+    rounded by ~4e-3, and either error squared is a relative error of 1e-3..1e-2 in the
+    variance. In float64 both are ~1e-11."""
     nd = len(x.sizes)
     dl = _norm_dims(dims, nd)
     n = math.prod(x.sizes[d] for d in dl) if nd else 1
     dt = x.dtype if x.dtype.is_floating_point else torch.float32
     ctype(dt)
-    s = _reduce(ctx, node, x, dims, keepdim, "sum", dt, pre=lambda k, v, idx: k.cast(v, dt), origin="var(mean)")
+    acc = torch.float64
+    s = _reduce(ctx, node, x, dims, keepdim, "sum", acc, pre=lambda k, v, idx: k.cast(v, acc),
+                origin="var(mean)")
 
-    def mean_fn(k, idx):
-        return k.op("{0} / {1}", dt, [s.load(k, idx), k.const(n, dt)], dt)
-    mean = TV(s.sizes, dt, mean_fn)
+    def mean_acc(k, idx):
+        return k.op("{0} / {1}", acc, [s.load(k, idx), k.const(n, acc)], acc)
 
     def sq(k, v, idx):
-        d = k.op("{0} - {1}", dt, [k.cast(v, dt), mean_fn(k, idx)], dt)
-        return k.op("{0} * {0}", dt, [d], dt)
-    ss = _reduce(ctx, node, x, dims, keepdim, "sum", dt, pre=sq, origin="var")
+        d = k.op("{0} - {1}", acc, [k.cast(v, acc), mean_acc(k, idx)], acc)
+        return k.op("{0} * {0}", acc, [d], acc)
+    ss = _reduce(ctx, node, x, dims, keepdim, "sum", acc, pre=sq, origin="var")
     denom = max(n - (1 if correction is None else correction), 0)
 
     def var_fn(k, idx):
-        return k.op("{0} / {1}", dt, [ss.load(k, idx), k.const(denom, dt)], dt)
+        return k.cast(k.op("{0} / {1}", acc, [ss.load(k, idx), k.const(denom, acc)], acc), dt)
     var = TV(s.sizes, dt, var_fn)
+    mean = TV(s.sizes, dt, lambda k, idx: k.cast(mean_acc(k, idx), dt))
     return (var, mean) if want_mean else var
 
 
