@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 import threading
 import time
 import warnings
@@ -96,6 +97,10 @@ def _on_cuda(example_inputs) -> bool:
 
 def tempa_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = None,
                   options: dict | None = None):
+    why = _eager_only_input(example_inputs)
+    if why:
+        _say_eager_once(why)
+        return _eager(gm, BackendInfo(), why)
     if _on_cuda(example_inputs):
         # CUDA inputs: Triton kernels, CUDA graphs, autotuning (tempa/backend/gpu)
         # (symbolic sizes: shape-generic kernels, see gpu/dynamic.py)
@@ -107,6 +112,42 @@ def tempa_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None 
         from .dynamic import DynamicTarget
         return build(gm, example_inputs, DynamicTarget(dims))
     return build(gm, example_inputs, CpuTarget)
+
+
+def _overrides(cls, name: str) -> bool:
+    impl = getattr(cls, name, None)
+    impl = getattr(impl, "__func__", impl)
+    base = getattr(torch.Tensor, name, None)
+    return impl is not getattr(base, "__func__", base) and \
+        impl is not torch._C._disabled_torch_function_impl
+
+
+def _eager_only_input(example_inputs) -> str | None:
+    """Why the graph must run with eager ATen calls (None: it can be compiled).
+
+    Generated kernels read raw memory and return plain tensors, so an input whose meaning is
+    more than its memory is not theirs to compute with: a tensor subclass with its own
+    ``__torch_function__``/``__torch_dispatch__`` (the result must be the subclass, made by
+    its own code), or a lazily negated / conjugated view (``z.conj().imag``: the memory holds
+    the value without its sign; the guard tells such inputs apart from plain ones)."""
+    for i, t in enumerate(example_inputs):
+        if not isinstance(t, torch.Tensor):
+            continue
+        cls = type(t)
+        if cls is not torch.Tensor and (_overrides(cls, "__torch_function__")
+                                        or _overrides(cls, "__torch_dispatch__")):
+            return f"input {i} is a tensor subclass ({cls.__name__}) with its own __torch_function__/__torch_dispatch__"
+        if t.is_neg() or t.is_conj():
+            return f"input {i} is a {'negative' if t.is_neg() else 'conjugate'}-bit view"
+    return None
+
+
+def _say_eager_once(why: str):
+    key = re.sub(r"^input \d+ ", "", why)      # once per kind of input, not per position
+    if key not in _warned:
+        _warned.add(key)
+        logs.get("fallbacks").warning("tempa backend: running a graph with eager ATen calls: %s "
+                                      "(generated kernels cannot compute with such inputs)", why)
 
 
 # Graphs with symbolic sizes get shape-generic code (or per-shape code, said in tempa_info).

@@ -76,6 +76,8 @@ class GuardSet:
             parts.append(f"{expr}.shape == {self.const(tuple(t.shape), 'S')}")
             parts.append(f"{expr}.stride() == {self.const(tuple(t.stride()), 'S')}")
         parts.append(f"{expr}.requires_grad is {t.requires_grad}")
+        # a lazily negated / conjugated view reads the same memory with another meaning
+        parts.append(f"{expr}.is_neg() is {t.is_neg()} and {expr}.is_conj() is {t.is_conj()}")
         shape = tuple("*" if d in dynamic_dims else n for d, n in enumerate(t.shape))
         layout = "contiguous" if dynamic_dims else f"stride {tuple(t.stride())}"
         desc = (f"{expr} is a {type(t).__name__} {t.dtype} on {t.device} of shape "
