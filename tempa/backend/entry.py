@@ -261,6 +261,7 @@ class _State:
                 return self._failed(e, "inference")
             self.info.inference = gi
             self.info._adopt(gi)
+            call = self._eager_results(call, tr)
             single = getattr(tr, "single", False)
             if single:
                 def fn(*args):
@@ -269,6 +270,40 @@ class _State:
             else:
                 self.infer_fn = call
             return self.infer_fn
+
+    def _eager_results(self, call, tr):
+        """``call`` with what eager returns beyond values: an input the graph mutated has its
+        version counter bumped (so autograd still sees that a tensor it saved was modified in
+        place), and an output that eager returns as an input itself or as a view of an input
+        or of another output is that object or view, not the graph's copy (trace.OutputAlias)."""
+        mutated = tuple(dict.fromkeys(tr.mutated))
+        aliases = [(i, a) for i, a in enumerate(tr.aliases or ()) if a is not None]
+        if self.info.dynamic or hasattr(self.target, "bind"):
+            # shape-generic code: sizes, strides and offsets recorded at one size do not hold
+            # at others; the input itself is still the input
+            kept = [(i, a) for i, a in aliases if a.same]
+            if len(kept) < len(aliases):
+                self.info.notes.append("inference: outputs that are views of inputs or of other "
+                                       "outputs are copies (shape-generic code)")
+            aliases = kept
+        if not mutated and not aliases:
+            return call
+        bump = torch._C._increment_version
+        as_strided = torch.as_strided
+
+        def with_eager_results(*args):
+            outs = call(*args)
+            if mutated:
+                bump(tuple(args[j] for j in mutated))     # (a tensor itself: bumped per element)
+            if not aliases:
+                return outs
+            outs = list(outs)
+            for i, a in aliases:
+                base = args[a.index] if a.base == "input" else outs[a.index]
+                outs[i] = base if a.same else as_strided(base, a.size, a.stride,
+                                                          base.storage_offset() + a.offset)
+            return tuple(outs)
+        return with_eager_results
 
     def training(self):
         with self.lock:
