@@ -250,6 +250,22 @@ def _attention_for(inputs):
     return contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def rng_untouched():
+    """Run a trace without moving torch's random generators. Why: tracing executes the
+    graph, and its random ops (dropout, rand) draw from the default generators; without
+    this the first call's results came from a generator the trace had advanced, so
+    ``torch.manual_seed(s)`` before each call did not repeat the first call's values."""
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
 def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict) -> Traced:
     graph = fx.Graph()
     rec = _Recorder(graph, decomps)
@@ -262,7 +278,7 @@ def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict) -> Traced:
             ph.meta["tm"] = None
             ph.meta["value"] = t
     fn = torch.func.functionalize(gm, remove="mutations")
-    with torch.enable_grad(), _attention_for(inputs), nodynamo.resolved(), rec:
+    with torch.enable_grad(), _attention_for(inputs), nodynamo.resolved(), rng_untouched(), rec:
         out = fn(*clones)
     single = not isinstance(out, (tuple, list))
     outs = [out] if single else list(out)
@@ -401,7 +417,7 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
     for n, c in zip(phs, clones):
         env[n] = c
     out_vals = None
-    with nodynamo.resolved(), rec:
+    with nodynamo.resolved(), rng_untouched(), rec:
         for n in traced.gm.graph.nodes:
             if n.op == "placeholder":
                 continue
