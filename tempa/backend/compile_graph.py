@@ -166,9 +166,15 @@ def compile_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: s
     return finish([plan_graph(gm, num_outputs, mutated, num_inputs, label)])[0]
 
 
-def _index_error():
-    raise IndexError("index out of range in a tempa kernel (an embedding/gather/index read "
-                     "outside its tensor; eager would raise here too)")
+_INDEX_ERRORS = {"IndexError": IndexError, "RuntimeError": RuntimeError}
+
+
+def _index_error(code: int, checks: tuple):
+    """A kernel found an index out of range: raise the error eager raises for that op
+    (``checks``: the segment's (error, message) pairs, code 1 the first; ir.IndexCheck)."""
+    error, message = checks[code - 1] if 0 < code <= len(checks) else \
+        ("IndexError", "index out of range in a tempa kernel")
+    raise _INDEX_ERRORS[error](message)
 
 
 def instantiate(wsrc: str, lib, seg_codes: dict, constants: dict, consts: list):

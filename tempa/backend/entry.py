@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import re
 import threading
 import time
 import warnings
@@ -97,6 +98,10 @@ def _on_cuda(example_inputs) -> bool:
 
 def tempa_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = None,
                   options: dict | None = None):
+    why = _eager_only_input(example_inputs)
+    if why:
+        _say_eager_once(why)
+        return _eager(gm, BackendInfo(), why)
     if _on_cuda(example_inputs):
         # CUDA inputs: Triton kernels, CUDA graphs, autotuning (tempa/backend/gpu)
         # (symbolic sizes: shape-generic kernels, see gpu/dynamic.py)
@@ -108,6 +113,42 @@ def tempa_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None 
         from .dynamic import DynamicTarget
         return build(gm, example_inputs, DynamicTarget(dims))
     return build(gm, example_inputs, CpuTarget)
+
+
+def _overrides(cls, name: str) -> bool:
+    impl = getattr(cls, name, None)
+    impl = getattr(impl, "__func__", impl)
+    base = getattr(torch.Tensor, name, None)
+    return impl is not getattr(base, "__func__", base) and \
+        impl is not torch._C._disabled_torch_function_impl
+
+
+def _eager_only_input(example_inputs) -> str | None:
+    """Why the graph must run with eager ATen calls (None: it can be compiled).
+
+    Generated kernels read raw memory and return plain tensors, so an input whose meaning is
+    more than its memory is not theirs to compute with: a tensor subclass with its own
+    ``__torch_function__``/``__torch_dispatch__`` (the result must be the subclass, made by
+    its own code), or a lazily negated / conjugated view (``z.conj().imag``: the memory holds
+    the value without its sign; the guard tells such inputs apart from plain ones)."""
+    for i, t in enumerate(example_inputs):
+        if not isinstance(t, torch.Tensor):
+            continue
+        cls = type(t)
+        if cls is not torch.Tensor and (_overrides(cls, "__torch_function__")
+                                        or _overrides(cls, "__torch_dispatch__")):
+            return f"input {i} is a tensor subclass ({cls.__name__}) with its own __torch_function__/__torch_dispatch__"
+        if t.is_neg() or t.is_conj():
+            return f"input {i} is a {'negative' if t.is_neg() else 'conjugate'}-bit view"
+    return None
+
+
+def _say_eager_once(why: str):
+    key = re.sub(r"^input \d+ ", "", why)      # once per kind of input, not per position
+    if key not in _warned:
+        _warned.add(key)
+        logs.get("fallbacks").warning("tempa backend: running a graph with eager ATen calls: %s "
+                                      "(generated kernels cannot compute with such inputs)", why)
 
 
 # Graphs with symbolic sizes get shape-generic code (or per-shape code, said in tempa_info).
@@ -306,6 +347,7 @@ class _State:
                 return self._failed(e, "inference")
             self.info.inference = gi
             self.info._adopt(gi)
+            call = self._eager_results(call, tr)
             single = getattr(tr, "single", False)
             if single:
                 def fn(*args):
@@ -314,6 +356,40 @@ class _State:
             else:
                 self.infer_fn = call
             return self.infer_fn
+
+    def _eager_results(self, call, tr):
+        """``call`` with what eager returns beyond values: an input the graph mutated has its
+        version counter bumped (so autograd still sees that a tensor it saved was modified in
+        place), and an output that eager returns as an input itself or as a view of an input
+        or of another output is that object or view, not the graph's copy (trace.OutputAlias)."""
+        mutated = tuple(dict.fromkeys(tr.mutated))
+        aliases = [(i, a) for i, a in enumerate(tr.aliases or ()) if a is not None]
+        if self.info.dynamic or hasattr(self.target, "bind"):
+            # shape-generic code: sizes, strides and offsets recorded at one size do not hold
+            # at others; the input itself is still the input
+            kept = [(i, a) for i, a in aliases if a.same]
+            if len(kept) < len(aliases):
+                self.info.notes.append("inference: outputs that are views of inputs or of other "
+                                       "outputs are copies (shape-generic code)")
+            aliases = kept
+        if not mutated and not aliases:
+            return call
+        bump = torch._C._increment_version
+        as_strided = torch.as_strided
+
+        def with_eager_results(*args):
+            outs = call(*args)
+            if mutated:
+                bump(tuple(args[j] for j in mutated))     # (a tensor itself: bumped per element)
+            if not aliases:
+                return outs
+            outs = list(outs)
+            for i, a in aliases:
+                base = args[a.index] if a.base == "input" else outs[a.index]
+                outs[i] = base if a.same else as_strided(base, a.size, a.stride,
+                                                          base.storage_offset() + a.offset)
+            return tuple(outs)
+        return with_eager_results
 
     def training(self):
         with self.lock:

@@ -52,6 +52,17 @@ CTYPES = _DtypeTable({
 })
 
 
+@dataclass(frozen=True)
+class IndexCheck:
+    """How an op that reads indices from a tensor treats them, as eager does: whether a
+    negative index counts from the end, and the error eager raises for one out of range
+    (the kernel flags it, the wrapper raises this). Messages hold no sizes: shape-generic
+    wrappers (dynamic.py) must read the same at every size."""
+    wrap_negative: bool
+    error: str                 # "IndexError" | "RuntimeError"
+    message: str
+
+
 class Unlowerable(Exception):
     """This op cannot become loop IR here; the caller runs it as an ATen call instead."""
 

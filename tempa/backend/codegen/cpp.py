@@ -51,6 +51,7 @@ class SegmentCode:
         self.name = name
         self.params: list = []         # buffers passed as pointers, in order
         self.nsizes = 0                # trailing int64 size arguments (shape-generic code)
+        self.checks: list = []         # ir.IndexCheck for each error code the function returns
         self.text = ""
 
 
@@ -83,6 +84,7 @@ def render_segment(name: str, groups: list, local: set, kernel_no: list, nsizes:
     # arena: first-fit reuse by lifetime (group position of first write .. last read)
     arena_lines, arena_size = _arena(groups, internal, bool(nsizes))
     seg.params = list(params)
+    seg.checks = list(body.checks)
     sig = ", ".join([f"{'const ' if not _written(b, groups) else ''}{ctype(b.dtype)}* __restrict__ {b.name}"
                      for b in seg.params] + [f"int64_t ds{i}" for i in range(nsizes)])
     out = [f'extern "C" int {name}({sig}) {{', "  int err = 0;"]
@@ -222,10 +224,10 @@ def _render_group(k: Emitter, g: Group, local: set, need, kernel_no, generic=Fal
                  ["  " + l for l in nest[1:]]
         k.lines[start:] = ([f"{pad}if ({work} >= {PARALLEL_WORK}) {{"] + ["  " + l for l in nest] +
                            [f"{pad}}} else {{"] + serial + [f"{pad}}}"])
-    if any("err |=" in l for l in k.lines[start:]):
-        # bounds-check flags (emit.indirect) are OR-ed into ``err`` in every iteration: a
-        # reduction, so that neither SIMD lanes nor threads overwrite another's flag
-        k.lines[start:] = [l + " reduction(|:err)" if l.lstrip().startswith("#pragma omp") else l
+    if any(l.lstrip().startswith("err = ") for l in k.lines[start:]):
+        # bounds-check codes (emit.flag_out_of_range) are max-ed into ``err`` in every
+        # iteration: a reduction, so that neither SIMD lanes nor threads lose another's flag
+        k.lines[start:] = [l + " reduction(max:err)" if l.lstrip().startswith("#pragma omp") else l
                            for l in k.lines[start:]]
     k.pop()
     k.line("}")

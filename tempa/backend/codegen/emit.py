@@ -40,6 +40,7 @@ class Emitter:
         self.canon: dict = {}           # temporary -> canonical id of its value
         self._interned: dict = {}       # (ctype, canonical expression) -> id
         self.reuse: dict = {}           # canonical id -> [variable holding it, used?]
+        self.checks: list = []          # the ir.IndexChecks flagged, in code order
 
     def tmp(self, prefix="t"):
         self.names[0] += 1
@@ -110,18 +111,30 @@ class Emitter:
     def index(self, ix) -> CVal:
         return CVal(f"static_cast<int64_t>({Ix.of(ix).c()})", torch.int64)
 
-    def indirect(self, v: CVal, size: int) -> Ix:
-        """An index read from a tensor: wrap negatives, flag out-of-range (eager raises)."""
-        # Selects, not ifs: a branch in a loop body stops gcc's vectoriser, and embedding or
-        # gather reads sit inside row loops.
-        name = self.tmp("ind")
+    def indirect(self, v: CVal, size: int, check) -> Ix:
+        """An index read from a tensor, checked as ``check`` (an ir.IndexCheck) says."""
         raw = self.tmp("raw")
         self.line(f"const int64_t {raw} = static_cast<int64_t>({v.expr});")
-        self.line(f"const int64_t {raw}w = {raw} < 0 ? {raw} + {size} : {raw};")
-        self.line(f"const bool {raw}b = ({raw}w < 0) | ({raw}w >= {size});")
-        self.line(f"err |= {raw}b;")
-        self.line(f"const int64_t {name} = {raw}b ? 0 : {raw}w;")
+        if check.wrap_negative:
+            self.line(f"const int64_t {raw}w = {raw} < 0 ? {raw} + {size} : {raw};")
+            raw = f"{raw}w"
+        bad = self.flag_out_of_range(CVal(raw, torch.int64), size, check)
+        name = self.tmp("ind")
+        self.line(f"const int64_t {name} = {bad} ? 0 : {raw};")
         return Ix.of(Indirect(name, 0, max(size - 1, 0)))
+
+    def flag_out_of_range(self, v: CVal, size: int, check) -> str:
+        """Flag ``v`` outside [0, size) (eager raises): ``err`` becomes ``check``'s code in
+        this segment (1 + its position in ``self.checks``; the largest flagged wins), and the
+        wrapper raises its error. Returns the name of the flag. Selects, not ifs: a branch in
+        a loop body stops gcc's vectoriser, and embedding or gather reads sit in row loops."""
+        if check not in self.checks:
+            self.checks.append(check)
+        code = self.checks.index(check) + 1
+        bad = self.tmp("oob")
+        self.line(f"const bool {bad} = ({v.expr} < 0) | ({v.expr} >= {size});")
+        self.line(f"err = ({bad} & (err < {code})) ? {code} : err;")
+        return bad
 
     def piecewise(self, branches, dt) -> CVal:
         """``[(cond, body_fn), ...]``: the first true condition's body gives the value."""

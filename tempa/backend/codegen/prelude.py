@@ -75,8 +75,19 @@ template <class T> static inline T t_fmod(T a, T b) { if constexpr (is_fp<T>::v)
 template <class T> static inline T t_remainder(T a, T b) {
   if constexpr (is_fp<T>::v) { T r = m::fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
   else { T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; } }
+static inline float t_copysign(float a, float b) { return __builtin_copysignf(a, b); }
+static inline double t_copysign(double a, double b) { return __builtin_copysign(a, b); }
+// Floats: ATen's div_floor_floating (c10/util/generic_math.h), i.e. Python's float //, which
+// rounds by the exact remainder: floor(1.0 / 0.1) is 10, but 1.0 // 0.1 is 9.
 template <class T> static inline T t_floordiv(T a, T b) {
-  if constexpr (is_fp<T>::v) { return m::floor(a / b); }
+  if constexpr (is_fp<T>::v) {
+    if (b == 0) return a / b;
+    T mod = m::fmod(a, b);
+    T div = (a - mod) / b;
+    if (mod != 0 && ((b < 0) != (mod < 0))) div -= T(1);
+    if (div == 0) return t_copysign(T(0), a / b);
+    T fl = m::floor(div);
+    return (div - fl > T(0.5)) ? fl + T(1) : fl; }
   else { T q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; } }
 """
 

@@ -378,12 +378,13 @@ class TritonEmitter:
         s = self._shaped(self.ix(ix), hx, hr, want_r)
         return CVal(self._cse(f"({s}).to(tl.int64)", want_r), torch.int64)
 
-    def indirect(self, v: CVal, size: int) -> Ix:
+    def indirect(self, v: CVal, size: int, check) -> Ix:
         r = self.is_r(v.expr)
         name = self.tmp("ind")
         self.line(f"{name} = {v.expr}.to(tl.int64)" if v.expr not in self.consts else
                   f"{name} = tl.full([1], {v.expr}, tl.int64)")
-        self.line(f"{name} = tl.where({name} < 0, {name} + {size}, {name})")
+        if check.wrap_negative:
+            self.line(f"{name} = tl.where({name} < 0, {name} + {size}, {name})")
         # out of range: read row 0 instead of faulting (eager raises a device assert)
         self.line(f"{name} = tl.where(({name} >= 0) & ({name} < {size}), {name}, 0)")
         if r:
@@ -391,6 +392,10 @@ class TritonEmitter:
         else:
             self.xlevel_ind.add(name)
         return Ix.of(Indirect(name, 0, max(size - 1, 0)))
+
+    def flag_out_of_range(self, v: CVal, size: int, check) -> str:
+        """Not checked on the GPU (as ``indirect``: eager raises a device assert there)."""
+        return "False"
 
     def piecewise(self, branches, dt) -> CVal:
         """``[(cond, body_fn), ...]``: the first true condition's body gives the value. Every

@@ -139,7 +139,9 @@ def render_wrapper(sched: Schedule, lowered, seg_codes: dict, num_inputs: int, n
             else:
                 ptrs.append(f"{w.bufname(b)}.data_ptr()")
         ptrs += [f"ds{i}" for i in range(nsizes)]
-        L.append(f"    if _S{si}({', '.join(ptrs)}): _index_error()")
+        # a nonzero result: an index was out of range; code i is the segment's i-th check
+        checks = tuple((c.error, c.message) for c in code.checks)
+        L.append(f"    if (_e := _S{si}({', '.join(ptrs)})): _index_error(_e, {checks!r})")
     outs = []
     for v in lowered.outputs:
         outs.append(w.tensor(v))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.fx as fx
 
 from ..index import contiguous_strides, flat_index, Ix, unflatten
 from ..ir import TV, Unlowerable
@@ -125,26 +126,45 @@ def _argmax(ctx, node, x, dim=None, keepdim=False):
 
 
 def _var(ctx, node, x, dims, correction, keepdim, want_mean):
+    """Two passes: the mean ``m``, then the deviations from it, with the shifted-data
+    correction ``var = (sum(d^2) - sum(d)^2 / n) / (n - correction)`` for ``d = x - m``,
+    which cancels the error of ``m`` itself.
+
+    Why: with a large mean (1e5, spread 0.1) a float32 sum misses the mean by ~1e-2 and a
+    float32 mean is rounded by ~4e-3; either error squared was a relative error of 1e-2 in
+    the variance. The accumulators are eager's: float64 on the CPU (ATen's Welford
+    accumulates in double there), the input's float type on a GPU (float32 for halves)."""
     nd = len(x.sizes)
     dl = _norm_dims(dims, nd)
     n = math.prod(x.sizes[d] for d in dl) if nd else 1
     dt = x.dtype if x.dtype.is_floating_point else torch.float32
     ctype(dt)
-    s = _reduce(ctx, node, x, dims, keepdim, "sum", dt, pre=lambda k, v, idx: k.cast(v, dt), origin="var(mean)")
+    src = node.args[0].meta.get("tm") if node.args and isinstance(node.args[0], fx.Node) else None
+    on_gpu = getattr(src, "device", None) is not None and src.device.type != "cpu"
+    acc = torch.float64 if dt == torch.float64 or not on_gpu else torch.float32
+    s = _reduce(ctx, node, x, dims, keepdim, "sum", acc, pre=lambda k, v, idx: k.cast(v, acc),
+                origin="var(mean)")
 
-    def mean_fn(k, idx):
-        return k.op("{0} / {1}", dt, [s.load(k, idx), k.const(n, dt)], dt)
-    mean = TV(s.sizes, dt, mean_fn)
+    def shift(k, idx):
+        return k.op("{0} / {1}", acc, [s.load(k, idx), k.const(n, acc)], acc)
 
-    def sq(k, v, idx):
-        d = k.op("{0} - {1}", dt, [k.cast(v, dt), mean_fn(k, idx)], dt)
-        return k.op("{0} * {0}", dt, [d], dt)
-    ss = _reduce(ctx, node, x, dims, keepdim, "sum", dt, pre=sq, origin="var")
+    def dev(k, v, idx):
+        return k.op("{0} - {1}", acc, [k.cast(v, acc), shift(k, idx)], acc)
+    sd = _reduce(ctx, node, x, dims, keepdim, "sum", acc, pre=dev, origin="var(shift)")
+    ss = _reduce(ctx, node, x, dims, keepdim, "sum", acc,
+                 pre=lambda k, v, idx: k.op("{0} * {0}", acc, [dev(k, v, idx)], acc), origin="var")
     denom = max(n - (1 if correction is None else correction), 0)
 
     def var_fn(k, idx):
-        return k.op("{0} / {1}", dt, [ss.load(k, idx), k.const(denom, dt)], dt)
+        d = sd.load(k, idx)
+        v = k.op("({0} - {1} * {1} / {2}) / {3}", acc,
+                 [ss.load(k, idx), d, k.const(n, acc), k.const(denom, acc)], acc)
+        return k.cast(v, dt)
+
+    def mean_fn(k, idx):
+        return k.cast(k.op("{0} + {1} / {2}", acc, [shift(k, idx), sd.load(k, idx), k.const(n, acc)], acc), dt)
     var = TV(s.sizes, dt, var_fn)
+    mean = TV(s.sizes, dt, mean_fn)
     return (var, mean) if want_mean else var
 
 

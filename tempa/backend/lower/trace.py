@@ -234,6 +234,7 @@ class Traced:
     num_outputs: int                   # user outputs come first
     mutated: list                      # input index for each trailing "new value" output
     constants: dict
+    aliases: list = None               # OutputAlias or None per user output (output_aliases)
 
 
 def _attention_for(inputs):
@@ -249,6 +250,22 @@ def _attention_for(inputs):
     return contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def rng_untouched():
+    """Run a trace without moving torch's random generators. Why: tracing executes the
+    graph, and its random ops (dropout, rand) draw from the default generators; without
+    this the first call's results came from a generator the trace had advanced, so
+    ``torch.manual_seed(s)`` before each call did not repeat the first call's values."""
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
 def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict) -> Traced:
     graph = fx.Graph()
     rec = _Recorder(graph, decomps)
@@ -261,7 +278,7 @@ def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict) -> Traced:
             ph.meta["tm"] = None
             ph.meta["value"] = t
     fn = torch.func.functionalize(gm, remove="mutations")
-    with torch.enable_grad(), _attention_for(inputs), nodynamo.resolved(), rec:
+    with torch.enable_grad(), _attention_for(inputs), nodynamo.resolved(), rng_untouched(), rec:
         out = fn(*clones)
     single = not isinstance(out, (tuple, list))
     outs = [out] if single else list(out)
@@ -277,14 +294,70 @@ def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict) -> Traced:
     for n in graph.nodes:
         if n.op == "call_function" and getattr(n.target, "_schema", None) is not None and n.target._schema.is_mutable:
             raise Unsupported(f"mutation left after functionalization: {n.target}")
+    tensor_of = {node: t for t in rec.keep if (node := rec.env.get(id(t))) is not None}
+    aliases = output_aliases(outs, clones, mutated, [tensor_of.get(n) for n in new_vals])
     graph.output(tuple(out_nodes) + tuple(new_vals))
     graph.eliminate_dead_code()
     root = torch.nn.Module()
     for k, v in rec.constants.items():
         setattr(root, k, v)
-    res = Traced(graph_module(root, graph), len(outs), mutated, dict(rec.constants))
+    res = Traced(graph_module(root, graph), len(outs), mutated, dict(rec.constants), aliases)
     res.single = single
     return res
+
+
+@dataclass(frozen=True)
+class OutputAlias:
+    """A user output that eager returns as an input itself, or as a view of an input or of an
+    earlier output. The compiled graph computes a copy; the caller hands out this instead
+    (``base`` is "input" or "output", ``index`` its position). ``same`` is the base object
+    itself (``x.add_(1); return x``); otherwise a view with these sizes and strides at
+    ``offset`` elements from the base's own storage offset."""
+    base: str
+    index: int
+    same: bool
+    size: tuple = ()
+    stride: tuple = ()
+    offset: int = 0
+
+
+def output_aliases(outs, clones, mutated, new_val_tensors) -> list:
+    """OutputAlias (or None) for each user output, from the storages of the traced values.
+
+    After functionalization a view of an unmutated input still shares the clone's storage and
+    outputs that are views of each other share one storage; a mutated input's new value is a
+    fresh tensor (its copy-back comes last), which stands for the input when it has the
+    input's layout. A view of an output is handed out as a view of it only when that output
+    covers its whole storage (else the shared base is a value the graph does not return)."""
+    def key(t):
+        return t.untyped_storage().data_ptr()
+
+    def layout(t):
+        return (tuple(t.shape), tuple(t.stride()), t.storage_offset())
+    bases = {}                                  # storage -> (kind, index, base tensor)
+    for j, c in enumerate(clones):
+        if isinstance(c, torch.Tensor) and j not in mutated:
+            bases.setdefault(key(c), ("input", j, c))
+    for j, nv in zip(mutated, new_val_tensors):
+        c = clones[j]
+        if isinstance(nv, torch.Tensor) and layout(nv) == layout(c):
+            bases[key(nv)] = ("input", j, nv)
+    def whole(o):
+        return o.storage_offset() == 0 and o.is_contiguous() and \
+            o.numel() * o.element_size() == o.untyped_storage().nbytes()
+    tensors = [(i, o) for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.numel()]
+    for i, o in tensors:
+        if key(o) not in bases and whole(o):
+            bases[key(o)] = ("output", i, o)
+    aliases = [None] * len(outs)
+    for i, o in tensors:
+        hit = bases.get(key(o))
+        if hit is None or hit[0] == "output" and hit[2] is o:
+            continue                            # its own memory (or a base of others)
+        kind, j, base = hit
+        aliases[i] = OutputAlias(kind, j, o is base, tuple(o.shape), tuple(o.stride()),
+                                 o.storage_offset() - base.storage_offset())
+    return aliases
 
 
 @dataclass
@@ -346,7 +419,7 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
     for n, c in zip(phs, clones):
         env[n] = c
     out_vals = None
-    with nodynamo.resolved(), rec:
+    with nodynamo.resolved(), rng_untouched(), rec:
         for n in traced.gm.graph.nodes:
             if n.op == "placeholder":
                 continue

@@ -6,7 +6,7 @@ import torch
 import torch.fx as fx
 
 from ..index import contiguous_strides, flat_index, Ix, unflatten
-from ..ir import TV, Unlowerable
+from ..ir import IndexCheck, TV, Unlowerable
 from .core import aten, bcast, _multi_metas, prims, register, _tm
 
 
@@ -311,6 +311,7 @@ def _scatter_add(ctx, node, base, dim, index, src):
             or any(src.sizes[d] < index.sizes[d] for d in range(nd))):
         raise Unlowerable("scatter_add with a long or partial index")
     dt = tm.dtype
+    check = _dim_bounds(dim, "scatter_add")
 
     def fn(k, idx):
         acc = k.cast(base.load(k, list(idx)), dt)
@@ -319,6 +320,7 @@ def _scatter_add(ctx, node, base, dim, index, src):
             sub = list(idx)
             sub[dim] = Ix(const=t)
             target = k.cast(index.load(k, sub), torch.int64)
+            k.flag_out_of_range(target, tm.shape[dim], check)
             hit = k.op("({0} == {1})", torch.bool, [here, target])
             add = k.op("{0} ? {1} : {2}", dt, [hit, k.cast(src.load(k, sub), dt), k.const(0, dt)], dt)
             acc = k.op("{0} + {1}", dt, [acc, add], dt)
@@ -328,6 +330,17 @@ def _scatter_add(ctx, node, base, dim, index, src):
 
 # --- indexing -------------------------------------------------------------------------------
 
+# What eager raises for an index out of range, per op (checked in the kernel, raised by the
+# wrapper: an error must never become data, e.g. a -1 wrapping to the last row).
+_SELF_RANGE = IndexCheck(False, "IndexError", "index out of range in self")   # embedding, index_select
+
+
+def _dim_bounds(dim, op):
+    """gather and scatter: RuntimeError, negatives included (eager: "index -1 is out of
+    bounds for dimension 1 with size 3")."""
+    return IndexCheck(False, "RuntimeError", f"index is out of bounds for dimension {dim} ({op})")
+
+
 @register(aten.embedding.default)
 def _embedding(ctx, node, weight, indices, padding_idx=-1, *rest):
     tm = _tm(node)
@@ -335,7 +348,7 @@ def _embedding(ctx, node, weight, indices, padding_idx=-1, *rest):
     rows = weight.sizes[0]
 
     def fn(k, idx):
-        row = k.indirect(indices.load(k, list(idx[:ni])), rows)
+        row = k.indirect(indices.load(k, list(idx[:ni])), rows, _SELF_RANGE)
         return weight.load(k, [row] + list(idx[ni:]))
     return TV(tm.shape, tm.dtype, fn, cost=2)
 
@@ -347,7 +360,7 @@ def _index_select(ctx, node, x, dim, index):
     dim = dim % nd if nd else 0
 
     def fn(k, idx):
-        j = k.indirect(index.load(k, [idx[dim]] if index.sizes else []), x.sizes[dim])
+        j = k.indirect(index.load(k, [idx[dim]] if index.sizes else []), x.sizes[dim], _SELF_RANGE)
         sub = list(idx)
         sub[dim] = j
         return x.load(k, sub)
@@ -362,8 +375,10 @@ def _gather(ctx, node, x, dim, index, sparse_grad=False):
         raise Unlowerable("0-d gather")
     dim = dim % nd
 
+    check = _dim_bounds(dim, "gather")
+
     def fn(k, idx):
-        j = k.indirect(index.load(k, list(idx)), x.sizes[dim])
+        j = k.indirect(index.load(k, list(idx)), x.sizes[dim], check)
         sub = list(idx)
         sub[dim] = j
         return x.load(k, sub)
@@ -378,9 +393,10 @@ def _index(ctx, node, x, indices):
         raise Unlowerable("advanced indexing beyond one integer index tensor")
     d, it = tens[0]
     ni = len(it.sizes)
+    check = IndexCheck(True, "IndexError", f"index is out of bounds for dimension {d} (indexing)")
 
     def fn(k, idx):
-        j = k.indirect(it.load(k, list(idx[d:d + ni])), x.sizes[d])
+        j = k.indirect(it.load(k, list(idx[d:d + ni])), x.sizes[d], check)
         sub = list(idx[:d]) + [j] + list(idx[d + ni:])
         return x.load(k, sub)
     return TV(tm.shape, tm.dtype, fn, cost=2)

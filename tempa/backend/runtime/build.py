@@ -15,6 +15,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import warnings
 
 import importlib
 
@@ -87,8 +88,10 @@ def build(source: str):
     if cfg.disk_cache:
         so = diskcache.path("cpp", key, "so")
         if diskcache.verified(so):
-            _stats.bump("disk_cache_hits")
-            return ctypes.CDLL(so), so, True
+            lib = _load_cached(so)
+            if lib is not None:
+                _stats.bump("disk_cache_hits")
+                return lib, so, True
     else:
         so = os.path.join(tempfile.mkdtemp(prefix="tempa-"), f"{key}.so")
     d = os.path.dirname(so)
@@ -118,7 +121,30 @@ def build(source: str):
         diskcache.store_file(so, src_tmp=tmp_so)
     else:
         os.replace(tmp_so, so)
-    return ctypes.CDLL(so), so, False
+    try:
+        return ctypes.CDLL(so), so, False
+    except OSError as e:
+        raise BuildError(f"the library gcc just built cannot be loaded: {e}") from e
+
+
+_warned_unloadable = False
+
+
+def _load_cached(so: str):
+    """The cached library at ``so``, or None when it cannot be loaded (then it is rebuilt).
+
+    Why: its bytes match their hash, yet ``dlopen`` can still refuse it (built against
+    another glibc on a shared home directory, copied from another machine). A cache entry
+    is only an optimisation, so the call recompiles instead of raising."""
+    global _warned_unloadable
+    try:
+        return ctypes.CDLL(so)
+    except OSError as e:
+        if not _warned_unloadable:
+            _warned_unloadable = True
+            warnings.warn(f"tempa: a cached kernel library cannot be loaded ({e}); rebuilding it. "
+                          "`tempa cache clear` empties the cache.", RuntimeWarning, stacklevel=4)
+        return None
 
 
 def _keep(src):

@@ -134,21 +134,34 @@ def _build():
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     key = diskcache.key_of(src, sys.version, include, comp, suffix)
     so = diskcache.path("fastcall", key, "so")
-    if not diskcache.verified(so):
-        d = os.path.dirname(so)
-        fd, csrc = tempfile.mkstemp(dir=d, prefix=".src-", suffix=".c")
-        with os.fdopen(fd, "w") as f:
-            f.write(src)
-        tmp_so = csrc[:-2] + ".so"
+    if diskcache.verified(so):
         try:
-            proc = subprocess.run([comp.split("\n")[0], "-x", "c", "-O2", "-shared", "-fPIC", "-w",
-                                   f"-I{include}", "-o", tmp_so, csrc], capture_output=True, text=True,
-                                  timeout=120)
-        finally:
-            os.unlink(csrc)
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stderr[-1000:])
-        diskcache.store_file(so, src_tmp=tmp_so)
+            return _load(so)
+        except ImportError as e:
+            # hash matches but the loader refuses it (another machine's build): rebuild
+            _log.info("cached fast-call extension %s cannot be loaded (%s); rebuilding it", so, e)
+    _compile(src, comp, include, so)
+    return _load(so)
+
+
+def _compile(src: str, comp: str, include: str, so: str) -> None:
+    d = os.path.dirname(so)
+    fd, csrc = tempfile.mkstemp(dir=d, prefix=".src-", suffix=".c")
+    with os.fdopen(fd, "w") as f:
+        f.write(src)
+    tmp_so = csrc[:-2] + ".so"
+    try:
+        proc = subprocess.run([comp.split("\n")[0], "-x", "c", "-O2", "-shared", "-fPIC", "-w",
+                               f"-I{include}", "-o", tmp_so, csrc], capture_output=True, text=True,
+                              timeout=120)
+    finally:
+        os.unlink(csrc)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-1000:])
+    diskcache.store_file(so, src_tmp=tmp_so)
+
+
+def _load(so: str):
     loader = importlib.machinery.ExtensionFileLoader(_MODULE, so)
     spec = importlib.util.spec_from_file_location(_MODULE, so, loader=loader)
     mod = importlib.util.module_from_spec(spec)
