@@ -18,7 +18,7 @@ from .context import CapturedContext
 from .instructions import PY, NULL_BEFORE_CALLABLE, decode
 from .opcodes_data import DataOpcodes
 from .values import NULL, TensorVar, SuperProxy, GradModeExit, CapturedIter, \
-    contains_tensor
+    check_own_iterator, contains_tensor
 
 _MAX_INSTRUCTIONS = 5_000_000
 # (code, offset) pairs where capture breaks as if the instruction were unsupported: the
@@ -187,9 +187,11 @@ class Frame(DataOpcodes):
             return self.get_iter(self.call(it, [v], {}))
         if isinstance(v, (types.GeneratorType,)):
             raise Unsupported("generator", "iterating a generator created outside the graph")
-        if isinstance(v, (list, tuple, dict, range, str, zip, enumerate, map, filter, reversed,
-                          set, frozenset, type({}.items()), type({}.keys()),
-                          type({}.values()), torch.Size)) or hasattr(v, "__next__"):
+        if hasattr(v, "__next__"):
+            check_own_iterator(self.tracer, v, "iterating")
+            return CapturedIter([], source=v)   # built in this capture: stays lazy
+        if isinstance(v, (list, tuple, dict, range, str, set, frozenset, type({}.items()),
+                          type({}.keys()), type({}.values()), torch.Size)):
             items = []
             for item in iter(v):
                 items.append(item)

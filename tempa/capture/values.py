@@ -70,24 +70,50 @@ class GradModeExit:
 
 class CapturedIter:
     """An iterator met during capture, materialised so a resume function can be handed
-    the items it has not yet produced (a list_iterator cannot be inspected or rebuilt)."""
-    __slots__ = ("items", "pos")
+    the items it has not yet produced (a list_iterator cannot be inspected or rebuilt).
+    Over a lazy iterator of this capture (map, filter, zip, itertools) it pulls each item
+    from ``source`` only when asked, as Python would: a map's function then runs when its
+    item is consumed and sees what happened before."""
+    __slots__ = ("items", "pos", "source")
 
-    def __init__(self, items: list):
+    def __init__(self, items: list, source=None):
         self.items = items
         self.pos = 0
+        self.source = source
 
     def __iter__(self):
         return self
 
     def __next__(self):
         if self.pos >= len(self.items):
-            raise StopIteration
+            if self.source is None:
+                raise StopIteration
+            try:
+                self.items.append(next(self.source))
+            except StopIteration:
+                self.source = None
+                raise
         self.pos += 1
         return self.items[self.pos - 1]
 
     def remaining(self) -> list:
+        while self.source is not None:
+            if len(self.items) > 100_000:
+                raise Unsupported("unsupported construct", "a huge or endless iterator lives "
+                                  "across the graph break")
+            try:
+                self.items.append(next(self.source))
+            except StopIteration:
+                self.source = None
         return self.items[self.pos:]
+
+
+def check_own_iterator(tracer, it, what: str):
+    """Advancing an iterator that lives outside the call (itertools.count(), a data
+    iterator) changes it: that happens in Python on every call, never once at capture."""
+    if type(it) is not CapturedIter and not tracer.is_internal(it):
+        raise Unsupported("impure call", f"{what} advances a {type(it).__name__} that lives "
+                          "outside the compiled call")
 
 
 class SuperProxy:
