@@ -117,6 +117,10 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
         return call_module(tracer, frame, fn, args, kwargs)
     if isinstance(fn, types.MethodType):
         return call(tracer, frame, fn.__func__, [fn.__self__, *args], kwargs)
+    if kwargs.get("out") is not None and is_torch_op(fn):
+        # Eager writes into (and resizes) the given tensors; the graph has no such node.
+        raise Unsupported("unsupported call", f"{getattr(fn, '__name__', fn)}(out=...) writes "
+                          "into a tensor given to it")
     if isinstance(fn, types.FunctionType):
         if is_torch_op(fn):
             return tracer.builder.call("call_function", fn, tuple(args), kwargs)

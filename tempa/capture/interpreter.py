@@ -18,7 +18,7 @@ from .context import CapturedContext
 from .instructions import PY, NULL_BEFORE_CALLABLE, decode
 from .opcodes_data import DataOpcodes
 from .values import NULL, TensorVar, SuperProxy, GradModeExit, CapturedIter, \
-    check_own_iterator, contains_tensor
+    check_own_iterator, contains_tensor, python_descriptor_setter
 
 _MAX_INSTRUCTIONS = 5_000_000
 # (code, offset) pairs where capture breaks as if the instruction were unsupported: the
@@ -230,6 +230,10 @@ class Frame(DataOpcodes):
         tracer = self.tracer
         if isinstance(obj, TensorVar):
             raise Unsupported("unsupported construct", f"setting tensor.{name}")
+        setter = python_descriptor_setter(obj, name)
+        if setter is not None:   # a property / __set__ descriptor: its code runs, traced
+            self.call(setter, [obj, value], {})
+            return
         if tracer.is_internal(obj):
             setter = getattr(type(obj), "__setattr__", object.__setattr__)
             if isinstance(setter, types.FunctionType):

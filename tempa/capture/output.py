@@ -26,13 +26,45 @@ def rebuild_object(cls, attrs: dict, items):
     """A new ``cls`` instance with these attributes (and dict items, for dict subclasses),
     without running ``__init__``: the captured run already validated the fields."""
     obj = cls.__new__(cls)
-    if items is not None:
+    if isinstance(obj, list):
+        list.extend(obj, items)
+    elif items is not None:
         # The C-level mapping under the class (OrderedDict keeps its own key order).
         setitem = next(b.__setitem__ for b in cls.__mro__ if b in (OrderedDict, dict))
         for k, v in items:
             setitem(obj, k, v)
     obj.__dict__.update(attrs)
     return obj
+
+
+def rebuild_exception(cls, args: tuple, attrs: dict):
+    """An exception built in the compiled code: its ``args`` (what ``str`` shows) and
+    attributes."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(attrs)
+    return exc
+
+
+def _same(item):
+    return item
+
+
+def _keep(item):
+    return True
+
+
+def rebuild_iterator(cls, items: list):
+    """A fresh ``map`` / ``filter`` / ``zip`` / ``enumerate`` that yields ``items``: the
+    iterator a compiled function returns keeps the type eager gives it."""
+    if cls is zip:
+        return zip(*map(list, zip(*items))) if items else zip()
+    if cls is enumerate:
+        return enumerate([v for _, v in items], items[0][0] if items else 0)
+    return cls(_same if cls is map else _keep, items)
+
+
+_LAZY_ITERATORS = (map, filter, zip, enumerate)
 
 
 class OutputPlan:
@@ -116,15 +148,26 @@ class OutputPlan:
                     raise Unsupported("unsupported construct", "a closure over tensors lives "
                                       "across the graph break")
             return self.guards.const(value, "R")
-        if is_constant_type(value) or not self.is_internal(value) and not _holds_tensor(value):
-            return self.guards.const(value, "R")
-        if t.__module__.startswith("torch.return_types"):
+        if t.__module__.startswith("torch.return_types"):   # structseqs: values, indices
             return f"{self.guards.const(t, 'C')}((" + ", ".join(
                 self.expr(v, depth + 1) for v in value) + ",))"
+        if is_constant_type(value) or not self.is_internal(value) and not _holds_tensor(value):
+            return self.guards.const(value, "R")
+        if t in _LAZY_ITERATORS:
+            # Python's own lazy iterator, of the same type, over the items it has left.
+            items = "[" + ", ".join(self.expr(v, depth + 1) for v in list(value)) + "]"
+            return f"{self.guards.const(rebuild_iterator, 'F')}({self.guards.const(t, 'C')}, {items})"
+        if isinstance(value, BaseException):
+            args = "(" + "".join(self.expr(v, depth + 1) + ", " for v in value.args) + ")"
+            attrs = "{" + ", ".join(f"{k!r}: {self.expr(v, depth + 1)}"
+                                    for k, v in vars(value).items()) + "}"
+            return f"{self.guards.const(rebuild_exception, 'F')}({self.guards.const(t, 'C')}, {args}, {attrs})"
         if hasattr(value, "__dict__"):
             attrs = "{" + ", ".join(f"{k!r}: {self.expr(v, depth + 1)}"
                                     for k, v in vars(value).items()) + "}"
             items = "None"
+            if isinstance(value, list):
+                items = "[" + ", ".join(self.expr(v, depth + 1) for v in value) + "]"
             if isinstance(value, dict):
                 items = "[" + ", ".join(f"({self.expr(k, depth + 1)}, {self.expr(v, depth + 1)})"
                                         for k, v in dict.items(value)) + "]"

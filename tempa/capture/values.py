@@ -8,6 +8,8 @@ built during capture are real lists/tuples/dicts that may hold TensorVars.
 """
 from __future__ import annotations
 
+import types
+
 from .breaks import Unsupported
 
 
@@ -114,6 +116,27 @@ def check_own_iterator(tracer, it, what: str):
     if type(it) is not CapturedIter and not tracer.is_internal(it):
         raise Unsupported("impure call", f"{what} advances a {type(it).__name__} that lives "
                           "outside the compiled call")
+
+
+def python_descriptor_setter(obj, name: str):
+    """The Python code ``obj.name = value`` runs through a data descriptor of its class
+    (``property`` with a setter, an object with ``__set__``), as a callable of
+    ``(obj, value)``; None where the write is a plain store (no descriptor, or C code such
+    as ``__slots__``)."""
+    if isinstance(obj, type):
+        return None
+    for klass in type(obj).__mro__:
+        if name in klass.__dict__:
+            desc = klass.__dict__[name]
+            break
+    else:
+        return None
+    if isinstance(desc, property):
+        return desc.fset if isinstance(desc.fset, types.FunctionType) else None
+    set_fn = getattr(type(desc), "__set__", None)
+    if isinstance(set_fn, types.FunctionType):
+        return types.MethodType(set_fn, desc)
+    return None
 
 
 class SuperProxy:
