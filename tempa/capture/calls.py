@@ -32,7 +32,7 @@ import torch
 
 from . import context
 from .breaks import Unsupported
-from .values import CapturedIter, TensorVar, TensorMethod, SuperProxy, check_own_iterator, \
+from .values import CapturedIter, LazyIter, TensorVar, TensorMethod, SuperProxy, check_own_iterator, \
     contains_tensor
 
 # Code objects of functions marked @tempa.disable (filled by the api layer).
@@ -523,6 +523,8 @@ def _isinstance(tracer, frame, args, kwargs):
     value, cls = args
     if isinstance(value, TensorVar):
         return issubclass(_tensor_type(tracer, value), cls)
+    if type(value) is LazyIter:
+        return issubclass(value.kind, cls)
     return isinstance(value, cls)
 
 
@@ -530,7 +532,7 @@ def _type(tracer, frame, args, kwargs):
     if len(args) == 1 and isinstance(args[0], TensorVar):
         return _tensor_type(tracer, args[0])
     if len(args) == 1:
-        return type(args[0])
+        return args[0].kind if type(args[0]) is LazyIter else type(args[0])
     raise Unsupported("unsupported construct", "type() with three arguments")
 
 
@@ -579,7 +581,13 @@ def _delattr(tracer, frame, args, kwargs):
 
 
 def _iter(tracer, frame, args, kwargs):
+    if len(args) == 1 and type(args[0]) in _PLAIN_ITERABLES:
+        return tracer.mark_internal(iter(args[0]))   # a range_iterator for a range, ...
     return frame.get_iter(args[0])
+
+
+_PLAIN_ITERABLES = {list, tuple, range, str, bytes, dict, set, frozenset, type({}.items()),
+                    type({}.keys()), type({}.values())}
 
 
 def _next(tracer, frame, args, kwargs):
@@ -645,18 +653,18 @@ def _to_python_number(kind):
 
 
 def _map(tracer, frame, args, kwargs):
-    # Python's own map, so it is lazy and exhausted once consumed; the function is traced.
     fn, *iterables = args
     its = [frame.get_iter(i) for i in iterables]
-    return tracer.mark_internal(_user_error(map, lambda *items: frame.call(fn, list(items), {}),
-                                            *its, **kwargs))
+    inner = _user_error(map, lambda *items: frame.call(fn, list(items), {}), *its, **kwargs)
+    return tracer.mark_internal(LazyIter(map, fn, its, kwargs, inner))
 
 
 def _filter(tracer, frame, args, kwargs):
     fn, iterable = args
     it = frame.get_iter(iterable)
     keep = frame.truth if fn is None else (lambda v: frame.truth(frame.call(fn, [v], {})))
-    return tracer.mark_internal(_user_error(filter, keep, it, **kwargs))
+    inner = _user_error(filter, keep, it, **kwargs)
+    return tracer.mark_internal(LazyIter(filter, fn, [it], kwargs, inner))
 
 
 def _user_error(fn, *args, **kwargs):
@@ -685,7 +693,8 @@ def _enumerate(tracer, frame, args, kwargs):
 
 
 def _zip(tracer, frame, args, kwargs):
-    return tracer.mark_internal(_user_error(zip, *[frame.get_iter(a) for a in args], **kwargs))
+    its = [frame.get_iter(a) for a in args]
+    return tracer.mark_internal(LazyIter(zip, None, its, kwargs, _user_error(zip, *its, **kwargs)))
 
 
 def _reversed(tracer, frame, args, kwargs):

@@ -17,7 +17,7 @@ from .breaks import Unsupported, UserError
 from .context import CapturedContext
 from .instructions import PY, NULL_BEFORE_CALLABLE, decode
 from .opcodes_data import DataOpcodes
-from .values import NULL, TensorVar, SuperProxy, GradModeExit, CapturedIter, \
+from .values import NULL, TensorVar, SuperProxy, GradModeExit, CapturedIter, LazyIter, \
     check_own_iterator, contains_tensor, python_descriptor_setter
 
 _MAX_INSTRUCTIONS = 5_000_000
@@ -182,6 +182,8 @@ class Frame(DataOpcodes):
             return CapturedIter(out)
         if type(v) is CapturedIter:
             return v
+        if type(v) is LazyIter:
+            return CapturedIter([], source=v)
         it = getattr(type(v), "__iter__", None)
         if isinstance(it, types.FunctionType):
             return self.get_iter(self.call(it, [v], {}))

@@ -16,7 +16,8 @@ import types
 import torch
 
 from . import runtime
-from .values import TensorVar, NULL, TensorMethod, GradModeExit, CapturedIter, contains_tensor
+from .values import TensorVar, NULL, TensorMethod, GradModeExit, CapturedIter, LazyIter, \
+    contains_tensor
 
 
 _BUILTIN_METHOD = type([].append)
@@ -46,25 +47,18 @@ def rebuild_exception(cls, args: tuple, attrs: dict):
     return exc
 
 
-def _same(item):
-    return item
-
-
-def _keep(item):
-    return True
+def rebuild_lazy(kind: type, fn, sources: list, kwargs: dict):
+    """``map(fn, *sources)`` / ``filter(fn, source)`` / ``zip(*sources)`` again."""
+    if kind is zip:
+        return zip(*sources, **kwargs)
+    return kind(fn, *sources, **kwargs)
 
 
 def rebuild_iterator(cls, items: list):
-    """A fresh ``map`` / ``filter`` / ``zip`` / ``enumerate`` that yields ``items``: the
-    iterator a compiled function returns keeps the type eager gives it."""
-    if cls is zip:
-        return zip(*map(list, zip(*items))) if items else zip()
+    """An iterator that yields ``items``, an ``enumerate`` for an enumerate."""
     if cls is enumerate:
         return enumerate([v for _, v in items], items[0][0] if items else 0)
-    return cls(_same if cls is map else _keep, items)
-
-
-_LAZY_ITERATORS = (map, filter, zip, enumerate)
+    return iter(items)
 
 
 class OutputPlan:
@@ -153,8 +147,15 @@ class OutputPlan:
                 self.expr(v, depth + 1) for v in value) + ",))"
         if is_constant_type(value) or not self.is_internal(value) and not _holds_tensor(value):
             return self.guards.const(value, "R")
-        if t in _LAZY_ITERATORS:
-            # Python's own lazy iterator, of the same type, over the items it has left.
+        if t is LazyIter:
+            # Python's own lazy iterator over what its sources have left: items not yet
+            # consumed are computed when the caller (or the code after a break) asks.
+            sources = "[" + ", ".join(self.expr(v, depth + 1) for v in value.sources) + "]"
+            return (f"{self.guards.const(rebuild_lazy, 'F')}({self.guards.const(value.kind, 'C')}"
+                    f", {self.expr(value.fn, depth + 1)}, {sources}, "
+                    f"{self.expr(value.kwargs, depth + 1)})")
+        if t is enumerate or hasattr(value, "__next__"):
+            # An iterator of this capture (enumerate, iter(range)): the items it has left.
             items = "[" + ", ".join(self.expr(v, depth + 1) for v in list(value)) + "]"
             return f"{self.guards.const(rebuild_iterator, 'F')}({self.guards.const(t, 'C')}, {items})"
         if isinstance(value, BaseException):

@@ -110,6 +110,28 @@ class CapturedIter:
         return self.items[self.pos:]
 
 
+class LazyIter:
+    """``map`` / ``filter`` / ``zip`` built during capture. It is as lazy as Python's: the
+    work is done by ``inner`` (Python's own iterator, whose function calls are traced), one
+    item per ``next``. The parts are kept so the iterator can leave the capture (returned,
+    or alive at a graph break) as a real ``kind`` over the items its sources have left:
+    what is not consumed yet is computed later, in Python, as eager would."""
+    __slots__ = ("kind", "fn", "sources", "kwargs", "inner")
+
+    def __init__(self, kind: type, fn, sources: list, kwargs: dict, inner):
+        self.kind = kind
+        self.fn = fn
+        self.sources = sources
+        self.kwargs = kwargs
+        self.inner = inner
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.inner)
+
+
 def check_own_iterator(tracer, it, what: str):
     """Advancing an iterator that lives outside the call (itertools.count(), a data
     iterator) changes it: that happens in Python on every call, never once at capture."""
