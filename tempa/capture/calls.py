@@ -137,6 +137,10 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
         return call_class(tracer, frame, fn, args, kwargs)
     if is_torch_op(fn):
         name = getattr(fn, "__name__", "")
+        if any(isinstance(a, (types.FunctionType, types.MethodType)) for a in (*args, *kwargs.values())):
+            # C code that calls back into Python (torch._C._fx_map_arg, ...) is no tensor op:
+            # on fake tensors it would hand fake results to the caller.
+            raise Unsupported("unsupported call", f"torch.{name} calls a Python function")
         if name in _TORCH_SIDE_EFFECTS or name.startswith("set_"):
             raise Unsupported("unsupported call", f"torch.{name} changes global state")
         if fn in _PURE_TORCH_QUERIES:
@@ -596,6 +600,29 @@ def _next(tracer, frame, args, kwargs):
 
 
 
+def _fx_map_aggregate(tracer, frame, args, kwargs):
+    """torch.fx's map_aggregate (C code calling ``fn`` back), as its Python version reads:
+    ``fn`` applied to each leaf of tuples, lists, dicts and slices, traced."""
+    from torch.fx.immutable_collections import immutable_dict, immutable_list
+    a, fn = args
+
+    def walk(v):
+        if isinstance(v, tuple):
+            items = tuple(walk(e) for e in v)
+            return type(v)(*items) if hasattr(v, "_fields") else items
+        if isinstance(v, list):
+            return tracer.mark_internal(immutable_list(walk(e) for e in v))
+        if isinstance(v, dict):
+            out = tracer.mark_internal(immutable_dict())
+            for k, e in v.items():
+                dict.__setitem__(out, k, walk(e))
+            return out
+        if isinstance(v, slice):
+            return slice(walk(v.start), walk(v.stop), walk(v.step))
+        return frame.call(fn, [v], {})
+    return walk(a)
+
+
 def _super(tracer, frame, args, kwargs):
     if args:
         return SuperProxy(args[0], args[1])
@@ -805,6 +832,7 @@ _SPECIAL = {
     torch.jit.is_tracing: _false,
     torch._C._get_tracing_state: lambda *a: None,
     torch.is_grad_enabled: _grad_enabled,
+    torch._C._fx_map_aggregate: _fx_map_aggregate,
     torch._C.is_grad_enabled: _grad_enabled,
 }
 for _name in ("is_exporting",):
