@@ -69,6 +69,7 @@ class OutputPlan:
         self.external_copies = external_copies or {}
         self.outputs: list[TensorVar] = []
         self._slot: dict[int, int] = {}
+        self._rebuilt_lazy: set[int] = set()
 
     def slot(self, t: TensorVar) -> str:
         i = self._slot.get(id(t))
@@ -150,6 +151,11 @@ class OutputPlan:
         if t is LazyIter:
             # Python's own lazy iterator over what its sources have left: items not yet
             # consumed are computed when the caller (or the code after a break) asks.
+            # Each expression builds a new one, so a second reference would not share it.
+            if id(value) in self._rebuilt_lazy:
+                raise Unsupported("unsupported construct", f"a {value.kind.__name__} iterator "
+                                  "referenced twice lives across the graph break")
+            self._rebuilt_lazy.add(id(value))
             sources = "[" + ", ".join(self.expr(v, depth + 1) for v in value.sources) + "]"
             return (f"{self.guards.const(rebuild_lazy, 'F')}({self.guards.const(value.kind, 'C')}"
                     f", {self.expr(value.fn, depth + 1)}, {sources}, "
