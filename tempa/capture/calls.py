@@ -384,7 +384,8 @@ def call_class(tracer, frame, cls: type, args, kwargs):
         # A C-level class (functools.partial, collections.OrderedDict, ...): it only stores
         # its arguments, tensors included. Others (io.StringIO, numpy arrays) hold state
         # tempa cannot see into.
-        if not (issubclass(cls, _PURE_C_TYPES) or cls.__module__ in _PURE_C_MODULES):
+        if not (issubclass(cls, _PURE_C_TYPES) or cls.__module__ in _PURE_C_MODULES or
+                f"{cls.__module__}.{cls.__qualname__}" in _PURE_C_CLASSES):
             raise Unsupported("non-torch library call", f"{cls.__module__}.{cls.__qualname__}() "
                               "builds an object whose C code is not known to be pure")
         _check_pure_arguments(args, kwargs, f"{cls.__qualname__}()")
@@ -466,10 +467,17 @@ _PURE_OBJECT_METHODS = {"__new__", "__init__", "__eq__", "__ne__", "__hash__", "
                         "__le__", "__gt__", "__ge__", "__setattr__", "__delattr__"}
 
 
+# C methods of other types that only answer a question about global state or the object.
+_PURE_C_METHODS = {"_EngineBase.is_checkpoint_valid"}
+# C classes outside _PURE_C_MODULES whose construction is a pure function of the arguments.
+_PURE_C_CLASSES = {"numpy.dtype"}
+
+
 def _check_pure_owner(obj, cls: type, name: str):
     """A C method of ``cls`` (bound to ``obj`` if given) may be evaluated at capture only
     if ``cls`` is a type known to be pure (the allow-list ``_PURE_C_TYPES``)."""
-    if issubclass(cls, _PURE_C_TYPES) or isinstance(obj, _PURE_C_TYPES):
+    if issubclass(cls, _PURE_C_TYPES) or isinstance(obj, _PURE_C_TYPES) or \
+            f"{cls.__qualname__}.{name}" in _PURE_C_METHODS:
         return
     if cls is object and name in _PURE_OBJECT_METHODS:
         return

@@ -280,7 +280,7 @@ def _to_fake(v):
 
 
 # Argument values FX writes into generated code as valid Python (besides containers).
-_FX_LITERALS = (TensorVar, type(None), bool, int, float, complex, str, torch.dtype,
+_FX_LITERALS = (TensorVar, type(None), bool, int, float, complex, str, range, torch.dtype,
                 torch.device, torch.layout, torch.memory_format, type(Ellipsis), torch.SymInt,
                 torch.SymFloat, torch.SymBool, fx.Node)
 

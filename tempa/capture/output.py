@@ -7,6 +7,7 @@ dataclasses and HuggingFace ``ModelOutput`` objects included.
 """
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 
 from .breaks import Unsupported
@@ -21,6 +22,7 @@ from .values import TensorVar, NULL, TensorMethod, GradModeExit, CapturedIter, L
 
 
 _BUILTIN_METHOD = type([].append)
+_MAX_ITEMS = 100_000   # items an iterator may hand over at a break (an endless one cannot)
 
 
 def rebuild_object(cls, attrs: dict, items):
@@ -162,7 +164,11 @@ class OutputPlan:
                     f"{self.expr(value.kwargs, depth + 1)})")
         if t is enumerate or hasattr(value, "__next__"):
             # An iterator of this capture (enumerate, iter(range)): the items it has left.
-            items = "[" + ", ".join(self.expr(v, depth + 1) for v in list(value)) + "]"
+            left = list(itertools.islice(value, _MAX_ITEMS + 1))
+            if len(left) > _MAX_ITEMS:
+                raise Unsupported("unsupported construct", f"a huge or endless {t.__name__} "
+                                  "leaves the compiled code")
+            items = "[" + ", ".join(self.expr(v, depth + 1) for v in left) + "]"
             return f"{self.guards.const(rebuild_iterator, 'F')}({self.guards.const(t, 'C')}, {items})"
         if isinstance(value, BaseException):
             args = "(" + "".join(self.expr(v, depth + 1) + ", " for v in value.args) + ")"
