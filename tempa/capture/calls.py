@@ -32,8 +32,8 @@ import torch
 
 from . import context
 from .breaks import Unsupported
-from .values import CapturedIter, LazyIter, TensorVar, TensorMethod, SuperProxy, check_own_iterator, \
-    contains_tensor
+from .values import CapturedIter, LazyIter, TensorVar, TensorMethod, SuperProxy, \
+    check_own_iterator, contains_tensor
 
 # Code objects of functions marked @tempa.disable (filled by the api layer).
 DISABLED_CODES: set = set()
@@ -66,9 +66,10 @@ _PURE_TORCH_QUERIES = {torch._C._has_torch_function, torch._C._has_torch_functio
 _PURE_C_MODULES = {"builtins", "math", "_operator", "operator", "itertools", "_functools",
                    "functools", "_collections", "collections", "_abc", "posixpath", "_string",
                    "re", "_sre", "typing", "_typing", "enum", "copy", "keyword", "types"}
-# Types whose C methods (and constructors) are pure functions of the object and arguments.
+# Plain values and containers: their mutating methods are allowed on our own copies.
 _PLAIN_TYPES = (list, dict, tuple, str, set, frozenset, int, float, bool, bytes, range,
                 slice, torch.Size, type(None), types.MappingProxyType, complex)
+# Types whose C methods (and constructors) are pure functions of the object and arguments.
 _PURE_C_TYPES = _PLAIN_TYPES + (
                  collections.OrderedDict, collections.defaultdict, collections.deque,
                  functools.partial, types.SimpleNamespace, BaseException, re.Pattern, re.Match,
@@ -137,7 +138,8 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
         return call_class(tracer, frame, fn, args, kwargs)
     if is_torch_op(fn):
         name = getattr(fn, "__name__", "")
-        if any(isinstance(a, (types.FunctionType, types.MethodType)) for a in (*args, *kwargs.values())):
+        if any(isinstance(a, (types.FunctionType, types.MethodType))
+               for a in (*args, *kwargs.values())):
             # C code that calls back into Python (torch._C._fx_map_arg, ...) is no tensor op:
             # on fake tensors it would hand fake results to the caller.
             raise Unsupported("unsupported call", f"torch.{name} calls a Python function")
@@ -459,8 +461,8 @@ def call_c(tracer, frame, fn, args, kwargs):
     return result
 
 
-# object's own methods that are pure on any object (the rest of object's slots may run
-# a class's C code, e.g. __setattr__ on an object from outside).
+# object's own methods that are pure on any object (``__setattr__``/``__delattr__`` only on
+# objects of this capture: _check_method_owner refuses them on outside ones).
 _PURE_OBJECT_METHODS = {"__new__", "__init__", "__eq__", "__ne__", "__hash__", "__repr__",
                         "__str__", "__format__", "__getattribute__", "__dir__", "__sizeof__",
                         "__init_subclass__", "__subclasshook__", "__reduce_ex__", "__lt__",
@@ -605,7 +607,6 @@ _PLAIN_ITERABLES = {list, tuple, range, str, bytes, dict, set, frozenset, type({
 def _next(tracer, frame, args, kwargs):
     check_own_iterator(tracer, args[0], "next()")
     return next(*args)
-
 
 
 def _fx_map_aggregate(tracer, frame, args, kwargs):

@@ -169,12 +169,14 @@ class OutputPlan:
                 raise Unsupported("unsupported construct", f"a huge or endless {t.__name__} "
                                   "leaves the compiled code")
             items = "[" + ", ".join(self.expr(v, depth + 1) for v in left) + "]"
-            return f"{self.guards.const(rebuild_iterator, 'F')}({self.guards.const(t, 'C')}, {items})"
+            rebuild = self.guards.const(rebuild_iterator, "F")
+            return f"{rebuild}({self.guards.const(t, 'C')}, {items})"
         if isinstance(value, BaseException):
             args = "(" + "".join(self.expr(v, depth + 1) + ", " for v in value.args) + ")"
             attrs = "{" + ", ".join(f"{k!r}: {self.expr(v, depth + 1)}"
                                     for k, v in vars(value).items()) + "}"
-            return f"{self.guards.const(rebuild_exception, 'F')}({self.guards.const(t, 'C')}, {args}, {attrs})"
+            rebuild = self.guards.const(rebuild_exception, "F")
+            return f"{rebuild}({self.guards.const(t, 'C')}, {args}, {attrs})"
         if hasattr(value, "__dict__"):
             attrs = "{" + ", ".join(f"{k!r}: {self.expr(v, depth + 1)}"
                                     for k, v in vars(value).items()) + "}"
