@@ -258,6 +258,17 @@ def test_invalid_builtin_calls_raise_eagers_type_error():
         tempa.compile(bad_isinstance, backend="eager")(torch.ones(1))
 
 
+def test_map_with_keywords_raises_eagers_type_error():
+    def f(x, ys, zs):
+        return [a + b for a, b in map(lambda a, b: (a, b), ys, zs, strict=True)]
+
+    with pytest.raises(TypeError) as want:
+        f(torch.ones(1), [1.0], [2.0])
+    with pytest.raises(TypeError) as got:
+        tempa.compile(f, backend="eager")(torch.ones(1), [1.0], [2.0])
+    assert str(got.value) == str(want.value)
+
+
 def test_data_descriptor_set_runs_on_assignment():
     class Field:
         def __set__(self, obj, value):
