@@ -107,8 +107,10 @@ class CompileContext:
     # -- calls made by graph-break runners ---------------------------------------------------
     def call(self, fn, *args, **kwargs):
         """Call ``fn`` from an entry's Python part: Python callees go through tempa, so a
-        function or submodule that broke the caller's graph gets compiled graphs of its own."""
-        if isinstance(fn, types.FunctionType):
+        function or submodule that broke the caller's graph gets compiled graphs of its own.
+        A torch operation written in Python (torch.unique, F.*) is an op, not code to
+        compile: it runs as it is."""
+        if isinstance(fn, types.FunctionType) and not calls.is_torch_op(fn):
             dispatch = self._dispatchers.get(fn)
             if dispatch is None:
                 dispatch = self._dispatchers[fn] = self.dispatcher(fn, fn)

@@ -19,6 +19,9 @@ BREAK_TYPES = {
                               "torch equivalent to keep one graph",
     "unsupported construct": "this Python construct is not captured yet; move it out of the "
                              "compiled region or wrap the helper with @tempa.disable",
+    "impure call": "the call reads or changes state outside the program (random numbers, the "
+                   "clock, the environment, an outside iterator, warnings, I/O); it runs in "
+                   "Python on every call and the rest stays compiled",
     "unsupported call": "tempa does not know how to capture this callable; wrap it with "
                         "@tempa.disable to run it eagerly on purpose",
     "disabled by tempa.disable": "the function is marked @tempa.disable; it runs eagerly",

@@ -8,22 +8,33 @@ Four outcomes, decided by what the callable is:
 - a pure function of constants (``len``, ``math.sqrt``, ``str.format``, ...): evaluated now,
   its result a constant of the graph;
 - anything else (print, numpy, unknown C code, outside mutation): ``Unsupported``.
+
+Evaluating at capture bakes the result into every later call, so it is only done for code
+known to be pure: C functions of the modules in ``_PURE_C_MODULES`` and methods of the types
+in ``_PURE_C_TYPES`` (an allow-list). Code that reads or changes the world (``random``,
+``time``, ``os.environ``, ``warnings``, I/O, an iterator from outside the call) is
+``impure``: a graph break, so Python runs it on every call. Unknown C code breaks too.
 """
 from __future__ import annotations
 
 import builtins
-import sys
+import collections
 import copy
 import functools
+import inspect
 import logging
 import math
+import os
+import re
+import sys
 import types
 
 import torch
 
 from . import context
 from .breaks import Unsupported
-from .values import TensorVar, TensorMethod, SuperProxy, contains_tensor
+from .values import CapturedIter, LazyIter, TensorVar, TensorMethod, SuperProxy, \
+    check_own_iterator, contains_tensor
 
 # Code objects of functions marked @tempa.disable (filled by the api layer).
 DISABLED_CODES: set = set()
@@ -55,12 +66,26 @@ _PURE_TORCH_QUERIES = {torch._C._has_torch_function, torch._C._has_torch_functio
 # Modules whose C functions are pure enough to evaluate on constants during capture.
 _PURE_C_MODULES = {"builtins", "math", "_operator", "operator", "itertools", "_functools",
                    "functools", "_collections", "collections", "_abc", "posixpath", "_string",
-                   "re", "_sre", "typing", "_typing", "enum", "copy", "keyword", "_warnings"}
-_PURE_C_TYPES = (list, dict, tuple, str, set, frozenset, int, float, bool, bytes, range,
-                 slice, torch.Size, type(None), types.MappingProxyType, complex)
+                   "re", "_sre", "typing", "_typing", "enum", "copy", "keyword", "types"}
+# Plain values and containers: their mutating methods are allowed on our own copies.
+_PLAIN_TYPES = (list, dict, tuple, str, set, frozenset, int, float, bool, bytes, range,
+                slice, torch.Size, type(None), types.MappingProxyType, complex)
+# Types whose C methods (and constructors) are pure functions of the object and arguments.
+_PURE_C_TYPES = _PLAIN_TYPES + (
+                 collections.OrderedDict, collections.defaultdict, collections.deque,
+                 functools.partial, types.SimpleNamespace, BaseException, re.Pattern, re.Match,
+                 torch.device, torch.dtype, torch.finfo, torch.iinfo, type({}.items()),
+                 type({}.keys()), type({}.values()), type(Ellipsis), type(NotImplemented))
+# Modules whose code reads or changes state outside the program: their functions, classes
+# and the methods of their objects (os.environ, random.Random, io.StringIO) run in Python
+# on every call, never once at capture.
+_IMPURE_MODULES = {"random", "_random", "os", "posix", "nt", "time", "datetime", "_datetime",
+                   "uuid", "secrets", "io", "_io", "warnings", "_warnings", "sys", "threading",
+                   "_thread", "subprocess", "socket", "tempfile", "shutil", "glob", "pathlib",
+                   "pickle", "gc", "signal", "select", "faulthandler", "queue", "asyncio"}
 _MUTATING_METHODS = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
                      "update", "setdefault", "popitem", "__setitem__", "__delitem__", "add",
-                     "discard", "__iadd__"}
+                     "discard", "__iadd__", "__setattr__", "__delattr__"}
 # Standard-library Python code that only reflects on objects: evaluated, not interpreted
 # (BERT calls inspect.signature on every forward; interpreting it costs ~30 functions).
 _EVALUATED_PY_MODULES = {"inspect", "typing", "dataclasses", "enum", "re", "posixpath",
@@ -85,10 +110,19 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
     special = _SPECIAL.get(_key(fn))
     if special is not None:
         return special(tracer, frame, args, kwargs)
+    if _reads_environ(fn, args):
+        return _read_environ(tracer, fn, args, kwargs)
+    impure = _impure_reason(fn)
+    if impure:
+        raise Unsupported("impure call", impure)
     if isinstance(fn, torch.nn.Module):
         return call_module(tracer, frame, fn, args, kwargs)
     if isinstance(fn, types.MethodType):
         return call(tracer, frame, fn.__func__, [fn.__self__, *args], kwargs)
+    if kwargs.get("out") is not None and is_torch_op(fn):
+        # Eager writes into (and resizes) the given tensors; the graph has no such node.
+        raise Unsupported("unsupported call", f"{getattr(fn, '__name__', fn)}(out=...) writes "
+                          "into a tensor given to it")
     if isinstance(fn, types.FunctionType):
         if is_torch_op(fn):
             return tracer.builder.call("call_function", fn, tuple(args), kwargs)
@@ -105,12 +139,82 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
         return call_class(tracer, frame, fn, args, kwargs)
     if is_torch_op(fn):
         name = getattr(fn, "__name__", "")
+        if any(isinstance(a, (types.FunctionType, types.MethodType))
+               for a in (*args, *kwargs.values())):
+            # C code that calls back into Python (torch._C._fx_map_arg, ...) is no tensor op:
+            # on fake tensors it would hand fake results to the caller.
+            raise Unsupported("unsupported call", f"torch.{name} calls a Python function")
         if name in _TORCH_SIDE_EFFECTS or name.startswith("set_"):
             raise Unsupported("unsupported call", f"torch.{name} changes global state")
         if fn in _PURE_TORCH_QUERIES:
             return fn(*args, **kwargs)   # type/state queries: no graph node needed
         return tracer.builder.call("call_function", fn, tuple(args), kwargs)
     return call_c(tracer, frame, fn, args, kwargs)
+
+
+def _impure_reason(fn) -> str | None:
+    """Why calling ``fn`` must happen in Python on every call, or None: its code, its class
+    or the object it is bound to comes from a module of ``_IMPURE_MODULES``."""
+    if isinstance(fn, type):
+        module, what = fn.__module__, fn.__qualname__
+    elif isinstance(fn, types.MethodType) or type(fn) is _BUILTIN_FUNCTION and \
+            not isinstance(fn.__self__, (types.ModuleType, type(None), type)):
+        owner = fn.__self__
+        module = type(owner).__module__
+        what = f"{type(owner).__qualname__}.{getattr(fn, '__name__', '?')}"
+    else:
+        module = getattr(fn, "__module__", None)
+        if module is None and type(fn) is _BUILTIN_FUNCTION:
+            module = getattr(fn.__self__, "__name__", None)
+        what = f"{module}.{getattr(fn, '__qualname__', getattr(fn, '__name__', '?'))}"
+    if module in _IMPURE_MODULES:
+        return f"{what}() reads or changes state outside the program"
+    return None
+
+
+def _reads_environ(fn, args) -> bool:
+    """``os.environ.get(k)``, ``os.environ[k]``, ``k in os.environ``, ``os.getenv(k)``."""
+    if fn is os.getenv:
+        return True
+    if isinstance(fn, types.MethodType):
+        fn, args = fn.__func__, [fn.__self__]
+    return isinstance(fn, types.FunctionType) and fn.__name__ in ("get", "__getitem__",
+                                                                  "__contains__") \
+        and bool(args) and args[0] is os.environ
+
+
+def _read_environ(tracer, fn, args, kwargs):
+    """An environment variable is read now and guarded: the guard reads it again on every
+    call, so a changed environment recompiles instead of seeing the old value."""
+    if isinstance(fn, types.MethodType):
+        fn, args = fn.__func__, [fn.__self__, *args]
+    if fn is os.getenv:
+        args = [os.environ, *args]
+    name = "get" if fn is os.getenv else fn.__name__
+    params = inspect.signature(getattr(os.environ, name)).bind(*args[1:], **kwargs).arguments
+    key = params["key"]
+    if not isinstance(key, str):
+        raise Unsupported("impure call", f"os.environ.{name} with a {type(key).__name__} key")
+    value = os.environ.get(key)
+    tracer.guards.constant(f"{tracer.expr_of(os.environ)}.get({key!r})", value)
+    if name == "__contains__":
+        return value is not None
+    if value is None and name == "__getitem__":
+        from .breaks import UserError
+        raise UserError(KeyError(key))
+    return value if value is not None else params.get("default")
+
+
+def _is_impure_object(value) -> bool:
+    """An object whose content is the world's state (os.environ, a file, a Random)."""
+    return type(value).__module__ in _IMPURE_MODULES
+
+
+def _check_pure_arguments(args, kwargs, what: str):
+    for v in (*args, *kwargs.values()):
+        if _is_impure_object(v):
+            raise Unsupported("impure call", f"{what} of {type(v).__qualname__}, whose content "
+                              "is state outside the program")
 
 
 def _key(fn):
@@ -286,7 +390,6 @@ def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
     finally:
         tracer.depth -= 1
     if child.is_generator:
-        from .values import CapturedIter
         return CapturedIter(child.yielded)
     return result
 
@@ -374,7 +477,13 @@ def call_class(tracer, frame, cls: type, args, kwargs):
     new = cls.__new__
     if not isinstance(new, types.FunctionType) and not isinstance(cls.__init__, types.FunctionType):
         # A C-level class (functools.partial, collections.OrderedDict, ...): it only stores
-        # its arguments, tensors included.
+        # its arguments, tensors included. Others (io.StringIO, numpy arrays) hold state
+        # tempa cannot see into.
+        if not (issubclass(cls, _PURE_C_TYPES) or cls.__module__ in _PURE_C_MODULES or
+                f"{cls.__module__}.{cls.__qualname__}" in _PURE_C_CLASSES):
+            raise Unsupported("non-torch library call", f"{cls.__module__}.{cls.__qualname__}() "
+                              "builds an object whose C code is not known to be pure")
+        _check_pure_arguments(args, kwargs, f"{cls.__qualname__}()")
         if (contains_tensor(args) or contains_tensor(kwargs)) and not issubclass(
                 cls, (functools.partial, dict, list, tuple, set)):
             raise Unsupported("unsupported call", f"{cls.__qualname__}(tensor)")
@@ -408,17 +517,19 @@ def call_c(tracer, frame, fn, args, kwargs):
         if contains_tensor(args) or contains_tensor(kwargs):
             return call(tracer, frame, fn.__wrapped__, args, kwargs)
         return fn(*args, **kwargs)
+    _check_pure_arguments(args, kwargs, f"{getattr(fn, '__name__', fn)}()")
     if type(fn) is _BUILTIN_FUNCTION:
         if owner is None or isinstance(owner, types.ModuleType):
             modname = getattr(fn, "__module__", None) or getattr(owner, "__name__", "")
             if modname not in _PURE_C_MODULES:
                 raise Unsupported("non-torch library call", f"{modname}.{fn.__name__}")
         else:
+            _check_pure_owner(owner if not isinstance(owner, type) else None,
+                              owner if isinstance(owner, type) else type(owner), fn.__name__)
             _check_method_owner(tracer, owner, fn.__name__)
     elif type(fn) is _METHOD_DESCRIPTOR or type(fn) in _WRAPPER_DESCRIPTORS:
         objclass = getattr(fn, "__objclass__", object)
-        if not issubclass(objclass, _PURE_C_TYPES + (object,)):
-            raise Unsupported("non-torch library call", f"{objclass.__name__}.{fn.__name__}")
+        _check_pure_owner(args[0] if args else None, objclass, fn.__name__)
         if args:
             _check_method_owner(tracer, args[0], fn.__name__)
     elif hasattr(type(fn), "__call__") and isinstance(type(fn).__call__, types.FunctionType):
@@ -437,7 +548,36 @@ def call_c(tracer, frame, fn, args, kwargs):
                 tracer.is_internal(owner) and name in ("__setattr__", "__setitem__", "__init__")):
             raise Unsupported("unsupported call", f"{getattr(fn, '__qualname__', fn)} with "
                               "tensor arguments")
-    return fn(*args, **kwargs)
+    result = fn(*args, **kwargs)
+    if getattr(fn, "__name__", "") == "__new__":
+        tracer.mark_internal(result)   # list.__new__(MyList): an object of this capture
+    return result
+
+
+# object's own methods that are pure on any object (``__setattr__``/``__delattr__`` only on
+# objects of this capture: _check_method_owner refuses them on outside ones).
+_PURE_OBJECT_METHODS = {"__new__", "__init__", "__eq__", "__ne__", "__hash__", "__repr__",
+                        "__str__", "__format__", "__getattribute__", "__dir__", "__sizeof__",
+                        "__init_subclass__", "__subclasshook__", "__reduce_ex__", "__lt__",
+                        "__le__", "__gt__", "__ge__", "__setattr__", "__delattr__"}
+
+
+# C methods of other types that only answer a question about global state or the object.
+_PURE_C_METHODS = {"_EngineBase.is_checkpoint_valid"}
+# C classes outside _PURE_C_MODULES whose construction is a pure function of the arguments.
+_PURE_C_CLASSES = {"numpy.dtype"}
+
+
+def _check_pure_owner(obj, cls: type, name: str):
+    """A C method of ``cls`` (bound to ``obj`` if given) may be evaluated at capture only
+    if ``cls`` is a type known to be pure (the allow-list ``_PURE_C_TYPES``)."""
+    if issubclass(cls, _PURE_C_TYPES) or isinstance(obj, _PURE_C_TYPES) or \
+            f"{cls.__qualname__}.{name}" in _PURE_C_METHODS:
+        return
+    if cls is object and name in _PURE_OBJECT_METHODS:
+        return
+    kind = "impure call" if cls.__module__ in _IMPURE_MODULES else "non-torch library call"
+    raise Unsupported(kind, f"{cls.__qualname__}.{name} is C code that is not known to be pure")
 
 
 def _copy(tracer, fn, args, kwargs):
@@ -460,7 +600,7 @@ def _check_method_owner(tracer, owner, name):
     if id(owner) in tracer.external_copies and name in _MUTATING_METHODS:
         raise Unsupported("mutation of outside state", f"{type(owner).__name__}.{name} on an "
                           "object passed in by the caller")
-    if not (isinstance(owner, _PURE_C_TYPES) or tracer.is_internal(owner)):
+    if not (isinstance(owner, _PLAIN_TYPES) or tracer.is_internal(owner)):
         if name in _MUTATING_METHODS:
             raise Unsupported("mutation of outside state", f"{type(owner).__name__}.{name}")
 
@@ -485,9 +625,13 @@ def _is_param(tracer, t):
 
 
 def _isinstance(tracer, frame, args, kwargs):
+    if kwargs or len(args) != 2:
+        _user_error(isinstance, *[None] * len(args), **kwargs)   # eager's TypeError
     value, cls = args
     if isinstance(value, TensorVar):
         return issubclass(_tensor_type(tracer, value), cls)
+    if type(value) is LazyIter:
+        return issubclass(value.kind, cls)
     return isinstance(value, cls)
 
 
@@ -495,7 +639,7 @@ def _type(tracer, frame, args, kwargs):
     if len(args) == 1 and isinstance(args[0], TensorVar):
         return _tensor_type(tracer, args[0])
     if len(args) == 1:
-        return type(args[0])
+        return args[0].kind if type(args[0]) is LazyIter else type(args[0])
     raise Unsupported("unsupported construct", "type() with three arguments")
 
 
@@ -509,6 +653,7 @@ def _len(tracer, frame, args, kwargs):
     if isinstance(v, torch.nn.Module):
         tracer.guard_module_contents(v)
         return len(v)
+    _check_pure_arguments(args, kwargs, "len()")
     return len(v)
 
 
@@ -546,11 +691,41 @@ def _delattr(tracer, frame, args, kwargs):
 
 
 def _iter(tracer, frame, args, kwargs):
+    if len(args) == 1 and type(args[0]) in _PLAIN_ITERABLES:
+        return tracer.mark_internal(iter(args[0]))   # a range_iterator for a range, ...
     return frame.get_iter(args[0])
 
 
+_PLAIN_ITERABLES = {list, tuple, range, str, bytes, dict, set, frozenset, type({}.items()),
+                    type({}.keys()), type({}.values())}
+
+
 def _next(tracer, frame, args, kwargs):
+    check_own_iterator(tracer, args[0], "next()")
     return next(*args)
+
+
+def _fx_map_aggregate(tracer, frame, args, kwargs):
+    """torch.fx's map_aggregate (C code calling ``fn`` back), as its Python version reads:
+    ``fn`` applied to each leaf of tuples, lists, dicts and slices, traced."""
+    from torch.fx.immutable_collections import immutable_dict, immutable_list
+    a, fn = args
+
+    def walk(v):
+        if isinstance(v, tuple):
+            items = tuple(walk(e) for e in v)
+            return type(v)(*items) if hasattr(v, "_fields") else items
+        if isinstance(v, list):
+            return tracer.mark_internal(immutable_list(walk(e) for e in v))
+        if isinstance(v, dict):
+            out = tracer.mark_internal(immutable_dict())
+            for k, e in v.items():
+                dict.__setitem__(out, k, walk(e))
+            return out
+        if isinstance(v, slice):
+            return slice(walk(v.start), walk(v.stop), walk(v.step))
+        return frame.call(fn, [v], {})
+    return walk(a)
 
 
 def _super(tracer, frame, args, kwargs):
@@ -611,15 +786,27 @@ def _to_python_number(kind):
 
 def _map(tracer, frame, args, kwargs):
     fn, *iterables = args
-    return ([frame.call(fn, list(items), {}) for items in zip(*[frame.get_iter(i) for i in iterables])])
+    its = [frame.get_iter(i) for i in iterables]
+    inner = _user_error(map, lambda *items: frame.call(fn, list(items), {}), *its, **kwargs)
+    return tracer.mark_internal(LazyIter(map, fn, its, kwargs, inner))
 
 
 def _filter(tracer, frame, args, kwargs):
     fn, iterable = args
-    items = list(frame.get_iter(iterable))
-    if fn is None:
-        return iter([v for v in items if frame.truth(v)])
-    return iter([v for v in items if frame.truth(frame.call(fn, [v], {}))])
+    it = frame.get_iter(iterable)
+    keep = frame.truth if fn is None else (lambda v: frame.truth(frame.call(fn, [v], {})))
+    inner = _user_error(filter, keep, it, **kwargs)
+    return tracer.mark_internal(LazyIter(filter, fn, [it], kwargs, inner))
+
+
+def _user_error(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``; the TypeError of a bad call (map(..., strict=True) before
+    3.14) is the user's error, raised as eager raises it."""
+    try:
+        return fn(*args, **kwargs)
+    except TypeError as e:
+        from .breaks import UserError
+        raise UserError(e) from None
 
 
 def _sorted(tracer, frame, args, kwargs):
@@ -633,11 +820,13 @@ def _sorted(tracer, frame, args, kwargs):
 
 
 def _enumerate(tracer, frame, args, kwargs):
-    return enumerate(frame.get_iter(args[0]), *args[1:], **kwargs)
+    return tracer.mark_internal(_user_error(enumerate, frame.get_iter(args[0]), *args[1:],
+                                            **kwargs))
 
 
 def _zip(tracer, frame, args, kwargs):
-    return zip(*[frame.get_iter(a) for a in args], **kwargs)
+    its = [frame.get_iter(a) for a in args]
+    return tracer.mark_internal(LazyIter(zip, None, its, kwargs, _user_error(zip, *its, **kwargs)))
 
 
 def _reversed(tracer, frame, args, kwargs):
@@ -646,7 +835,8 @@ def _reversed(tracer, frame, args, kwargs):
         raise Unsupported("unsupported call", "reversed(tensor)")
     if isinstance(v, torch.nn.Module):
         return iter(list(frame.get_iter(v))[::-1])
-    return reversed(v)
+    _check_pure_arguments(args, kwargs, "reversed()")
+    return tracer.mark_internal(reversed(v))
 
 
 def _any_all(which):
@@ -690,6 +880,8 @@ def _set_grad_enabled_fn(tracer, frame, args, kwargs):
 
 
 def _builtin_type(tracer, frame, cls, args, kwargs):
+    if cls is not type:
+        _check_pure_arguments(args, kwargs, f"{cls.__name__}()")
     if cls in (list, tuple, set, frozenset) and args:
         items = list(frame.get_iter(args[0]))
         return cls(items)
@@ -754,6 +946,7 @@ _SPECIAL = {
     torch.jit.is_tracing: _false,
     torch._C._get_tracing_state: lambda *a: None,
     torch.is_grad_enabled: _grad_enabled,
+    torch._C._fx_map_aggregate: _fx_map_aggregate,
     torch._C.is_grad_enabled: _grad_enabled,
 }
 for _name in ("is_exporting",):

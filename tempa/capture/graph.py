@@ -160,6 +160,7 @@ class GraphBuilder:
         """Record ``target(*args, **kwargs)`` (kind: call_function|call_method), work out its
         result's metadata (rules, else fake tensors) and return the result with TensorVars
         in place of tensors."""
+        args, kwargs = self._lift_constants(args), self._lift_constants(kwargs)
         node_args = _map(args, self._to_node)
         node_kwargs = _map(kwargs, self._to_node)
         if self.sizes is None:
@@ -211,6 +212,26 @@ class GraphBuilder:
         with self.fake_mode:
             return torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype,
                                        device=meta.device, requires_grad=meta.requires_grad)
+
+    def _lift_constants(self, value):
+        """The arguments of a node as FX can write them into its generated code: a real
+        tensor reached without a source (a partial's keyword, a closure) becomes an input
+        read live like a buffer; an object whose repr is not Python source (a numpy array,
+        a torch.Generator, a user object) cannot be a graph argument at all."""
+        t = type(value)
+        if t is tuple or t is list:
+            return t(self._lift_constants(v) for v in value)
+        if t is dict:
+            return {k: self._lift_constants(v) for k, v in value.items()}
+        if isinstance(value, torch.Tensor):
+            return self.attr_input(value, "constant")
+        if t is slice or isinstance(value, _FX_LITERALS) or is_numpy_scalar(value) or \
+                isinstance(value, tuple) or callable(value):
+            return value
+        kind = "non-torch library call" if t.__module__.split(".")[0] == "numpy" \
+            else "unsupported call"
+        raise Unsupported(kind, f"a {t.__module__}.{t.__qualname__} argument of a torch "
+                          "operation runs in Python")
 
     def _to_node(self, v):
         if isinstance(v, TensorVar):
@@ -283,6 +304,12 @@ def _is_impure(node: fx.Node) -> bool:
 
 def _to_fake(v):
     return v.fake if isinstance(v, TensorVar) else v
+
+
+# Argument values FX writes into generated code as valid Python (besides containers).
+_FX_LITERALS = (TensorVar, type(None), bool, int, float, complex, str, range, torch.dtype,
+                torch.device, torch.layout, torch.memory_format, type(Ellipsis), torch.SymInt,
+                torch.SymFloat, torch.SymBool, fx.Node)
 
 
 def _map(value, fn):

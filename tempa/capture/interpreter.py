@@ -17,8 +17,8 @@ from .breaks import Unsupported, UserError
 from .context import CapturedContext
 from .instructions import PY, NULL_BEFORE_CALLABLE, decode
 from .opcodes_data import DataOpcodes
-from .values import NULL, TensorVar, SuperProxy, GradModeExit, CapturedIter, \
-    contains_tensor
+from .values import NULL, TensorVar, SuperProxy, GradModeExit, CapturedIter, LazyIter, \
+    check_own_iterator, contains_tensor, python_descriptor_setter
 
 _MAX_INSTRUCTIONS = 5_000_000
 # (code, offset) pairs where capture breaks as if the instruction were unsupported: the
@@ -183,14 +183,18 @@ class Frame(DataOpcodes):
             return CapturedIter(out)
         if type(v) is CapturedIter:
             return v
+        if type(v) is LazyIter:
+            return CapturedIter([], source=v)
         it = getattr(type(v), "__iter__", None)
         if isinstance(it, types.FunctionType):
             return self.get_iter(self.call(it, [v], {}))
         if isinstance(v, (types.GeneratorType,)):
             raise Unsupported("generator", "iterating a generator created outside the graph")
-        if isinstance(v, (list, tuple, dict, range, str, zip, enumerate, map, filter, reversed,
-                          set, frozenset, type({}.items()), type({}.keys()),
-                          type({}.values()), torch.Size)) or hasattr(v, "__next__"):
+        if hasattr(v, "__next__"):
+            check_own_iterator(self.tracer, v, "iterating")
+            return CapturedIter([], source=v)   # built in this capture: stays lazy
+        if isinstance(v, (list, tuple, dict, range, str, set, frozenset, type({}.items()),
+                          type({}.keys()), type({}.values()), torch.Size)):
             items = []
             for item in iter(v):
                 items.append(item)
@@ -229,6 +233,10 @@ class Frame(DataOpcodes):
         tracer = self.tracer
         if isinstance(obj, TensorVar):
             raise Unsupported("unsupported construct", f"setting tensor.{name}")
+        setter = python_descriptor_setter(obj, name)
+        if setter is not None:   # a property / __set__ descriptor: its code runs, traced
+            self.call(setter, [obj, value], {})
+            return
         if tracer.is_internal(obj):
             setter = getattr(type(obj), "__setattr__", object.__setattr__)
             if isinstance(setter, types.FunctionType):

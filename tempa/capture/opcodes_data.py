@@ -159,9 +159,13 @@ class DataOpcodes:
         if isinstance(container, TensorVar) or isinstance(item, TensorVar) and \
                 not isinstance(container, (list, tuple, dict, set)):
             raise Unsupported("data-dependent value", "`in` on a tensor")
+        contains = getattr(type(container), "__contains__", None)
         if isinstance(container, torch.nn.Module):
             self.tracer.guard_module_contents(container)
             r = item in container
+        elif isinstance(contains, types.FunctionType):
+            # Python code (a user class, os.environ): interpreted, so its reads are guarded.
+            r = self.truth(self.call(contains, [container, item], {}))
         else:
             r = item in container
         self.push((not r) if ins.arg else r)

@@ -7,6 +7,7 @@ dataclasses and HuggingFace ``ModelOutput`` objects included.
 """
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 
 from .breaks import Unsupported
@@ -16,23 +17,50 @@ import types
 import torch
 
 from . import runtime
-from .values import TensorVar, NULL, TensorMethod, GradModeExit, CapturedIter, contains_tensor
+from .values import TensorVar, NULL, TensorMethod, GradModeExit, CapturedIter, LazyIter, \
+    contains_tensor
 
 
 _BUILTIN_METHOD = type([].append)
+_MAX_ITEMS = 100_000   # items an iterator may hand over at a break (an endless one cannot)
 
 
 def rebuild_object(cls, attrs: dict, items):
     """A new ``cls`` instance with these attributes (and dict items, for dict subclasses),
     without running ``__init__``: the captured run already validated the fields."""
     obj = cls.__new__(cls)
-    if items is not None:
+    if isinstance(obj, list):
+        list.extend(obj, items)
+    elif items is not None:
         # The C-level mapping under the class (OrderedDict keeps its own key order).
         setitem = next(b.__setitem__ for b in cls.__mro__ if b in (OrderedDict, dict))
         for k, v in items:
             setitem(obj, k, v)
     obj.__dict__.update(attrs)
     return obj
+
+
+def rebuild_exception(cls, args: tuple, attrs: dict):
+    """An exception built in the compiled code: its ``args`` (what ``str`` shows) and
+    attributes."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(attrs)
+    return exc
+
+
+def rebuild_lazy(kind: type, fn, sources: list, kwargs: dict):
+    """``map(fn, *sources)`` / ``filter(fn, source)`` / ``zip(*sources)`` again."""
+    if kind is zip:
+        return zip(*sources, **kwargs)
+    return kind(fn, *sources, **kwargs)
+
+
+def rebuild_iterator(cls, items: list):
+    """An iterator that yields ``items``, an ``enumerate`` for an enumerate."""
+    if cls is enumerate:
+        return enumerate([v for _, v in items], items[0][0] if items else 0)
+    return iter(items)
 
 
 class OutputPlan:
@@ -43,6 +71,7 @@ class OutputPlan:
         self.external_copies = external_copies or {}
         self.outputs: list[TensorVar] = []
         self._slot: dict[int, int] = {}
+        self._rebuilt_lazy: set[int] = set()
 
     def slot(self, t: TensorVar) -> str:
         i = self._slot.get(id(t))
@@ -116,15 +145,44 @@ class OutputPlan:
                     raise Unsupported("unsupported construct", "a closure over tensors lives "
                                       "across the graph break")
             return self.guards.const(value, "R")
-        if is_constant_type(value) or not self.is_internal(value) and not _holds_tensor(value):
-            return self.guards.const(value, "R")
-        if t.__module__.startswith("torch.return_types"):
+        if t.__module__.startswith("torch.return_types"):   # structseqs: values, indices
             return f"{self.guards.const(t, 'C')}((" + ", ".join(
                 self.expr(v, depth + 1) for v in value) + ",))"
+        if is_constant_type(value) or not self.is_internal(value) and not _holds_tensor(value):
+            return self.guards.const(value, "R")
+        if t is LazyIter:
+            # Python's own lazy iterator over what its sources have left: items not yet
+            # consumed are computed when the caller (or the code after a break) asks.
+            # Each expression builds a new one, so a second reference would not share it.
+            if id(value) in self._rebuilt_lazy:
+                raise Unsupported("unsupported construct", f"a {value.kind.__name__} iterator "
+                                  "referenced twice lives across the graph break")
+            self._rebuilt_lazy.add(id(value))
+            sources = "[" + ", ".join(self.expr(v, depth + 1) for v in value.sources) + "]"
+            return (f"{self.guards.const(rebuild_lazy, 'F')}({self.guards.const(value.kind, 'C')}"
+                    f", {self.expr(value.fn, depth + 1)}, {sources}, "
+                    f"{self.expr(value.kwargs, depth + 1)})")
+        if t is enumerate or hasattr(value, "__next__"):
+            # An iterator of this capture (enumerate, iter(range)): the items it has left.
+            left = list(itertools.islice(value, _MAX_ITEMS + 1))
+            if len(left) > _MAX_ITEMS:
+                raise Unsupported("unsupported construct", f"a huge or endless {t.__name__} "
+                                  "leaves the compiled code")
+            items = "[" + ", ".join(self.expr(v, depth + 1) for v in left) + "]"
+            rebuild = self.guards.const(rebuild_iterator, "F")
+            return f"{rebuild}({self.guards.const(t, 'C')}, {items})"
+        if isinstance(value, BaseException):
+            args = "(" + "".join(self.expr(v, depth + 1) + ", " for v in value.args) + ")"
+            attrs = "{" + ", ".join(f"{k!r}: {self.expr(v, depth + 1)}"
+                                    for k, v in vars(value).items()) + "}"
+            rebuild = self.guards.const(rebuild_exception, "F")
+            return f"{rebuild}({self.guards.const(t, 'C')}, {args}, {attrs})"
         if hasattr(value, "__dict__"):
             attrs = "{" + ", ".join(f"{k!r}: {self.expr(v, depth + 1)}"
                                     for k, v in vars(value).items()) + "}"
             items = "None"
+            if isinstance(value, list):
+                items = "[" + ", ".join(self.expr(v, depth + 1) for v in value) + "]"
             if isinstance(value, dict):
                 items = "[" + ", ".join(f"({self.expr(k, depth + 1)}, {self.expr(v, depth + 1)})"
                                         for k, v in dict.items(value)) + "]"

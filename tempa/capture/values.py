@@ -8,6 +8,8 @@ built during capture are real lists/tuples/dicts that may hold TensorVars.
 """
 from __future__ import annotations
 
+import types
+
 from .breaks import Unsupported
 
 
@@ -70,24 +72,93 @@ class GradModeExit:
 
 class CapturedIter:
     """An iterator met during capture, materialised so a resume function can be handed
-    the items it has not yet produced (a list_iterator cannot be inspected or rebuilt)."""
-    __slots__ = ("items", "pos")
+    the items it has not yet produced (a list_iterator cannot be inspected or rebuilt).
+    Over a lazy iterator of this capture (map, filter, zip, itertools) it pulls each item
+    from ``source`` only when asked, as Python would: a map's function then runs when its
+    item is consumed and sees what happened before."""
+    __slots__ = ("items", "pos", "source")
 
-    def __init__(self, items: list):
+    def __init__(self, items: list, source=None):
         self.items = items
         self.pos = 0
+        self.source = source
 
     def __iter__(self):
         return self
 
     def __next__(self):
         if self.pos >= len(self.items):
-            raise StopIteration
+            if self.source is None:
+                raise StopIteration
+            try:
+                self.items.append(next(self.source))
+            except StopIteration:
+                self.source = None
+                raise
         self.pos += 1
         return self.items[self.pos - 1]
 
     def remaining(self) -> list:
+        while self.source is not None:
+            if len(self.items) > 100_000:
+                raise Unsupported("unsupported construct", "a huge or endless iterator lives "
+                                  "across the graph break")
+            try:
+                self.items.append(next(self.source))
+            except StopIteration:
+                self.source = None
         return self.items[self.pos:]
+
+
+class LazyIter:
+    """``map`` / ``filter`` / ``zip`` built during capture. It is as lazy as Python's: the
+    work is done by ``inner`` (Python's own iterator, whose function calls are traced), one
+    item per ``next``. The parts are kept so the iterator can leave the capture (returned,
+    or alive at a graph break) as a real ``kind`` over the items its sources have left:
+    what is not consumed yet is computed later, in Python, as eager would."""
+    __slots__ = ("kind", "fn", "sources", "kwargs", "inner")
+
+    def __init__(self, kind: type, fn, sources: list, kwargs: dict, inner):
+        self.kind = kind
+        self.fn = fn
+        self.sources = sources
+        self.kwargs = kwargs
+        self.inner = inner
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.inner)
+
+
+def check_own_iterator(tracer, it, what: str):
+    """Advancing an iterator that lives outside the call (itertools.count(), a data
+    iterator) changes it: that happens in Python on every call, never once at capture."""
+    if type(it) is not CapturedIter and not tracer.is_internal(it):
+        raise Unsupported("impure call", f"{what} advances a {type(it).__name__} that lives "
+                          "outside the compiled call")
+
+
+def python_descriptor_setter(obj, name: str):
+    """The Python code ``obj.name = value`` runs through a data descriptor of its class
+    (``property`` with a setter, an object with ``__set__``), as a callable of
+    ``(obj, value)``; None where the write is a plain store (no descriptor, or C code such
+    as ``__slots__``)."""
+    if isinstance(obj, type):
+        return None
+    for klass in type(obj).__mro__:
+        if name in klass.__dict__:
+            desc = klass.__dict__[name]
+            break
+    else:
+        return None
+    if isinstance(desc, property):
+        return desc.fset if isinstance(desc.fset, types.FunctionType) else None
+    set_fn = getattr(type(desc), "__set__", None)
+    if isinstance(set_fn, types.FunctionType):
+        return types.MethodType(set_fn, desc)
+    return None
 
 
 class SuperProxy:
