@@ -117,6 +117,10 @@ class GraphBuilder:
         self._input_by_id[id(tensor)] = var
         return var
 
+    def input_var(self, tensor: torch.Tensor) -> TensorVar:
+        """The TensorVar that stands for this input tensor (argument or attribute)."""
+        return self._input_by_id[id(tensor)]
+
     def _example_of(self, tensor: torch.Tensor):
         if self.fake_mode is None:
             return MetaInfo.of(tensor)

@@ -36,14 +36,10 @@ def bound_method(func, obj):
     return types.MethodType(func, obj)
 
 
-EMPTY_CELL = object()
-
-
-def make_function(code, globals_, base_closure, cell_values, qualname):
-    """A resume function whose cell variables hold this call's values: fresh cells on
-    every call, since the resumed code may rebind them."""
-    cells = tuple(base_closure or ()) + tuple(
-        types.CellType() if v is EMPTY_CELL else types.CellType(v) for v in cell_values)
-    fn = types.FunctionType(code, globals_, code.co_name, None, cells or None)
+def make_function(code, globals_, base_closure, cells, qualname):
+    """A resume function over this call's cells for the frame's cell variables (the resumed
+    code may rebind them, and closures made before the break must see that)."""
+    fn = types.FunctionType(code, globals_, code.co_name, None,
+                            tuple(base_closure or ()) + tuple(cells) or None)
     fn.__qualname__ = qualname
     return fn
