@@ -152,7 +152,7 @@ class GraphBuilder:
                 pass
             else:
                 node = self.graph.create_node(kind, target, node_args, node_kwargs)
-                return self.wrap(node, result, target)
+                return self._result(node, result, target, (args, kwargs))
             self._use_fake_tensors((args, kwargs))
         fake_args = _map(args, _to_fake)
         fake_kwargs = _map(kwargs, _to_fake)
@@ -160,7 +160,7 @@ class GraphBuilder:
             result = self._shape_by_rule(kind, target, fake_args, fake_kwargs)
             if result is not None:
                 node = self.graph.create_node(kind, target, node_args, node_kwargs)
-                return self.wrap(node, result, target)
+                return self._result(node, result, target, (args, kwargs))
         try:
             with self.fake_mode, _quiet_fake_kernel_errors():
                 if kind == "call_method":
@@ -177,6 +177,19 @@ class GraphBuilder:
         except Exception as e:  # the user's own error (bad shapes...): eager will raise it
             raise UserError(e) from None
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
+        return self._result(node, result, target, (args, kwargs))
+
+    def _result(self, node: fx.Node, result, target, arguments):
+        """``wrap``, except that an operation returning one of its own arguments (in-place
+        methods, ``x += 1``, ``out=``, ``x.float()`` of a float tensor: the rule or fake
+        kernel hands back that argument's metadata object) returns that argument's
+        TensorVar, now naming this node: ``y = x.add_(1); x is y`` holds as in eager."""
+        if isinstance(result, (torch.Tensor, MetaInfo)):
+            for var in _vars_in(arguments):
+                if var.fake is result:
+                    node.meta["example_value"] = result
+                    var.node = node
+                    return var
         return self.wrap(node, result, target)
 
     def _shape_by_rule(self, kind, target, fake_args, fake_kwargs):
