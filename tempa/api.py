@@ -7,6 +7,7 @@ what the user sees.
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass
 import types
 import warnings
@@ -23,6 +24,8 @@ from .capture.capture import capture
 from .capture.explain import ExplainOutput, has_ops
 
 _contexts: "weakref.WeakSet[CompileContext]" = weakref.WeakSet()
+_GENERATOR_FLAGS = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
+                    inspect.CO_ITERABLE_COROUTINE)
 _fallback_log = logs.get("fallbacks")
 
 
@@ -148,6 +151,14 @@ class CompileContext:
         if fn.__code__ in calls.DISABLED_CODES:
             cache.eager_reason = "disabled by tempa.disable"
             return None
+        if fn.__code__.co_flags & _GENERATOR_FLAGS:
+            # Calling it only creates the generator (or coroutine); its body runs later, as
+            # the caller iterates it, outside any call tempa could compile.
+            cache.eager_reason = "a generator or coroutine function (its body runs as it is iterated)"
+            _stats.bump("eager_fallbacks")
+            self.fallback_log.append((fn, cache.eager_reason))
+            _fallback_log.warning("tempa: running %s eagerly: %s", _where(fn), cache.eager_reason)
+            return None
         if cache.captures >= config.recompile_limit:
             why = cache.entries[0].why(*args, **kwargs) if cache.entries else "?"
             cache.eager_reason = f"recompile_limit ({config.recompile_limit}) reached"
@@ -198,6 +209,8 @@ class CompileContext:
             logs.get("graphs").info("graph for %s:\n%s", _where(fn), captured.gm.code)
         compiled = self._compile_graph(captured, fn)
         entry = build_entry(fn, captured, compiled)
+        # A call with bad arguments fails in the entry: its TypeError names the user's function.
+        entry.fn.__name__, entry.fn.__qualname__ = fn.__name__, fn.__qualname__
         if logs.on("guards"):
             logs.get("guards").info("guards for %s:\n%s", _where(fn),
                                     "\n".join(f"  {d}" for _, d in entry.guards))
