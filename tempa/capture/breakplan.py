@@ -32,7 +32,7 @@ from .breaks import Unsupported
 from .instructions import NULL_BEFORE_CALLABLE
 from .output import OutputPlan
 from .resume import make_resume_code, ResumeUnsupported
-from .values import NULL, TensorVar
+from .values import NULL, GradModeExit, TensorVar
 
 _CALLS = {"CALL", "CALL_KW", "CALL_FUNCTION_EX"}
 _JUMPS = {"POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP"}
@@ -134,7 +134,23 @@ def plan_break(fn, frame, plan: OutputPlan, runtime) -> BreakPlan:
         offset = _rest_offset(frame, ins)
         names = [v if v is NULL else temp(v) for v in stack]
         lines.append(resume_call(offset, names))
-    return BreakPlan(mode, lines, compiled)
+    return BreakPlan(mode, _restoring_contexts(lines, plan), compiled)
+
+
+def _restoring_contexts(lines: list[str], plan: OutputPlan) -> list[str]:
+    """The runner re-enters the grad-mode/autocast blocks active at the break (the resume
+    function exits them). If it raises before the resume function takes over (the breaking
+    call itself), leave global state as eager's ``with`` exits would."""
+    contexts = [v.context for v in plan.rebuilt() if type(v) is GradModeExit]
+    if not contexts:
+        return lines
+    devices = tuple(sorted({c.autocast.device for c in contexts if c.kind == "autocast"}))
+    const = plan.guards.const
+    return ([f"___state = {const(runtime_mod.global_state, 'F')}({devices!r})", "try:"] +
+            [f"    {line}" for line in lines] +
+            ["except BaseException:",
+             f"    {const(runtime_mod.restore_global_state, 'F')}(___state)",
+             "    raise"])
 
 
 def _mode(code, frame, ins, stack) -> str:

@@ -193,6 +193,10 @@ class OutputPlan:
         raise Unsupported("unsupported construct", f"returning a {t.__name__} built inside the "
                           "compiled function")
 
+    def rebuilt(self) -> list:
+        """The objects with an identity that the expressions so far rebuild."""
+        return [obj for obj, _ in self._bound.values()]
+
     def _guarded(self, value) -> bool:
         """Is ``value`` an outside object the guards refer to (then it is the same object
         on every call that passes them)?"""

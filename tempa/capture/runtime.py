@@ -19,17 +19,54 @@ class RestoreGradMode:
         return False
 
 
+# One per mode: the resume function that receives it guards it by identity.
+_RESTORE_GRAD_MODE = {True: RestoreGradMode(True), False: RestoreGradMode(False)}
+
+
 def enter_grad(inside: bool, outside: bool) -> RestoreGradMode:
     """Re-enter a grad-mode block the graph left (graphs leave global state as they found
     it) and return what its ``__exit__`` must do."""
     torch._C._set_grad_enabled(inside)
-    return RestoreGradMode(outside)
+    return _RESTORE_GRAD_MODE[outside]
 
 
 def enter_autocast(device_type, dtype, enabled, cache_enabled):
     ctx = torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
     ctx.__enter__()
     return ctx.__exit__
+
+
+def global_state(autocast_devices=()) -> tuple:
+    """Grad mode and (for these device types) the autocast state, for ``restore_global_state``."""
+    autocast = None
+    if autocast_devices:
+        nesting = torch.autocast_increment_nesting() - 1
+        torch.autocast_decrement_nesting()
+        autocast = (nesting, torch.is_autocast_cache_enabled(),
+                    tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                          for d in autocast_devices))
+    return torch.is_grad_enabled(), autocast
+
+
+def restore_global_state(state: tuple) -> None:
+    """Compiled code raised: leave grad mode and autocast as they were before it ran, as
+    eager's ``with`` blocks do on the way out (the autocast nesting level included, whose
+    cast cache is dropped when it returns to zero)."""
+    grad, autocast = state
+    torch._C._set_grad_enabled(grad)
+    if autocast is None:
+        return
+    nesting, cache_enabled, devices = autocast
+    level = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    while level > nesting:
+        level = torch.autocast_decrement_nesting()
+        if level == 0:
+            torch.clear_autocast_cache()
+    torch.set_autocast_cache_enabled(cache_enabled)
+    for device, enabled, dtype in devices:
+        torch.set_autocast_enabled(device, enabled)
+        torch.set_autocast_dtype(device, dtype)
 
 
 def bound_method(func, obj):
