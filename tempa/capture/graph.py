@@ -188,6 +188,7 @@ class GraphBuilder:
             for var in _vars_in(arguments):
                 if var.fake is result:
                     node.meta["example_value"] = result
+                    node.meta["returns_argument"] = True   # in place: never dead code
                     var.node = node
                     return var
         return self.wrap(node, result, target)
@@ -269,7 +270,7 @@ class GraphBuilder:
 def _is_impure(node: fx.Node) -> bool:
     if node.op in ("placeholder", "output"):
         return True
-    if node.target in _SIDE_EFFECT_TARGETS:
+    if node.target in _SIDE_EFFECT_TARGETS or node.meta.get("returns_argument"):
         return True
     name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
     return name.endswith("_") and not name.endswith("__")  # in-place: x.add_(1), F.relu_
