@@ -30,10 +30,39 @@ def enter_grad(inside: bool, outside: bool) -> RestoreGradMode:
     return _RESTORE_GRAD_MODE[outside]
 
 
+class RestoreAutocast:
+    """Stands in for a ``with torch.autocast(...):`` block's ``__exit__`` in a resume
+    function, as ``RestoreGradMode`` does for grad mode: leaves the autocast nesting level
+    and restores the state from before the block."""
+    __slots__ = ("device", "enabled", "dtype", "cache_enabled")
+
+    def __init__(self, device, enabled, dtype, cache_enabled):
+        self.device, self.enabled, self.dtype = device, enabled, dtype
+        self.cache_enabled = cache_enabled
+
+    def __call__(self, *exc_info):
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
+        torch.set_autocast_enabled(self.device, self.enabled)
+        torch.set_autocast_dtype(self.device, self.dtype)
+        torch.set_autocast_cache_enabled(self.cache_enabled)
+        return False
+
+
+_RESTORE_AUTOCAST: dict = {}
+
+
 def enter_autocast(device_type, dtype, enabled, cache_enabled):
-    ctx = torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
-    ctx.__enter__()
-    return ctx.__exit__
+    """Re-enter an autocast block the graph left; the exit is one object per state before
+    the block (guards fix that state), so the resume function's identity guard holds."""
+    before = (device_type, torch.is_autocast_enabled(device_type),
+              torch.get_autocast_dtype(device_type), torch.is_autocast_cache_enabled())
+    torch.autocast(device_type, dtype=dtype, enabled=enabled,
+                   cache_enabled=cache_enabled).__enter__()
+    restore = _RESTORE_AUTOCAST.get(before)
+    if restore is None:
+        restore = _RESTORE_AUTOCAST[before] = RestoreAutocast(*before)
+    return restore
 
 
 def global_state(autocast_devices=()) -> tuple:

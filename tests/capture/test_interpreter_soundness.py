@@ -172,14 +172,19 @@ def test_autocast_is_restored_when_a_graph_inside_autocast_raises():
             y = x @ x
             return y[n]
 
+    def nesting():
+        level = torch.autocast_increment_nesting() - 1
+        torch.autocast_decrement_nesting()
+        return level
+
     x = torch.randn(3, 3)
     fast = tempa.compile(f, backend="eager")
+    before = nesting()
     assert fast(x, 1).dtype == torch.bfloat16
     with pytest.raises(IndexError):
         fast(x, 7)
     assert not torch.is_autocast_enabled("cpu")
-    assert torch.autocast_increment_nesting() == 1   # back at nesting level 0
-    torch.autocast_decrement_nesting()
+    assert nesting() == before
 
 
 def test_a_break_inside_no_grad_does_not_recompile_on_every_call():
@@ -280,3 +285,26 @@ def test_raising_a_non_exception_is_eagers_type_error():
 
     with pytest.raises(TypeError, match="derive from BaseException"):
         tempa.compile(f, backend="eager")(torch.zeros(1))
+
+
+def test_a_break_inside_autocast_leaves_the_nesting_level_and_does_not_recompile():
+    def f(x):
+        y = x * 2
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            a = y @ y.t()
+            print(end="")                    # graph break inside the autocast block
+            b = a @ a
+        return b, torch.is_autocast_enabled("cpu")
+
+    def nesting():
+        level = torch.autocast_increment_nesting() - 1
+        torch.autocast_decrement_nesting()
+        return level
+
+    before = nesting()
+    results, expected = _calls(f, torch.randn(4, 4), times=4)
+    for b, enabled in results:
+        assert b.dtype == torch.bfloat16 and enabled is False
+        torch.testing.assert_close(b, expected[0], atol=1e-1, rtol=1e-2)
+    assert nesting() == before and not torch.is_autocast_enabled("cpu")
+    assert tempa.stats().recompiles == 0
