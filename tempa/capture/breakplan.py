@@ -145,8 +145,11 @@ def _restoring_contexts(lines: list[str], plan: OutputPlan) -> list[str]:
     if not contexts:
         return lines
     devices = tuple(sorted({c.autocast.device for c in contexts if c.kind == "autocast"}))
+    # The outermost grad block's exit restores the mode from before it (the stack holds
+    # the blocks outermost first).
+    grad = next((c.prev for c in contexts if c.kind == "grad"), None)
     const = plan.guards.const
-    return ([f"___state = {const(runtime_mod.global_state, 'F')}({devices!r})", "try:"] +
+    return ([f"___state = {const(runtime_mod.global_state, 'F')}({devices!r}, {grad})", "try:"] +
             [f"    {line}" for line in lines] +
             ["except BaseException:",
              f"    {const(runtime_mod.restore_global_state, 'F')}(___state)",

@@ -134,7 +134,7 @@ class OutputPlan:
 
         t = type(value)
         owner = getattr(value, "__self__", None)
-        if t is _BUILTIN_METHOD and owner is not None and not isinstance(owner, types.ModuleType):
+        if t is _BUILTIN_METHOD and type(owner) in (list, dict, set):
             return f"{sub(owner)}.{value.__name__}", False   # out.append: on this call's `out`
         if t is tuple:
             return (f"({sub(value[0])},)" if len(value) == 1 else f"({joined(value)})"), False

@@ -65,8 +65,9 @@ def enter_autocast(device_type, dtype, enabled, cache_enabled):
     return restore
 
 
-def global_state(autocast_devices=()) -> tuple:
-    """Grad mode and (for these device types) the autocast state, for ``restore_global_state``."""
+def global_state(autocast_devices=(), grad=None) -> tuple:
+    """Grad mode (``grad``, or the current one) and (for these device types) the autocast
+    state, for ``restore_global_state``."""
     autocast = None
     if autocast_devices:
         nesting = torch.autocast_increment_nesting() - 1
@@ -74,7 +75,7 @@ def global_state(autocast_devices=()) -> tuple:
         autocast = (nesting, torch.is_autocast_cache_enabled(),
                     tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
                           for d in autocast_devices))
-    return torch.is_grad_enabled(), autocast
+    return torch.is_grad_enabled() if grad is None else grad, autocast
 
 
 def restore_global_state(state: tuple) -> None:
