@@ -18,6 +18,7 @@ Python code after the graph. Two rules keep that state as eager would have it:
 """
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 
 from .breaks import Unsupported
@@ -44,6 +45,20 @@ def rebuild_object(cls, attrs: dict, items):
             setitem(obj, k, v)
     obj.__dict__.update(attrs)
     return obj
+
+
+def fill_cell(cell, value):
+    cell.cell_contents = value
+    return cell
+
+
+def _rebuildable(cls) -> bool:
+    """Can ``rebuild_object`` make a ``cls`` without its constructor's arguments?"""
+    try:
+        rebuild_object(cls, {}, None)
+    except Exception:
+        return False
+    return True
 
 
 def rebuild_function(template, defaults, kwdefaults, closure):
@@ -114,6 +129,8 @@ class OutputPlan:
         bound = self._bound.get(id(value))
         if bound is not None and bound[0] is value:
             return bound[1]
+        if type(value) is types.CellType and self.is_internal(value):
+            return self._cell(value, depth)
         text, has_identity = self._rebuild(value, depth)
         if not has_identity:
             return text
@@ -164,12 +181,9 @@ class OutputPlan:
         if t is types.MethodType:
             return (f"{const(runtime.bound_method, 'F')}({sub(value.__func__)}, "
                     f"{sub(value.__self__)})"), False
-        if t is types.CellType and self.is_internal(value):
-            try:
-                contents = value.cell_contents
-            except ValueError:
-                return f"{const(types.CellType, 'C')}()", True
-            return f"{const(types.CellType, 'C')}({sub(contents)})", True
+        if t is functools.partial and self.is_internal(value):
+            return (f"{const(functools.partial, 'C')}({sub(value.func)}, *{sub(value.args)}, "
+                    f"**{sub(value.keywords)})"), True
         if t is types.FunctionType and self.is_internal(value):
             # A `def` or lambda run during capture: a new function per call, over this
             # call's cells (the resume function shares them) and defaults.
@@ -177,6 +191,10 @@ class OutputPlan:
                 raise Unsupported("unsupported construct", "a function attribute holding a "
                                   "tensor lives across the graph break")
             closure = "None" if value.__closure__ is None else f"({joined(value.__closure__)},)"
+            bound = self._bound.get(id(value))
+            if bound is not None and bound[0] is value:
+                # It closes over itself (`def f(): return f`): building its cell built it.
+                return f"({closure}, {bound[1]})[-1]", False
             return (f"{const(rebuild_function, 'F')}({const(value, 'R')}, "
                     f"{sub(value.__defaults__)}, {sub(value.__kwdefaults__)}, {closure})"), True
         if hasattr(t, "__next__") and not self._guarded(value):
@@ -184,7 +202,7 @@ class OutputPlan:
                               "the compiled function lives across the graph break")
         if is_constant_type(value) or not self.is_internal(value) and not _holds_tensor(value):
             return const(value, "R"), False
-        if hasattr(value, "__dict__"):
+        if hasattr(value, "__dict__") and _rebuildable(t):
             attrs = "{" + ", ".join(f"{k!r}: {sub(v)}" for k, v in vars(value).items()) + "}"
             items = "None"
             if isinstance(value, dict):
@@ -192,6 +210,23 @@ class OutputPlan:
             return f"{const(rebuild_object, 'F')}({const(t, 'C')}, {attrs}, {items})", True
         raise Unsupported("unsupported construct", f"returning a {t.__name__} built inside the "
                           "compiled function")
+
+    def _cell(self, cell, depth: int) -> str:
+        """A fresh cell for this call, named before its contents are built: a function
+        that closes over itself (``def f(): return f``) refers to the same cell."""
+        name = f"___v{len(self._bound)}"
+        self._bound[id(cell)] = (cell, name)
+        new = f"({name} := {self.guards.const(types.CellType, 'C')}())"
+        try:
+            contents = cell.cell_contents
+        except ValueError:
+            return new
+        if contains_tensor(contents) or _holds_tensor(contents):
+            # A closure called later would be captured with guards on this capture's cell
+            # (the entry cannot see a function's cells): refuse instead.
+            raise Unsupported("unsupported construct", "a closure over tensors lives across "
+                              "the graph break")
+        return f"{self.guards.const(fill_cell, 'F')}({new}, {self.expr(contents, depth + 1)})"
 
     def rebuilt(self) -> list:
         """The objects with an identity that the expressions so far rebuild."""

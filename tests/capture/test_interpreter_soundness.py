@@ -308,3 +308,26 @@ def test_a_break_inside_autocast_leaves_the_nesting_level_and_does_not_recompile
         torch.testing.assert_close(b, expected[0], atol=1e-1, rtol=1e-2)
     assert nesting() == before and not torch.is_autocast_enabled("cpu")
     assert tempa.stats().recompiles == 0
+
+
+def test_a_function_that_returns_itself_is_one_new_function_per_call():
+    def run(x):
+        def f():
+            return f
+        return x + 1, f
+
+    fast = tempa.compile(run, backend="eager", fullgraph=True)
+    (_, f1), (_, f2) = fast(torch.zeros(1)), fast(torch.zeros(1))
+    assert f1 is f1() and f2 is f2() and f1 is not f2
+
+
+def test_a_closure_over_tensors_living_across_a_break_runs_eagerly():
+    def foo(x):
+        def inner():
+            print(end="")
+            return x * 2
+        return inner()
+
+    fast = tempa.compile(foo, backend="eager")
+    assert torch.equal(fast(torch.ones(1)), torch.full((1,), 2.0))
+    assert torch.equal(fast(torch.full((1,), 5.0)), torch.full((1,), 10.0))
