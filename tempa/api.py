@@ -7,22 +7,27 @@ what the user sees.
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass
 import types
 import warnings
 import weakref
 
 import torch
+from torch.amp import autocast_mode
 
 from . import logs, stats as _stats
 from .config import config
 from .capture import calls
+from .capture import runtime as capture_runtime
 from .capture.breaks import GraphBreakError, Unsupported, UserError
 from .capture.cache import MISS, CodeCache, build_entry, install_invalidation_hooks, clear_watchers
 from .capture.capture import capture
 from .capture.explain import ExplainOutput, has_ops
 
 _contexts: "weakref.WeakSet[CompileContext]" = weakref.WeakSet()
+_GENERATOR_FLAGS = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
+                    inspect.CO_ITERABLE_COROUTINE)
 _fallback_log = logs.get("fallbacks")
 
 
@@ -151,6 +156,14 @@ class CompileContext:
         if fn.__code__ in calls.DISABLED_CODES:
             cache.eager_reason = "disabled by tempa.disable"
             return None
+        if fn.__code__.co_flags & _GENERATOR_FLAGS:
+            # Calling it only creates the generator (or coroutine); its body runs later, as
+            # the caller iterates it, outside any call tempa could compile.
+            cache.eager_reason = "a generator or coroutine function (its body runs as it is iterated)"
+            _stats.bump("eager_fallbacks")
+            self.fallback_log.append((fn, cache.eager_reason))
+            _fallback_log.warning("tempa: running %s eagerly: %s", _where(fn), cache.eager_reason)
+            return None
         if cache.captures >= config.recompile_limit:
             why = cache.entries[0].why(*args, **kwargs) if cache.entries else "?"
             cache.eager_reason = f"recompile_limit ({config.recompile_limit}) reached"
@@ -199,8 +212,10 @@ class CompileContext:
             self.graph_log.append((fn, captured.gm))
         if logs.on("graphs"):
             logs.get("graphs").info("graph for %s:\n%s", _where(fn), captured.gm.code)
-        compiled = self._compile_graph(captured, fn)
+        compiled = _restoring_global_state(self._compile_graph(captured, fn), captured.gm)
         entry = build_entry(fn, captured, compiled)
+        # A call with bad arguments fails in the entry: its TypeError names the user's function.
+        entry.fn.__name__, entry.fn.__qualname__ = fn.__name__, fn.__qualname__
         if logs.on("guards"):
             logs.get("guards").info("guards for %s:\n%s", _where(fn),
                                     "\n".join(f"  {d}" for _, d in entry.guards))
@@ -279,6 +294,30 @@ class CompileContext:
         for cache in list(self.caches.values()):
             cache.clear()
         self.caches.clear()
+
+
+_STATE_TARGETS = (torch._C._set_grad_enabled, autocast_mode._enter_autocast)
+
+
+def _restoring_global_state(compiled, gm):
+    """A graph that switches grad mode or autocast (``with torch.no_grad():`` inside it)
+    restores both when it raises, as the ``with`` block's exit would in eager."""
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _STATE_TARGETS]
+    if not nodes:
+        return compiled
+    devices = tuple(sorted({n.args[0] for n in nodes if n.target is autocast_mode._enter_autocast}))
+    save, restore = capture_runtime.global_state, capture_runtime.restore_global_state
+
+    def run(*args):
+        state = save(devices)
+        try:
+            return compiled(*args)
+        except BaseException:
+            restore(state)
+            raise
+    if not isinstance(compiled, torch.nn.Module):
+        run.__dict__.update(getattr(compiled, "__dict__", {}))   # tempa_info & co stay readable
+    return run
 
 
 def _per_shape(backend):

@@ -13,15 +13,17 @@ Three shapes, by instruction:
   and resumes after it with the result on the stack.
 - ``jump``: a branch on a tensor's value. The entry tests the real tensor and resumes at the
   branch that was taken.
-- ``rest``: anything else, or a break inside ``try``: the resume function starts AT the
-  breaking instruction and runs the rest of the frame eagerly, inside the original
-  exception table.
+- ``rest``: anything else, a break inside ``try``, or a call of a builtin that reads the
+  frame it is called from (``locals()``, ``eval``, ``exec``, ``vars``, ``dir``,
+  ``globals()``): the resume function starts AT the breaking instruction and runs the rest
+  of the frame eagerly, inside the original exception table, with its own locals.
 Resume functions of ``call``/``jump`` are compiled in turn on their first call, unless the
 break sits in a loop (each iteration would hand them a different iterator to guard on) or
 the frame has cell variables (closures need fresh cells per call); those run eagerly.
 """
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
 
 from . import liveness
@@ -30,10 +32,13 @@ from .breaks import Unsupported
 from .instructions import NULL_BEFORE_CALLABLE
 from .output import OutputPlan
 from .resume import make_resume_code, ResumeUnsupported
-from .values import NULL, TensorVar
+from .values import NULL, GradModeExit, TensorVar
 
 _CALLS = {"CALL", "CALL_KW", "CALL_FUNCTION_EX"}
 _JUMPS = {"POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP"}
+# Builtins that read the frame they are called from (its locals, its globals).
+_FRAME_READER_NAMES = ("locals", "globals", "vars", "dir", "eval", "exec")
+_FRAME_READERS = tuple(getattr(builtins, name) for name in _FRAME_READER_NAMES)
 
 
 @dataclass
@@ -55,6 +60,9 @@ def plan_break(fn, frame, plan: OutputPlan, runtime) -> BreakPlan:
     mode = _mode(code, frame, ins, stack)
     compiled = mode != "rest" and not code.co_cellvars and not liveness.in_loop(code, ins.offset)
     guards = plan.guards
+    # Code that may call locals()/eval(...) after the break gets every bound local (the
+    # liveness analysis cannot see which ones it reads once the builtin is loaded).
+    reads_frame = any(name in code.co_names for name in _FRAME_READER_NAMES)
     lines: list[str] = []
     counter = [0]
 
@@ -65,11 +73,14 @@ def plan_break(fn, frame, plan: OutputPlan, runtime) -> BreakPlan:
         return name
 
     def resume_call(offset: int, stack_values: list, indent: str = "") -> str:
+        # Every value handed over is bound to a temporary before the `return`: in "jump"
+        # mode both branches then refer to the same rebuilt objects (output.py).
         real, nulls = [], []
         for i, v in enumerate(stack_values):
             (nulls.append(i) if v is NULL else real.append(v))
-        live = sorted(name for name in liveness.live_locals_at(code, offset)
-                      if name in frame.locals and frame.locals[name] is not NULL)
+        live_now = set(code.co_varnames) if reads_frame else liveness.live_locals_at(code, offset)
+        live = [name for name in code.co_varnames if name in live_now and
+                frame.locals.get(name, NULL) is not NULL]
         try:
             rc = make_resume_code(code, offset, stack_size=len(real), null_positions=nulls,
                                   live_locals=live)
@@ -77,19 +88,15 @@ def plan_break(fn, frame, plan: OutputPlan, runtime) -> BreakPlan:
             raise Unsupported("unsupported construct", f"cannot resume {fn.__qualname__} at "
                               f"offset {offset}: {e}") from None
         qualname = f"{fn.__qualname__}.<resume at line {_line(frame, offset)}>"
-        args = [a if isinstance(a, str) else plan.expr(a) for a in real]
-        args += [plan.expr(frame.locals[name]) for name in live]
+        args = [a if isinstance(a, str) else temp(a) for a in real]
+        args += [temp(frame.locals[name]) for name in live]
         if code.co_cellvars:
-            # Cell variables get fresh cells holding this call's values (runtime.make_function).
-            values = []
-            for name in code.co_cellvars:
-                try:
-                    values.append(plan.expr(frame.cells[name].cell_contents))
-                except ValueError:
-                    values.append(guards.const(runtime_mod.EMPTY_CELL, "E"))
+            # The cell variables' cells are rebuilt for this call (output.py), shared with
+            # the closures made before the break, and passed to a fresh resume function.
+            cells = [temp(frame.cells[name]) for name in code.co_cellvars]
             make = (f"{guards.const(runtime_mod.make_function, 'F')}({guards.const(rc.code, 'CODE')}, "
                     f"{guards.const(fn.__globals__, 'G')}, {guards.const(fn.__closure__, 'CL')}, "
-                    f"({', '.join(values)}{',' if values else ''}), {qualname!r})")
+                    f"({', '.join(cells)},), {qualname!r})")
             return f"{indent}return {make}({', '.join(args)})"
         resume_fn = rc.make_function(fn.__globals__, fn.__closure__ or ())
         resume_fn.__qualname__ = qualname
@@ -127,13 +134,35 @@ def plan_break(fn, frame, plan: OutputPlan, runtime) -> BreakPlan:
         offset = _rest_offset(frame, ins)
         names = [v if v is NULL else temp(v) for v in stack]
         lines.append(resume_call(offset, names))
-    return BreakPlan(mode, lines, compiled)
+    return BreakPlan(mode, _restoring_contexts(lines, plan), compiled)
+
+
+def _restoring_contexts(lines: list[str], plan: OutputPlan) -> list[str]:
+    """The runner re-enters the grad-mode/autocast blocks active at the break (the resume
+    function exits them). If it raises before the resume function takes over (the breaking
+    call itself), leave global state as eager's ``with`` exits would."""
+    contexts = [v.context for v in plan.rebuilt() if type(v) is GradModeExit]
+    if not contexts:
+        return lines
+    devices = tuple(sorted({c.autocast.device for c in contexts if c.kind == "autocast"}))
+    # The outermost grad block's exit restores the mode from before it (the stack holds
+    # the blocks outermost first).
+    grad = next((c.prev for c in contexts if c.kind == "grad"), None)
+    const = plan.guards.const
+    return ([f"___state = {const(runtime_mod.global_state, 'F')}({devices!r}, {grad})", "try:"] +
+            [f"    {line}" for line in lines] +
+            ["except BaseException:",
+             f"    {const(runtime_mod.restore_global_state, 'F')}(___state)",
+             "    raise"])
 
 
 def _mode(code, frame, ins, stack) -> str:
     if _in_try(code, ins.offset):
         return "rest"
     if ins.opname in _CALLS:
+        callee = _split_call(frame, ins, stack)[1]
+        if any(callee is reader for reader in _FRAME_READERS):
+            return "rest"   # locals()/eval(...) must run in the resumed frame, not the entry
         return "call"
     if ins.opname in _JUMPS and stack and isinstance(stack[-1], TensorVar):
         return "jump"
@@ -181,14 +210,16 @@ def _split_call(frame, ins, stack):
 
 
 def _rest_offset(frame, ins) -> int:
-    # A CALL with pending KW_NAMES (3.11/3.12) resumes at the KW_NAMES instruction, which
-    # sets state the resume function would otherwise lack (the stack is the same there).
-    if ins.opname in _CALLS and frame.kw_names:
-        i = ins.index - 1
-        while i > 0 and frame.instrs[i].opname != "KW_NAMES":
-            i -= 1
-        return frame.instrs[i].offset
-    return ins.offset
+    # A CALL resumes at the instructions that prepare it: KW_NAMES (3.11/3.12) sets state
+    # the resume function would otherwise lack, and dis counts the call's pops at 3.11's
+    # PRECALL. The stack is the same there.
+    if ins.opname not in ("CALL", "CALL_KW"):
+        return ins.offset
+    i = ins.index
+    while i > 0 and liveness.instruction_at(frame.code, frame.instrs[i - 1].offset).opname in (
+            "PRECALL", "KW_NAMES"):
+        i -= 1
+    return frame.instrs[i].offset
 
 
 def _line(frame, offset):

@@ -54,7 +54,9 @@ _TENSOR_DATA_METHODS = {"item", "tolist", "numpy", "__bool__", "__int__", "__flo
 # torch callables with global side effects: never recorded, never run during capture.
 _TORCH_SIDE_EFFECTS = {"manual_seed", "seed", "set_default_dtype", "set_default_device",
                        "set_printoptions", "use_deterministic_algorithms", "save", "load",
-                       "set_num_threads", "synchronize", "_set_grad_enabled", "set_rng_state"}
+                       "set_num_threads", "synchronize", "_set_grad_enabled", "set_rng_state",
+                       "autocast_increment_nesting", "autocast_decrement_nesting",
+                       "clear_autocast_cache"}
 
 # torch C functions that only look at Python types or global state (guarded): evaluated.
 _PURE_TORCH_QUERIES = {torch._C._has_torch_function, torch._C._has_torch_function_unary,

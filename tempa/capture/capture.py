@@ -11,7 +11,7 @@ from .breaks import Unsupported, UserError
 from .graph import GraphBuilder, _is_impure
 from .guards import GuardSet, storage_groups
 from .interpreter import Frame, _PyException
-from .output import OutputPlan
+from .output import OutputPlan, input_exprs
 from .tracer import Tracer
 from .breakplan import plan_break
 from . import calls
@@ -102,7 +102,8 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         if retry:
             pass  # leave the finally below first: it restores grad mode and autocast
         else:
-            plan = OutputPlan(guards, tracer.is_internal, tracer.external_copies, builder.sizes)
+            plan = OutputPlan(guards, tracer.is_internal, tracer.external_copies, builder.sizes,
+                              inputs=input_exprs(builder))
             body = [f"___setattr({guards.const(obj)}, {name!r}, {plan.expr(value)})"
                     for obj, name, value in tracer.attr_writes.values()]
             break_plan = None

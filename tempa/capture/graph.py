@@ -138,6 +138,10 @@ class GraphBuilder:
         self._input_by_id[id(tensor)] = var
         return var
 
+    def input_var(self, tensor: torch.Tensor) -> TensorVar:
+        """The TensorVar that stands for this input tensor (argument or attribute)."""
+        return self._input_by_id[id(tensor)]
+
     def _example_of(self, tensor: torch.Tensor):
         if self.fake_mode is None:
             return MetaInfo.of(tensor)
@@ -170,7 +174,7 @@ class GraphBuilder:
                 pass
             else:
                 node = self.graph.create_node(kind, target, node_args, node_kwargs)
-                return self.wrap(node, result, target)
+                return self._result(node, result, target, (args, kwargs))
             self._use_fake_tensors((args, kwargs))
         fake_args = _map(args, _to_fake)
         fake_kwargs = _map(kwargs, _to_fake)
@@ -178,7 +182,7 @@ class GraphBuilder:
             result = self._shape_by_rule(kind, target, fake_args, fake_kwargs)
             if result is not None:
                 node = self.graph.create_node(kind, target, node_args, node_kwargs)
-                return self.wrap(node, result, target)
+                return self._result(node, result, target, (args, kwargs))
         try:
             with self.fake_mode, _quiet_fake_kernel_errors():
                 if kind == "call_method":
@@ -195,6 +199,20 @@ class GraphBuilder:
         except Exception as e:  # the user's own error (bad shapes...): eager will raise it
             raise UserError(e) from None
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
+        return self._result(node, result, target, (args, kwargs))
+
+    def _result(self, node: fx.Node, result, target, arguments):
+        """``wrap``, except that an operation returning one of its own arguments (in-place
+        methods, ``x += 1``, ``out=``, ``x.float()`` of a float tensor: the rule or fake
+        kernel hands back that argument's metadata object) returns that argument's
+        TensorVar, now naming this node: ``y = x.add_(1); x is y`` holds as in eager."""
+        if isinstance(result, (torch.Tensor, MetaInfo)):
+            for var in _vars_in(arguments):
+                if var.fake is result:
+                    node.meta["example_value"] = result
+                    node.meta["returns_argument"] = True   # in place: never dead code
+                    var.node = node
+                    return var
         return self.wrap(node, result, target)
 
     def _shape_by_rule(self, kind, target, fake_args, fake_kwargs):
@@ -294,7 +312,7 @@ class GraphBuilder:
 def _is_impure(node: fx.Node) -> bool:
     if node.op in ("placeholder", "output"):
         return True
-    if node.target in _SIDE_EFFECT_TARGETS:
+    if node.target in _SIDE_EFFECT_TARGETS or node.meta.get("returns_argument"):
         return True
     name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
     return name.endswith("_") and not name.endswith("__")  # in-place: x.add_(1), F.relu_

@@ -589,22 +589,26 @@ class Frame(DataOpcodes):
         cls = self.pop()
         self.push(isinstance(self.stack[-1], cls))
 
+    # The interpreted code's own exceptions travel as _PyException, so that one that is not
+    # an Exception (GeneratorExit, KeyboardInterrupt raised by the code) still reaches the
+    # code's handlers (`except BaseException:`), while a real Ctrl-C during capture does not.
     def RERAISE(self, ins):
-        exc = self.pop()
-        raise _PyException(exc) if not isinstance(exc, BaseException) else exc
+        raise _PyException(self.pop())
 
     def RAISE_VARARGS(self, ins):
         if ins.arg == 0:
             if not self.exc_stack:
                 raise RuntimeError("No active exception to reraise")
-            raise self.exc_stack[-1]
+            raise _PyException(self.exc_stack[-1])
         cause = self.pop() if ins.arg == 2 else None
         exc = self.pop()
         if isinstance(exc, type):
             exc = exc()
+        if not isinstance(exc, BaseException):
+            raise TypeError("exceptions must derive from BaseException")
         if cause is not None:
             exc.__cause__ = cause if not isinstance(cause, type) else cause()
-        raise exc
+        raise _PyException(exc)
 
     def LOAD_ASSERTION_ERROR(self, ins):
         self.push(AssertionError)

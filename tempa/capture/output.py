@@ -4,9 +4,21 @@ At the end of capture the return value is a Python structure holding TensorVars.
 turned into (a) the list of graph outputs and (b) a Python expression that rebuilds a fresh
 structure of the same shape from those outputs (``___o``) each call: tuples, lists, dicts,
 dataclasses and HuggingFace ``ModelOutput`` objects included.
+
+The same expressions hand a graph break's live state (stack values, locals, cells) to the
+Python code after the graph. Two rules keep that state as eager would have it:
+
+- An object created during capture (a list, dict, set, cell, function, iterator, instance)
+  is rebuilt on every call, never shared across calls: the capture-time object is only a
+  template. An object reached from several places (a local and a bound ``out.append`` on
+  the stack, a closure's cell and the resume function's cell) is rebuilt once and bound to
+  a name (``(___v0 := [...])``) that the later references use, so identity is kept.
+- A tensor that is one of the call's own inputs (an argument, a parameter) is that input
+  itself, not a graph output: ``return x`` returns ``x``, with its autograd history.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import OrderedDict
 
@@ -63,17 +75,58 @@ def rebuild_iterator(cls, items: list):
     return iter(items)
 
 
+def fill_cell(cell, value):
+    cell.cell_contents = value
+    return cell
+
+
+def _rebuildable(cls) -> bool:
+    """Can ``rebuild_object`` make a ``cls`` without its constructor's arguments?"""
+    try:
+        rebuild_object(cls, {}, None)
+    except Exception:
+        return False
+    return True
+
+
+def rebuild_function(template, defaults, kwdefaults, closure):
+    """A fresh function like ``template`` (made by ``def``/``lambda`` during capture), with
+    this call's defaults and cells."""
+    fn = types.FunctionType(template.__code__, template.__globals__, template.__name__,
+                            defaults, closure)
+    fn.__kwdefaults__ = kwdefaults
+    fn.__qualname__ = template.__qualname__
+    fn.__annotations__ = dict(template.__annotations__)
+    fn.__dict__.update(template.__dict__)
+    return fn
+
+
+def input_exprs(builder) -> dict:
+    """id(TensorVar) -> the expression of the input tensor it stands for, in the entry."""
+    out = {}
+    for _, expr, tensor in builder.user_inputs:
+        out[id(builder.input_var(tensor))] = expr
+    for _, tensor in builder.attr_inputs:
+        out[id(builder.input_var(tensor))] = builder.guards.const(tensor, "P")
+    return out
+
+
 class OutputPlan:
-    def __init__(self, guards: GuardSet, is_internal, external_copies=None, sizes=None):
+    def __init__(self, guards: GuardSet, is_internal, external_copies=None, sizes=None,
+                 inputs=None):
         self.guards = guards
         self.sizes = sizes
         self.is_internal = is_internal
         self.external_copies = external_copies or {}
+        self.inputs = inputs or {}   # id(TensorVar) -> expression of that input tensor
         self.outputs: list[TensorVar] = []
         self._slot: dict[int, int] = {}
-        self._rebuilt_lazy: set[int] = set()
+        self._bound: dict[int, tuple] = {}   # id(object) -> (object, name it is rebuilt as)
 
     def slot(self, t: TensorVar) -> str:
+        given = self.inputs.get(id(t))
+        if given is not None:
+            return given
         i = self._slot.get(id(t))
         if i is None:
             i = len(self.outputs)
@@ -96,100 +149,145 @@ class OutputPlan:
             return self.slot(value)
         if isinstance(value, torch.SymInt):
             return self._size_expr(value)
+        if value is NULL:
+            raise Unsupported("unsupported construct", "NULL in the return value")
         copied = self.external_copies.get(id(value))
         if copied is not None and copied[0] is value:
             return copied[1]   # the caller's own list/dict, not our copy of it
-        owner = getattr(value, "__self__", None)
-        if owner is not None and type(value) is _BUILTIN_METHOD:
-            copied = self.external_copies.get(id(owner))
-            if copied is not None and copied[0] is owner:
-                return f"{copied[1]}.{value.__name__}"
-        if value is NULL:
-            raise Unsupported("unsupported construct", "NULL in the return value")
+        bound = self._bound.get(id(value))
+        if bound is not None and bound[0] is value:
+            return bound[1]
+        if type(value) is types.CellType and self.is_internal(value):
+            return self._cell(value, depth)
+        text, has_identity = self._rebuild(value, depth)
+        if not has_identity:
+            return text
+        name = f"___v{len(self._bound)}"
+        self._bound[id(value)] = (value, name)
+        return f"({name} := {text})"
+
+    def _rebuild(self, value, depth: int) -> tuple[str, bool]:
+        """(an expression that rebuilds ``value``, whether its identity is observable: a
+        mutable object made during capture, which later references must share)."""
+        const = self.guards.const
+
+        def sub(v):
+            return self.expr(v, depth + 1)
+
+        def joined(values):
+            return ", ".join(sub(v) for v in values)
+
         t = type(value)
+        owner = getattr(value, "__self__", None)
+        if t is _BUILTIN_METHOD and type(owner) in (list, dict, set):
+            return f"{sub(owner)}.{value.__name__}", False   # out.append: on this call's `out`
         if t is tuple:
-            inner = ", ".join(self.expr(v, depth + 1) for v in value)
-            return f"({inner},)" if len(value) == 1 else f"({inner})"
+            return (f"({sub(value[0])},)" if len(value) == 1 else f"({joined(value)})"), False
         if t is list:
-            return "[" + ", ".join(self.expr(v, depth + 1) for v in value) + "]"
+            return f"[{joined(value)}]", True
         if t is dict:
-            return "{" + ", ".join(f"{self.expr(k, depth + 1)}: {self.expr(v, depth + 1)}"
-                                   for k, v in value.items()) + "}"
+            return "{" + ", ".join(f"{sub(k)}: {sub(v)}" for k, v in value.items()) + "}", True
+        if t is set or t is frozenset and contains_tensor(list(value)):
+            return f"{const(t, 'C')}([{joined(value)}])", t is set
         if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
-            return f"{self.guards.const(t, 'C')}(" + ", ".join(
-                self.expr(v, depth + 1) for v in value) + ")"
+            return f"{const(t, 'C')}({joined(value)})", False
         if t is torch.Size and any(isinstance(v, torch.SymInt) for v in value):
-            return f"{self.guards.const(torch.Size, 'C')}([" + ", ".join(
-                self.expr(v, depth + 1) for v in value) + "])"
+            return f"{const(torch.Size, 'C')}([{joined(value)}])", False
+        if t.__module__.startswith("torch.return_types"):
+            return f"{const(t, 'C')}(({joined(value)},))", False
         if t is TensorMethod:
-            return f"{self.slot(value.tensor)}.{value.name}"
+            return f"{self.slot(value.tensor)}.{value.name}", False
         if t is CapturedIter:
-            return "iter([" + ", ".join(self.expr(v, depth + 1) for v in value.remaining()) + "])"
+            return f"{const(iter, 'F')}([{joined(value.remaining())}])", True
         if t is GradModeExit:
             ctx = value.context
             if ctx.kind == "grad":
-                return f"{self.guards.const(runtime.enter_grad, 'F')}({ctx.target}, {ctx.prev})"
+                return f"{const(runtime.enter_grad, 'F')}({ctx.target}, {ctx.prev})", True
             a = ctx.autocast
-            return (f"{self.guards.const(runtime.enter_autocast, 'F')}({a.device!r}, "
-                    f"{self.guards.const(a.fast_dtype, 'D')}, {a._enabled}, {a._cache_enabled})")
+            return (f"{const(runtime.enter_autocast, 'F')}({a.device!r}, "
+                    f"{const(a.fast_dtype, 'D')}, {a._enabled}, {a._cache_enabled})"), True
         if t is types.MethodType:
-            return (f"{self.guards.const(runtime.bound_method, 'F')}("
-                    f"{self.expr(value.__func__, depth + 1)}, {self.expr(value.__self__, depth + 1)})")
+            return (f"{const(runtime.bound_method, 'F')}({sub(value.__func__)}, "
+                    f"{sub(value.__self__)})"), False
+        if t is functools.partial and self.is_internal(value):
+            if contains_tensor(list(value.args)) or contains_tensor(value.keywords):
+                # A later capture reads a partial's arguments without guards (peer D2).
+                raise Unsupported("unsupported construct", "a functools.partial over tensors "
+                                  "lives across the graph break")
+            return (f"{const(functools.partial, 'C')}({sub(value.func)}, *{sub(value.args)}, "
+                    f"**{sub(value.keywords)})"), True
         if t is types.FunctionType and self.is_internal(value):
-            for cell in value.__closure__ or ():
-                try:
-                    contents = cell.cell_contents
-                except ValueError:
-                    continue
-                if _contains_var(contents):
-                    raise Unsupported("unsupported construct", "a closure over tensors lives "
-                                      "across the graph break")
-            return self.guards.const(value, "R")
-        if t.__module__.startswith("torch.return_types"):   # structseqs: values, indices
-            return f"{self.guards.const(t, 'C')}((" + ", ".join(
-                self.expr(v, depth + 1) for v in value) + ",))"
-        if is_constant_type(value) or not self.is_internal(value) and not _holds_tensor(value):
-            return self.guards.const(value, "R")
+            # A `def` or lambda run during capture: a new function per call, over this
+            # call's cells (the resume function shares them) and defaults.
+            if _holds_tensor(value):
+                raise Unsupported("unsupported construct", "a function attribute holding a "
+                                  "tensor lives across the graph break")
+            closure = "None" if value.__closure__ is None else f"({joined(value.__closure__)},)"
+            bound = self._bound.get(id(value))
+            if bound is not None and bound[0] is value:
+                # It closes over itself (`def f(): return f`): building its cell built it.
+                return f"({closure}, {bound[1]})[-1]", False
+            return (f"{const(rebuild_function, 'F')}({const(value, 'R')}, "
+                    f"{sub(value.__defaults__)}, {sub(value.__kwdefaults__)}, {closure})"), True
         if t is LazyIter:
             # Python's own lazy iterator over what its sources have left: items not yet
-            # consumed are computed when the caller (or the code after a break) asks.
-            # Each expression builds a new one, so a second reference would not share it.
-            if id(value) in self._rebuilt_lazy:
-                raise Unsupported("unsupported construct", f"a {value.kind.__name__} iterator "
-                                  "referenced twice lives across the graph break")
-            self._rebuilt_lazy.add(id(value))
-            sources = "[" + ", ".join(self.expr(v, depth + 1) for v in value.sources) + "]"
-            return (f"{self.guards.const(rebuild_lazy, 'F')}({self.guards.const(value.kind, 'C')}"
-                    f", {self.expr(value.fn, depth + 1)}, {sources}, "
-                    f"{self.expr(value.kwargs, depth + 1)})")
-        if t is enumerate or hasattr(value, "__next__"):
+            # consumed are computed when the caller (or the code after a break) asks. Bound
+            # to a name (identity), so a second reference shares the one rebuilt iterator.
+            sources = f"[{joined(value.sources)}]"
+            return (f"{const(rebuild_lazy, 'F')}({const(value.kind, 'C')}, {sub(value.fn)}, "
+                    f"{sources}, {sub(value.kwargs)})"), True
+        if self.is_internal(value) and (t is enumerate or hasattr(t, "__next__")):
             # An iterator of this capture (enumerate, iter(range)): the items it has left.
             left = list(itertools.islice(value, _MAX_ITEMS + 1))
             if len(left) > _MAX_ITEMS:
                 raise Unsupported("unsupported construct", f"a huge or endless {t.__name__} "
                                   "leaves the compiled code")
-            items = "[" + ", ".join(self.expr(v, depth + 1) for v in left) + "]"
-            rebuild = self.guards.const(rebuild_iterator, "F")
-            return f"{rebuild}({self.guards.const(t, 'C')}, {items})"
+            return f"{const(rebuild_iterator, 'F')}({const(t, 'C')}, [{joined(left)}])", True
+        if hasattr(t, "__next__") and not self._guarded(value):
+            raise Unsupported("unsupported construct", f"a {t.__name__} iterator created inside "
+                              "the compiled function lives across the graph break")
+        if is_constant_type(value) or not self.is_internal(value) and not _holds_tensor(value):
+            return const(value, "R"), False
         if isinstance(value, BaseException):
-            args = "(" + "".join(self.expr(v, depth + 1) + ", " for v in value.args) + ")"
-            attrs = "{" + ", ".join(f"{k!r}: {self.expr(v, depth + 1)}"
-                                    for k, v in vars(value).items()) + "}"
-            rebuild = self.guards.const(rebuild_exception, "F")
-            return f"{rebuild}({self.guards.const(t, 'C')}, {args}, {attrs})"
-        if hasattr(value, "__dict__"):
-            attrs = "{" + ", ".join(f"{k!r}: {self.expr(v, depth + 1)}"
-                                    for k, v in vars(value).items()) + "}"
+            args = "(" + "".join(sub(v) + ", " for v in value.args) + ")"
+            attrs = "{" + ", ".join(f"{k!r}: {sub(v)}" for k, v in vars(value).items()) + "}"
+            return f"{const(rebuild_exception, 'F')}({const(t, 'C')}, {args}, {attrs})", True
+        if hasattr(value, "__dict__") and _rebuildable(t):
+            attrs = "{" + ", ".join(f"{k!r}: {sub(v)}" for k, v in vars(value).items()) + "}"
             items = "None"
             if isinstance(value, list):
-                items = "[" + ", ".join(self.expr(v, depth + 1) for v in value) + "]"
+                items = f"[{joined(value)}]"
             if isinstance(value, dict):
-                items = "[" + ", ".join(f"({self.expr(k, depth + 1)}, {self.expr(v, depth + 1)})"
-                                        for k, v in dict.items(value)) + "]"
-            return (f"{self.guards.const(rebuild_object, 'F')}("
-                    f"{self.guards.const(t, 'C')}, {attrs}, {items})")
+                items = "[" + ", ".join(f"({sub(k)}, {sub(v)})" for k, v in dict.items(value)) + "]"
+            return f"{const(rebuild_object, 'F')}({const(t, 'C')}, {attrs}, {items})", True
         raise Unsupported("unsupported construct", f"returning a {t.__name__} built inside the "
                           "compiled function")
+
+    def _cell(self, cell, depth: int) -> str:
+        """A fresh cell for this call, named before its contents are built: a function
+        that closes over itself (``def f(): return f``) refers to the same cell."""
+        name = f"___v{len(self._bound)}"
+        self._bound[id(cell)] = (cell, name)
+        new = f"({name} := {self.guards.const(types.CellType, 'C')}())"
+        try:
+            contents = cell.cell_contents
+        except ValueError:
+            return new
+        if contains_tensor(contents) or _holds_tensor(contents):
+            # A closure called later would be captured with guards on this capture's cell
+            # (the entry cannot see a function's cells): refuse instead.
+            raise Unsupported("unsupported construct", "a closure over tensors lives across "
+                              "the graph break")
+        return f"{self.guards.const(fill_cell, 'F')}({new}, {self.expr(contents, depth + 1)})"
+
+    def rebuilt(self) -> list:
+        """The objects with an identity that the expressions so far rebuild."""
+        return [obj for obj, _ in self._bound.values()]
+
+    def _guarded(self, value) -> bool:
+        """Is ``value`` an outside object the guards refer to (then it is the same object
+        on every call that passes them)?"""
+        return any(v is value for v in self.guards.consts.values())
 
 
 def _holds_tensor(value) -> bool:
@@ -200,6 +298,3 @@ def _holds_tensor(value) -> bool:
         return any(isinstance(v, TensorVar) for v in value.values())
     return False
 
-
-def _contains_var(value) -> bool:
-    return contains_tensor(value) or _holds_tensor(value)

@@ -60,6 +60,7 @@ What the resume code looks like
     RESUME 0
     LOAD_FAST ___stack0 | PUSH_NULL      (one per stack slot, bottom first)
     ...
+    DELETE_FAST ___stack0 ...            (so locals() shows the original's locals only)
     JUMP_FORWARD target
     <the original instructions, prologue (COPY_FREE_VARS / MAKE_CELL / RESUME) removed>
     target: <the instruction at offset> ...
@@ -88,7 +89,8 @@ Stack slots, by kind (``liveness.stack_kinds_at`` labels them):
 
 Known gaps: a resume function cannot reproduce the identity of the original frame's
 cells unless the caller passes the same cell objects (``closure_for`` takes them);
-``locals()``/``exec``/``eval`` in the rest of the function see only the passed locals;
+``locals()``/``exec``/``eval`` in the rest of the function see only the passed locals
+(``live_locals_at`` counts every local as live where they can run);
 generators and coroutines are refused.
 """
 
@@ -333,6 +335,10 @@ def _build(code, offset, stack_size, null_positions, live_locals, name):
         else:
             out.append(Instr("LOAD_FAST", f"___stack{k}", lineno=None))
             k += 1
+    # The stack arguments are unbound once pushed: locals(), vars() and eval() in the rest
+    # of the function see the original's locals only.
+    for i in range(stack_size):
+        out.append(Instr("DELETE_FAST", f"___stack{i}", lineno=None))
     out.append(Instr("JUMP_FORWARD", label, lineno=None))
 
     # The original body.

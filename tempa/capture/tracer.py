@@ -27,6 +27,7 @@ TENSOR_METADATA_ATTRS = {
     "is_quantized", "is_mkldnn", "is_nested", "layout", "is_leaf", "requires_grad",
     "is_mps", "is_xpu",
 }
+_BUILTIN_METHOD = type([].append)
 # Library packages whose module objects (only the real ones, found in sys.modules under
 # their own name) are not guarded: their attributes are code, not user state. Nothing is
 # exempt by name alone (a user's ``remote_cfg`` or ``torch_utils`` is guarded like any object).
@@ -56,6 +57,7 @@ class Tracer:
         self._internal: dict[int, object] = {}      # objects created during capture
         # Our copies of the caller's lists/dicts: id(copy) -> (copy, expression of the original)
         self.external_copies: dict[int, tuple] = {}
+        self._copy_of: dict[int, tuple] = {}   # id(original) -> (original, copy, expression)
         self.param_ids: set[int] = set()
         self.depth = 0
         self.instructions_run = 0
@@ -87,6 +89,13 @@ class Tracer:
                               f"more than {_MAX_GUARD_DEPTH} deep")
         t = type(value)
         guards = self.guards
+        if t is list or t is dict:
+            copied = self._copy_of.get(id(value))
+            if copied is not None and copied[0] is value:
+                # The same list/dict reached twice (`out` and `out.append.__self__`): one
+                # copy, so `is` answers as in eager, and a guard that they stay one object.
+                guards.add("length", f"{expr} is {copied[2]}", f"{expr} is {copied[2]}")
+                return copied[1]
         if t is tuple or t is list:
             guards.add("length", f"{expr}.__class__ is {guards.const(t, 'T')} and "
                        f"len({expr}) == {len(value)}", f"{expr} is a {t.__name__} of "
@@ -96,6 +105,7 @@ class Tracer:
             if t is tuple:
                 return tuple(items)
             self.external_copies[id(items)] = (items, expr)
+            self._copy_of[id(value)] = (value, items, expr)
             return items
         if t in (dict, collections.OrderedDict, collections.defaultdict):
             return self._external_dict(value, expr, user, depth)
@@ -105,7 +115,18 @@ class Tracer:
             copy = set(value) if t is set else value
             if t is set:
                 self.external_copies[id(copy)] = (copy, expr)
+                self._copy_of[id(value)] = (value, copy, expr)
             return copy
+        owner = getattr(value, "__self__", None)
+        if t is _BUILTIN_METHOD and type(owner) in (list, dict):
+            # `out.append` passed in (a resume function's argument): a new bound method on
+            # every call, so guard its list instead, and call it on our copy of that list
+            # (where a mutation is a graph break, never a change made once at capture).
+            guards.add("constant", f"{expr}.__class__ is {guards.const(t, 'T')} and "
+                       f"{expr}.__name__ == {value.__name__!r}", f"{expr} is "
+                       f"{type(owner).__name__}.{value.__name__} of {expr}.__self__")
+            return getattr(self.external(owner, f"{expr}.__self__", user=user, depth=depth + 1),
+                           value.__name__)
         if isinstance(value, torch.nn.Module):
             guards.identity(expr, value, expr)
             self.builder.modules[id(value)] = value
@@ -136,6 +157,7 @@ class Tracer:
         else:
             copy = t(items)
         self.external_copies[id(copy)] = (copy, expr)
+        self._copy_of[id(value)] = (value, copy, expr)
         return copy
 
     @staticmethod
@@ -169,7 +191,7 @@ class Tracer:
         if isinstance(obj, TensorVar):
             return self.tensor_attr(obj, name)
         if self.is_internal(obj) or obj.__class__ in (list, tuple, dict) or \
-                id(obj) in self.external_copies:
+                id(obj) in self.external_copies or _method_of_copy(self, obj):
             return self._static_or_concrete(obj, name, frame, guard=False)
         if isinstance(obj, torch.nn.Module):
             return self.module_attr(obj, name, frame)
@@ -331,6 +353,12 @@ class _CapturedDefaultDict(collections.defaultdict):
 
     def __missing__(self, key):
         raise Unsupported("mutation of outside state", "a missing key of a caller's defaultdict")
+
+
+def _method_of_copy(tracer, obj) -> bool:
+    """``out.append`` of our copy of a caller's list: its attributes (``__self__``) are ours."""
+    return type(obj) is _BUILTIN_METHOD and id(getattr(obj, "__self__", None)) in \
+        tracer.external_copies
 
 
 def builtin(name: str):

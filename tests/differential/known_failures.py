@@ -7,15 +7,11 @@ a forced-break test is keyed "break:<case id>" (all its break points) or
 """
 
 KNOWN_FAILURES: dict = {
-    "bug01_loop_break_list_append": "bug 01: appends before a graph break in a loop are lost",
-    "bug02_structseq_returns_tensorvar": "bug 02: torch.return_types results hold TensorVar",
     "bug03_unfreeze_parameter_no_grad": "bug 03: parameter requires_grad not guarded (unfreeze)",
-    "bug04_break_then_detached_attr_loses_grad": "bug 04: break then self.last = h.detach(): output cut from autograd",
     "bug05_double_backward_hessian": "bug 05: Hessian through compiled code is zero",
     "bug05_grad_create_graph": "bug 05: grad(create_graph=True) does not require grad",
     "bug06_version_counter_saved_output": "bug 06: in-place kernels do not bump _version",
     "bug06_version_counter_bumped": "bug 06: in-place kernels do not bump _version",
-    "bug07_grad_mode_left_disabled_after_exception": "bug 07: exception in no_grad leaves grad mode off",
     "bug08_dict_item_assignment_leaks_tensorvar": "bug 08: d[1] = x.sum() stores a TensorVar, later calls stale",
     "bug09_guard_shorter_list_raises": "bug 09: guards raise IndexError instead of missing",
     "bug09_guard_fewer_dict_keys_raises": "bug 09: guards raise KeyError instead of missing",
@@ -28,11 +24,8 @@ KNOWN_FAILURES: dict = {
     "bug11_param_half": "bug 11: later parameters' dtype not guarded",
     "bug11_param_data_transposed_view": "bug 11: parameters' strides not guarded",
     "bug12_aliased_inputs_inplace": "bug 12: input aliasing not guarded",
-    "bug13_inplace_returns_input": "bug 13: x.add_(1); return x returns a copy",
     "bug13_outputs_view_each_other": "bug 13: outputs that view each other become copies",
     "bug13_output_view_of_buffer": "bug 13: an output viewing an input becomes a copy",
-    "bug13_returns_module_parameter": "bug 13 family (not in the repro): a returned parameter is a "
-                                      "non-leaf alias, not the Parameter (tempa backend)",
     "bug14_compiled_optimizer_step_sgd_momentum": "bug 14: compiled opt.step raises (leaf in-place)",
     "bug14_compiled_optimizer_step_adam": "bug 14: compiled opt.step raises (leaf in-place)",
     "bug15_cumsum_quadratic_memory": "bug 15: cumsum planned in O(n^2) memory",
@@ -78,11 +71,7 @@ KNOWN_FAILURES: dict = {
     "bug39_vmap_over_compiled": "bug 39: vmap over compiled code raises",
     "bug40_cache_unloadable_so": "bug 40: unloadable cache entry crashes the dynamic path",
     "bug41_deepcopy_compiled_module": "bug 41: deepcopy of a compiled module raises",
-    "bug42_eval_in_forward": "bug 42: eval() in forward: NameError",
-    "bug42_locals_in_forward": "bug 42: locals() in forward: KeyError",
-    "bug43_generator_function": "bug 43: compiled generator function returns None",
     "bug44_nested_list_argument": "bug 44: 900-deep list argument: RecursionError in guards",
-    "bug45_call_errors_name_entry": "bug 45: argument errors name ___entry()",
     "bug46_gather_index_error_type": "bug 46: gather out of range: IndexError instead of RuntimeError",
     "bug46_deleted_global_nameerror": "bug 46: deleted global: KeyError instead of NameError",
     "c01_global_set_grows": "C1: global set read without a guard",
@@ -92,8 +81,6 @@ KNOWN_FAILURES: dict = {
     "c02_map_consumed_twice": "C2: a map is not exhausted after one pass",
     "c02_extend_with_lazy_map": "C2: map evaluated eagerly, not lazily",
     "c02_returned_map_type": "C2: a returned map becomes a list",
-    "c03_inplace_result_is_input": "C3: x.add_(1) is not x",
-    "c03_set_of_inplace_results": "C3: x.add_(1) is not x",
     "c04_exception_object_args": "C4: exception built in compiled code loses its args",
     "c04_list_new_subclass": "C4: list.__new__(subclass) holds a TensorVar",
     "c05_hooks_on_every_submodule": "C5: hooks of the compiled root module skipped",
@@ -104,12 +91,8 @@ KNOWN_FAILURES: dict = {
     "c08_manual_seed_inside": "C8: manual_seed inside compiled code not honoured",
     "c08_rng_state_round_trip": "C8: get/set_rng_state round trip differs",
     "c09_default_tensor_mutated": "C9: in-place on a default tensor argument lost",
-    "c10_in_locals_after_conditional": "C10: 'b' in locals() wrong",
     "c11_isinstance_invalid_kwarg": "C11: invalid call does not raise TypeError",
     "c11_map_strict_on_311": "C11: map(strict=True) accepted on Python 3.11",
     "c12_data_descriptor_set": "C12: data descriptor __set__ bypassed",
     # ---- found by the forced-break mode (not in the bug list)
-    "break:inplace_on_argument@0:44": "bugs 6/13 family: x.mul_(2) in a graph, break, x[0] = -1.0 "
-                                      "eagerly: the tempa backend's write-back of the graph's "
-                                      "in-place result overwrites the eager write",
 }
