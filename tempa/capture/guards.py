@@ -142,7 +142,12 @@ def storage_groups(*tensors) -> tuple:
 
 
 def _storage_key(t: torch.Tensor):
-    storage = t.untyped_storage()
+    try:
+        storage = t.untyped_storage()
+    except (NotImplementedError, RuntimeError):
+        # No storage to read (functorch's batched tensors under vmap, some subclasses):
+        # such calls run the graph with ATen ops, which handle aliasing themselves.
+        return id(t)
     # empty storages all have address 0: they alias nothing
     return (storage.data_ptr(), t.device) if storage.nbytes() else id(t)
 
