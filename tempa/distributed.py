@@ -261,7 +261,9 @@ class _LazyPiece(torch.nn.Module):
     def forward(self, *inputs):
         compiled = self.compiled
         if compiled is None:
-            compiled = self.__dict__["compiled"] = self._compile(list(inputs))
+            # (outside any saved_tensors_hooks, as api's capture: the backend traces with grad)
+            with torch.autograd.graph.saved_tensors_hooks(_same, _same):
+                compiled = self.__dict__["compiled"] = self._compile(list(inputs))
         return compiled(*inputs)
 
     def _compile(self, inputs):
@@ -280,3 +282,7 @@ class _LazyPiece(torch.nn.Module):
     @property
     def tempa_info(self):
         return getattr(self.compiled, "tempa_info", None)
+
+
+def _same(t):
+    return t
