@@ -231,7 +231,11 @@ def fsdp_activation_checkpointing(rank, world):
     eager_grads = train(eager, data)
     compiled_grads = train(fast, data)
     _check_fsdp_params(eager, model, eager_grads, compiled_grads)
-    # The blocks run compiled inside checkpoint (forward and recomputation alike).
+    # The blocks run compiled inside checkpoint (forward and recomputation alike);
+    # torch.utils.checkpoint's own Python runs eagerly, and tempa says so.
     stats = tempa.stats()
-    assert_compiled(stats, min_captures=1 + len(model.blocks))
-    assert stats.recompiles == 0, stats
+    assert stats.kernels_compiled > 0 and stats.recompiles == 0, stats
+    assert stats.captures >= 1 + len(model.blocks), stats
+    names = [e.function for e in tempa.entries(fast)]
+    assert names.count("Block.forward") == len(model.blocks), names
+    assert not any("Block.forward" in r for r in tempa.eager_reasons(fast))
