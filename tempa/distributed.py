@@ -108,9 +108,14 @@ def split_backend(backend, ddp):
     def ddp_split(gm: torch.fx.GraphModule, example_inputs):
         pieces = bucket_partition(gm, example_inputs, first_cap, cap)
         n = max(pieces.values(), default=0) + 1
-        _graph_log.info("DDP: compiled the inner module %s, split into %d graph(s) at bucket "
-                        "boundaries (bucket_bytes_cap=%d, first bucket %d)",
-                        type(ddp.module).__name__, n, cap, first_cap)
+        if n == 1:
+            _graph_log.info("DDP: compiled the inner module %s as one graph (its parameters "
+                            "fill one bucket of bucket_bytes_cap=%d)", type(ddp.module).__name__,
+                            cap)
+        else:
+            _graph_log.info("DDP: compiled the inner module %s, split into %d graphs at bucket "
+                            "boundaries (bucket_bytes_cap=%d, first bucket %d)",
+                            type(ddp.module).__name__, n, cap, first_cap)
         if n == 1:
             compiled = backend(gm, example_inputs)
             return _annotate(compiled, [compiled])
