@@ -239,3 +239,21 @@ def fsdp_activation_checkpointing(rank, world):
     names = [e.function for e in tempa.entries(fast)]
     assert names.count("Block.forward") == len(model.blocks), names
     assert not any("Block.forward" in r for r in tempa.eager_reasons(fast))
+
+
+# -- groups: one pair of processes runs several scenarios (a spawn costs seconds) -------------
+
+def run_all(scenarios, rank, world):
+    import tempa
+    for scenario in scenarios:
+        tempa.reset()
+        _optimizers.clear()
+        scenario(rank, world)
+
+
+def ddp_scenarios(rank, world):
+    run_all([ddp_buckets, ddp_no_sync_accumulation], rank, world)
+
+
+def fsdp_scenarios(rank, world):
+    run_all([fsdp_whole_model, fsdp_per_block, fsdp_activation_checkpointing], rank, world)

@@ -8,11 +8,8 @@ from tests.distributed.launcher import run_in_processes
 
 
 @pytest.mark.parametrize("scenario", [
-    scenarios.ddp_buckets,
-    scenarios.ddp_no_sync_accumulation,
-    scenarios.fsdp_whole_model,
-    scenarios.fsdp_per_block,
-    scenarios.fsdp_activation_checkpointing,
+    scenarios.ddp_scenarios,    # bucket split, no_sync + gradient accumulation
+    scenarios.fsdp_scenarios,   # whole model, per block, activation checkpointing
 ], ids=lambda s: s.__name__)
 def test_distributed(scenario):
     run_in_processes(scenario)
