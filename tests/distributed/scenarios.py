@@ -97,12 +97,12 @@ def assert_compiled(stats, min_captures=1):
 
 # -- DDP ---------------------------------------------------------------------------------------
 
-def _ddp_pair(bucket_cap_mb):
+def _ddp_pair(bucket_cap_mb, **options):
     from torch.nn.parallel import DistributedDataParallel as DDP
     torch.manual_seed(0)
     base = Net()
-    eager = DDP(copy.deepcopy(base), bucket_cap_mb=bucket_cap_mb)
-    compiled_ddp = DDP(copy.deepcopy(base), bucket_cap_mb=bucket_cap_mb)
+    eager = DDP(copy.deepcopy(base), bucket_cap_mb=bucket_cap_mb, **options)
+    compiled_ddp = DDP(copy.deepcopy(base), bucket_cap_mb=bucket_cap_mb, **options)
     return eager, compiled_ddp
 
 
@@ -150,6 +150,20 @@ def ddp_no_sync_accumulation(rank, world):
     # micro-batches of 4 rows after the full batch of 8 would be a second shape; all calls
     # here use batch 4, so one capture serves the no_sync and the syncing calls alike.
     assert stats.recompiles == 0, stats
+
+
+def ddp_options(rank, world):
+    """DDP's other reducer modes: its forward runs them eagerly around the compiled pieces."""
+    import tempa
+    for options in (dict(static_graph=True), dict(find_unused_parameters=True),
+                    dict(gradient_as_bucket_view=True)):
+        tempa.reset()
+        eager, ddp = _ddp_pair(bucket_cap_mb=0.01, **options)
+        fast = tempa.compile(ddp)
+        data = batches(rank)
+        assert_same_training(train(eager, data), train(fast, data), eager, ddp)
+        assert_compiled(tempa.stats())
+        assert len(tempa.entries(fast)[0].compiled.ddp_pieces) > 1, options
 
 
 # -- FSDP2 -------------------------------------------------------------------------------------
@@ -252,7 +266,7 @@ def run_all(scenarios, rank, world):
 
 
 def ddp_scenarios(rank, world):
-    run_all([ddp_buckets, ddp_no_sync_accumulation], rank, world)
+    run_all([ddp_buckets, ddp_no_sync_accumulation, ddp_options], rank, world)
 
 
 def fsdp_scenarios(rank, world):

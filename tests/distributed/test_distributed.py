@@ -8,7 +8,7 @@ from tests.distributed.launcher import run_in_processes
 
 
 @pytest.mark.parametrize("scenario", [
-    scenarios.ddp_scenarios,    # bucket split, no_sync + gradient accumulation
+    scenarios.ddp_scenarios,    # bucket split, no_sync + gradient accumulation, options
     scenarios.fsdp_scenarios,   # whole model, per block, activation checkpointing
 ], ids=lambda s: s.__name__)
 def test_distributed(scenario):
