@@ -163,11 +163,8 @@ class CompileContext:
                     entry = e
                     break
             if entry is None and cache.eager_reason is None:
-                # Capture and the backend run the code on clones, with grad; under an outer
-                # saved_tensors_hooks (activation checkpointing, offloading) their saves
-                # would go through the user's hooks (checkpoint then counts more tensors
-                # saved in the forward than in its recomputation, and raises).
-                with torch.autograd.graph.saved_tensors_hooks(_same, _same):
+                # (capture's own saves must not reach activation checkpointing's hooks)
+                with distributed.outside_saved_tensors_hooks():
                     entry = self._capture_and_compile(cache, fn, args, kwargs)
         if entry is None:
             return eager(*args, **kwargs)
@@ -310,10 +307,6 @@ class CompileContext:
         for cache in list(self.caches.values()):
             cache.clear()
         self.caches.clear()
-
-
-def _same(t):
-    return t
 
 
 def _per_shape(backend):

@@ -267,7 +267,7 @@ class _LazyPiece(torch.nn.Module):
         compiled = self.compiled
         if compiled is None:
             # (outside any saved_tensors_hooks, as api's capture: the backend traces with grad)
-            with torch.autograd.graph.saved_tensors_hooks(_same, _same):
+            with outside_saved_tensors_hooks():
                 compiled = self.__dict__["compiled"] = self._compile(list(inputs))
         return compiled(*inputs)
 
@@ -287,6 +287,17 @@ class _LazyPiece(torch.nn.Module):
     @property
     def tempa_info(self):
         return getattr(self.compiled, "tempa_info", None)
+
+
+def outside_saved_tensors_hooks():
+    """A context in which tensors saved for backward skip the caller's saved_tensors_hooks
+    (activation checkpointing, offloading): capture and the backend run the code on clones
+    with grad, and checkpoint would count those saves as the region's own (then raise: more
+    tensors saved in the forward than in its recomputation). Identity hooks shadow the
+    caller's; with no hooks active nothing is pushed (torch.func.grad refuses any)."""
+    if torch._C._autograd._top_saved_tensors_default_hooks(False) is None:
+        return contextlib.nullcontext()
+    return torch.autograd.graph.saved_tensors_hooks(_same, _same)
 
 
 def _same(t):
