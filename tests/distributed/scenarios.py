@@ -57,7 +57,9 @@ def train(model, data, micro_steps=1, no_sync=None):
     grads = []
     for x, y in data:
         opt.zero_grad()
-        for i, chunk in enumerate(zip(x.chunk(micro_steps), y.chunk(micro_steps))):
+        # (clones: a chunk's storage offset is guarded, and a second offset would recompile)
+        chunks = [(a.clone(), b) for a, b in zip(x.chunk(micro_steps), y.chunk(micro_steps))]
+        for i, chunk in enumerate(chunks):
             last = i == micro_steps - 1
             ctx = no_sync() if (no_sync is not None and not last) else _nothing()
             with ctx:
