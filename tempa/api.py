@@ -16,7 +16,7 @@ import weakref
 import torch
 from torch.amp import autocast_mode
 
-from . import logs, stats as _stats
+from . import distributed, logs, stats as _stats
 from .config import config
 from .capture import calls
 from .capture import runtime as capture_runtime
@@ -73,6 +73,8 @@ class CompileContext:
         self.backend = _resolve_backend(backend, mode, self.options)
         self.caches: dict = {}
         self._dispatchers = weakref.WeakKeyDictionary()   # function -> its dispatcher
+        # module -> its forward's dispatcher, for a module whose hooks run outside it
+        self._forward_dispatchers: dict = {}
         self.record = False        # explain(): keep every graph and break seen
         self.graph_log: list = []  # (function, GraphModule)
         self.break_log: list = []  # (function, BreakReason)
@@ -89,8 +91,8 @@ class CompileContext:
             cache = self.caches.setdefault(fn.__code__, CodeCache(fn.__code__, fn.__qualname__))
         return cache
 
-    def dispatcher(self, fn, eager):
-        cache = self.cache_for(fn)
+    def dispatcher(self, fn, eager, cache: CodeCache | None = None):
+        cache = cache or self.cache_for(fn)
         cache.module_call = cache.module_call or eager is _call_module
         miss = self._miss
 
@@ -124,14 +126,40 @@ class CompileContext:
             return self.call(fn.__func__, fn.__self__, *args, **kwargs)
         if isinstance(fn, torch.nn.Module) and not isinstance(fn, OptimizedModule) and \
                 "forward" not in fn.__dict__:
-            if fn._forward_hooks or fn._forward_pre_hooks:
-                return fn(*args, **kwargs)
+            if distributed.has_module_hooks(fn):
+                # Hooks (FSDP2's unshard/reshard, user hooks) run eagerly, forward compiled.
+                return distributed.call_with_compiled_forward(
+                    fn, self.forward_of(fn), args, kwargs)
             forward = type(fn).forward
             dispatch = self._dispatchers.get(forward)
             if dispatch is None:
                 dispatch = self._dispatchers[forward] = self.dispatcher(forward, _call_module)
             return dispatch(fn, *args, **kwargs)
         return fn(*args, **kwargs)
+
+    def forward_of(self, mod: torch.nn.Module):
+        """``mod``'s forward through tempa, for callers that run ``mod``'s hooks themselves:
+        where tempa cannot compile it, it falls back to the plain forward (not to
+        ``mod(...)``, which would run the hooks a second time). Each such module gets a cache
+        of its own, as if compiled on its own: the blocks of an FSDP2 model share one
+        ``forward`` code object, and one cache would hit the recompile limit at block 9."""
+        dispatch = self._forward_dispatchers.get(mod)
+        if dispatch is not None:
+            return dispatch
+        forward = mod.__dict__.get("forward")
+        if isinstance(forward, types.FunctionType):
+            fn, bound_self = forward, None
+        elif isinstance(forward, types.MethodType):
+            fn, bound_self = forward.__func__, forward.__self__
+        else:
+            fn, bound_self = type(mod).forward, mod
+        cache = self.caches.setdefault((fn.__code__, id(mod)),
+                                       CodeCache(fn.__code__, fn.__qualname__))
+        dispatch = self.dispatcher(fn, fn, cache)
+        if bound_self is not None:
+            dispatch = functools.partial(dispatch, bound_self)
+        self._forward_dispatchers[mod] = dispatch
+        return dispatch
 
     # -- the slow path: no entry matched --------------------------------------------------
     def _miss(self, cache: CodeCache, fn, eager, args, kwargs):
@@ -142,7 +170,9 @@ class CompileContext:
                     entry = e
                     break
             if entry is None and cache.eager_reason is None:
-                entry = self._capture_and_compile(cache, fn, args, kwargs)
+                # (capture's own saves must not reach activation checkpointing's hooks)
+                with distributed.outside_saved_tensors_hooks():
+                    entry = self._capture_and_compile(cache, fn, args, kwargs)
         if entry is None:
             return eager(*args, **kwargs)
         result = entry.fn(*args, **kwargs)
@@ -361,7 +391,18 @@ class OptimizedModule(torch.nn.Module):
         else:
             fn = forward
             eager = lambda *a, **k: forward(*a, **k)  # noqa: E731
-        if isinstance(forward, types.FunctionType):
+        self.__dict__["_tempa_ddp"] = distributed.is_ddp(mod)
+        # Submodules with hooks (FSDP2's fully_shard puts its collectives there) run their
+        # hooks eagerly around a compiled forward; see __call__.
+        self.__dict__["_tempa_hooked"] = [m for m in mod.modules()
+                                          if m is not mod and distributed.has_module_hooks(m)]
+        if self._tempa_ddp:
+            # DDP's forward (reducer, hooks, no_sync) runs eagerly around its compiled
+            # inner module, whose graphs are split at DDP's bucket boundaries.
+            context.backend = distributed.split_backend(context.backend, mod)
+            self.__dict__["_tempa_call"] = distributed.ddp_forward_runner(
+                mod, context.forward_of(mod.module))
+        elif isinstance(forward, types.FunctionType):
             dispatch = context.dispatcher(fn, eager)
             self.__dict__["_tempa_call"] = lambda *a, **k: dispatch(*a, **k)
         else:
@@ -371,7 +412,20 @@ class OptimizedModule(torch.nn.Module):
     def __call__(self, *args, **kwargs):
         if self._forward_hooks or self._forward_pre_hooks:
             return super().__call__(*args, **kwargs)
-        return self._tempa_call(*args, **kwargs)
+        mod = self._tempa_mod
+        own_hooks = distributed.has_module_hooks(mod) and not self._tempa_ddp
+        if not own_hooks and not self._tempa_hooked:
+            return self._tempa_call(*args, **kwargs)
+        # A hooked submodule reached from eagerly run code (the rest of a loop after a graph
+        # break) still runs its compiled forward: each is installed for this call.
+        context = self._tempa_context
+        with distributed.forwards_replaced([(m, context.forward_of(m)) for m in self._tempa_hooked]):
+            if own_hooks:
+                # The module's own hooks (FSDP2's root unshard, user hooks) run as eager runs
+                # them, around its compiled forward.
+                return distributed.call_with_compiled_forward(mod, context.forward_of(mod),
+                                                              args, kwargs)
+            return self._tempa_call(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
         return self._tempa_call(*args, **kwargs)

@@ -443,6 +443,9 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
                 raise Unsupported("an input that requires grad is mutated in place")
         diff = [i for i, o in enumerate(user) if isinstance(o, torch.Tensor) and o.requires_grad]
         grad_inputs = [i for i, c in enumerate(clones) if isinstance(c, torch.Tensor) and c.requires_grad]
+        # Looked up before the backward runs: a no-op cast there (x.to(float32) of a float32
+        # x returns x) binds the output tensor to a backward node.
+        out_nodes = [rec.lookup(o) if isinstance(o, torch.Tensor) else o for o in outs]
         rec.backward_started = True
         rec.strict_functional = True
         tangents = []
@@ -458,7 +461,6 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
             tuple(user[i] for i in diff), tuple(tangents), False, False,
             tuple(clones[i] for i in grad_inputs), True, False)
         grad_nodes = [rec.lookup(g) if g is not None else None for g in grads]
-    out_nodes = [rec.lookup(o) if isinstance(o, torch.Tensor) else o for o in outs]
     # Partition: forward = nodes recorded before the marker; saved = forward values read by
     # backward nodes (or returned as gradients directly).
     fw_nodes = [n for n in graph.nodes if n.op != "placeholder" and not n.meta.get("bw")]
