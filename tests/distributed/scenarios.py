@@ -171,15 +171,19 @@ def ddp_options(rank, world):
 # -- FSDP2 -------------------------------------------------------------------------------------
 
 def _fsdp_pair(checkpoint=False):
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     torch.manual_seed(0)
     base = Net(checkpoint=checkpoint)
+    # A CPU mesh named explicitly: fully_shard's default mesh is CUDA's where a GPU exists,
+    # and these gloo tests keep the model on the CPU.
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
     models = []
     for _ in range(2):
         m = copy.deepcopy(base)
         for block in m.blocks:
-            fully_shard(block)
-        fully_shard(m)
+            fully_shard(block, mesh=mesh)
+        fully_shard(m, mesh=mesh)
         models.append(m)
     return models
 
