@@ -321,6 +321,19 @@ def _build(code, offset, stack_size, null_positions, live_locals, name):
                 if j is not None:
                     super_patch[k] = j
 
+    # A loop's exit, END_FOR (3.12+; on 3.13 with the POP_TOP after it): CPython's FOR_ITER
+    # jumps over it when the iterator is exhausted, so it never runs, and the entry below the
+    # iterator that it would pop may be a NULL (Py_DECREF(NULL): a segfault). Resume after it
+    # instead, without the iterator and that entry.
+    skipped = 0
+    while target_ins.opname == "END_FOR" or (skipped and target_ins.opname == "POP_TOP"
+                                             and sys.version_info >= (3, 13)):
+        target_ins = next(ins for ins in real if ins.offset > target_ins.offset)
+        skipped += 1
+    dropped = 2 if skipped else 0
+    if skipped:
+        target_pos = instr_idx[[ins.offset for ins in real].index(target_ins.offset)]
+
     label = Label()
     out = []
     # Prefix.
@@ -329,7 +342,7 @@ def _build(code, offset, stack_size, null_positions, live_locals, name):
     first_resume = next(x for x in items if isinstance(x, Instr) and x.name == "RESUME")
     out.append(Instr("RESUME", 0, location=first_resume.location))
     k = 0
-    for pos in range(depth):
+    for pos in range(depth - dropped):
         if pos in null_positions:
             out.append(Instr("PUSH_NULL", lineno=None))
         else:

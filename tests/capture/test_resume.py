@@ -369,3 +369,40 @@ def test_resume_code_metadata():
     assert not rc.code.co_flags & (R.CO_VARARGS | R.CO_VARKEYWORDS)
     default = R.make_resume_code(code, off, stack_size=0, live_locals=("name",))
     assert default.code.co_name == f"fstrings_resume_at_{off}"
+
+
+def _loop_building_a_list(x, n):
+    out = []
+    for i in range(n):
+        out.append(x * i)
+    return out
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="END_FOR exists from 3.12")
+def test_resume_at_a_loop_exit_with_a_null_below_the_iterator():
+    # CPython's FOR_ITER jumps over END_FOR (and 3.13's POP_TOP after it) when the iterator
+    # is exhausted; a resume function that ran END_FOR popped the NULL under the iterator:
+    # a segfault, seen on 3.12 with a graph break forced at the loop's exit.
+    code = _loop_building_a_list.__code__
+    end_for = next(i.offset for i in dis.get_instructions(code) if i.opname == "END_FOR")
+    rc = R.make_resume_code(code, end_for, stack_size=1, null_positions=(1,),
+                            live_locals=["out"])
+    # Run in a child: a regression is a crash of the interpreter, not an exception.
+    script = textwrap.dedent(f"""
+        import sys, types
+        sys.path.insert(0, {os.getcwd()!r})
+        import tests.capture.resume_cases
+        from tempa.capture import resume as R
+        from tests.capture.test_resume import _loop_building_a_list as f
+        import dis
+        code = f.__code__
+        end_for = next(i.offset for i in dis.get_instructions(code) if i.opname == "END_FOR")
+        rc = R.make_resume_code(code, end_for, stack_size=1, null_positions=(1,),
+                                live_locals=["out"])
+        print(types.FunctionType(rc.code, {{}})(iter([]), [1, 2]))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[1, 2]"
+    assert rc.stack_size == 1
