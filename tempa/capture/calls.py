@@ -14,18 +14,15 @@ known to be pure: C functions of the modules in ``_PURE_C_MODULES`` and methods 
 in ``_PURE_C_TYPES`` (an allow-list). Code that reads or changes the world (``random``,
 ``time``, ``os.environ``, ``warnings``, I/O, an iterator from outside the call) is
 ``impure``: a graph break, so Python runs it on every call. Unknown C code breaks too.
+The rules live in ``purity.py``; the guards a module call implies in ``module_guards.py``.
 """
 from __future__ import annotations
 
 import builtins
-import collections
 import copy
 import functools
-import inspect
 import logging
 import math
-import os
-import re
 import sys
 import types
 
@@ -33,6 +30,10 @@ import torch
 
 from . import context
 from .breaks import Unsupported
+from .module_guards import _MODULE_CALL, _guard_module_class, guard_function, guard_module_call
+from .purity import _BUILTIN_FUNCTION, _IMPURE_BUILTINS, _PLAIN_TYPES, _PURE_C_CLASSES, \
+    _PURE_C_MODULES, _PURE_C_TYPES, _check_pure_arguments, _check_pure_owner, _impure_reason, \
+    _read_environ, _reads_environ
 from .values import CapturedIter, LazyIter, TensorVar, TensorMethod, SuperProxy, \
     check_own_iterator, contains_tensor
 
@@ -65,26 +66,6 @@ _PURE_TORCH_QUERIES = {torch._C._has_torch_function, torch._C._has_torch_functio
                        torch.is_autocast_cache_enabled, torch._C._get_cudnn_enabled,
                        torch.are_deterministic_algorithms_enabled}
 
-# Modules whose C functions are pure enough to evaluate on constants during capture.
-_PURE_C_MODULES = {"builtins", "math", "_operator", "operator", "itertools", "_functools",
-                   "functools", "_collections", "collections", "_abc", "posixpath", "_string",
-                   "re", "_sre", "typing", "_typing", "enum", "copy", "keyword", "types"}
-# Plain values and containers: their mutating methods are allowed on our own copies.
-_PLAIN_TYPES = (list, dict, tuple, str, set, frozenset, int, float, bool, bytes, range,
-                slice, torch.Size, type(None), types.MappingProxyType, complex)
-# Types whose C methods (and constructors) are pure functions of the object and arguments.
-_PURE_C_TYPES = _PLAIN_TYPES + (
-                 collections.OrderedDict, collections.defaultdict, collections.deque,
-                 functools.partial, types.SimpleNamespace, BaseException, re.Pattern, re.Match,
-                 torch.device, torch.dtype, torch.finfo, torch.iinfo, type({}.items()),
-                 type({}.keys()), type({}.values()), type(Ellipsis), type(NotImplemented))
-# Modules whose code reads or changes state outside the program: their functions, classes
-# and the methods of their objects (os.environ, random.Random, io.StringIO) run in Python
-# on every call, never once at capture.
-_IMPURE_MODULES = {"random", "_random", "os", "posix", "nt", "time", "datetime", "_datetime",
-                   "uuid", "secrets", "io", "_io", "warnings", "_warnings", "sys", "threading",
-                   "_thread", "subprocess", "socket", "tempfile", "shutil", "glob", "pathlib",
-                   "pickle", "gc", "signal", "select", "faulthandler", "queue", "asyncio"}
 _MUTATING_METHODS = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
                      "update", "setdefault", "popitem", "__setitem__", "__delitem__", "add",
                      "discard", "__iadd__", "__setattr__", "__delattr__"}
@@ -98,10 +79,6 @@ _REFLECTIVE = {"fields", "is_dataclass", "signature", "isclass", "isfunction", "
 _STORING_METHODS = {"append", "extend", "insert", "__setitem__", "update", "setdefault", "get",
                     "pop", "__getitem__", "copy", "keys", "values", "items", "__init__",
                     "__len__", "index", "count", "add", "fromkeys", "__contains__", "remove"}
-_IMPURE_BUILTINS = {builtins.print, builtins.input, builtins.open, builtins.exec, builtins.eval,
-                    builtins.compile, builtins.breakpoint, builtins.setattr, builtins.delattr,
-                    builtins.globals, builtins.locals, builtins.vars, builtins.__import__}
-_BUILTIN_FUNCTION = type(len)
 _METHOD_DESCRIPTOR = type(str.join)
 _WRAPPER_DESCRIPTORS = (type(object.__init__), type(object().__str__), type(dict.__dict__["fromkeys"]))
 
@@ -152,71 +129,6 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
             return fn(*args, **kwargs)   # type/state queries: no graph node needed
         return tracer.builder.call("call_function", fn, tuple(args), kwargs)
     return call_c(tracer, frame, fn, args, kwargs)
-
-
-def _impure_reason(fn) -> str | None:
-    """Why calling ``fn`` must happen in Python on every call, or None: its code, its class
-    or the object it is bound to comes from a module of ``_IMPURE_MODULES``."""
-    if isinstance(fn, type):
-        module, what = fn.__module__, fn.__qualname__
-    elif isinstance(fn, types.MethodType) or type(fn) is _BUILTIN_FUNCTION and \
-            not isinstance(fn.__self__, (types.ModuleType, type(None), type)):
-        owner = fn.__self__
-        module = type(owner).__module__
-        what = f"{type(owner).__qualname__}.{getattr(fn, '__name__', '?')}"
-    else:
-        module = getattr(fn, "__module__", None)
-        if module is None and type(fn) is _BUILTIN_FUNCTION:
-            module = getattr(fn.__self__, "__name__", None)
-        what = f"{module}.{getattr(fn, '__qualname__', getattr(fn, '__name__', '?'))}"
-    if module in _IMPURE_MODULES:
-        return f"{what}() reads or changes state outside the program"
-    return None
-
-
-def _reads_environ(fn, args) -> bool:
-    """``os.environ.get(k)``, ``os.environ[k]``, ``k in os.environ``, ``os.getenv(k)``."""
-    if fn is os.getenv:
-        return True
-    if isinstance(fn, types.MethodType):
-        fn, args = fn.__func__, [fn.__self__]
-    return isinstance(fn, types.FunctionType) and fn.__name__ in ("get", "__getitem__",
-                                                                  "__contains__") \
-        and bool(args) and args[0] is os.environ
-
-
-def _read_environ(tracer, fn, args, kwargs):
-    """An environment variable is read now and guarded: the guard reads it again on every
-    call, so a changed environment recompiles instead of seeing the old value."""
-    if isinstance(fn, types.MethodType):
-        fn, args = fn.__func__, [fn.__self__, *args]
-    if fn is os.getenv:
-        args = [os.environ, *args]
-    name = "get" if fn is os.getenv else fn.__name__
-    params = inspect.signature(getattr(os.environ, name)).bind(*args[1:], **kwargs).arguments
-    key = params["key"]
-    if not isinstance(key, str):
-        raise Unsupported("impure call", f"os.environ.{name} with a {type(key).__name__} key")
-    value = os.environ.get(key)
-    tracer.guards.constant(f"{tracer.expr_of(os.environ)}.get({key!r})", value)
-    if name == "__contains__":
-        return value is not None
-    if value is None and name == "__getitem__":
-        from .breaks import UserError
-        raise UserError(KeyError(key))
-    return value if value is not None else params.get("default")
-
-
-def _is_impure_object(value) -> bool:
-    """An object whose content is the world's state (os.environ, a file, a Random)."""
-    return type(value).__module__ in _IMPURE_MODULES
-
-
-def _check_pure_arguments(args, kwargs, what: str):
-    for v in (*args, *kwargs.values()):
-        if _is_impure_object(v):
-            raise Unsupported("impure call", f"{what} of {type(v).__qualname__}, whose content "
-                              "is state outside the program")
 
 
 def _key(fn):
@@ -285,11 +197,7 @@ def _changes_anything(t: TensorVar, name, args, kwargs) -> bool:
     return True
 
 
-_MODULE_CALL = torch.nn.Module.__call__
 _MODULE_CALL_IMPL = torch.nn.Module._call_impl
-_HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-_GLOBAL_HOOK_TABLES = ("_global_forward_hooks", "_global_forward_pre_hooks",
-                       "_global_backward_hooks", "_global_backward_pre_hooks")
 
 
 def call_module(tracer, frame, mod: torch.nn.Module, args, kwargs):
@@ -297,79 +205,6 @@ def call_module(tracer, frame, mod: torch.nn.Module, args, kwargs):
         # an overridden __call__ runs instead of Module.__call__ (and may call super's)
         return call(tracer, frame, type(mod).__call__, [mod, *args], kwargs)
     return call(tracer, frame, guard_module_call(tracer, mod), list(args), kwargs)
-
-
-def guard_root_module_call(tracer, mod: torch.nn.Module, fn) -> None:
-    """The compiled module itself, whose forward ``fn`` is the captured code: calling the
-    module must still mean exactly ``fn(mod, ...)`` (else it runs eagerly, as called)."""
-    if _guard_module_class(tracer, mod):
-        raise Unsupported("unsupported construct", f"{type(mod).__name__} overrides __call__")
-    forward = guard_module_call(tracer, mod)
-    if getattr(forward, "__func__", None) is not fn:
-        raise Unsupported("unsupported construct", f"{type(mod).__name__}.forward was replaced "
-                          "after compiling")
-
-
-def _guard_module_class(tracer, mod) -> bool:
-    """Guard ``mod``'s class and its ``__call__``; True when ``__call__`` is overridden."""
-    cls = type(mod)
-    g = tracer.guards
-    g.add("module", f"{tracer.expr_of(mod)}.__class__ is {g.const(cls, 'T')}",
-          f"{tracer.path_of(mod)} is a {cls.__name__}")
-    g.add("module", f"{g.const(cls, 'T')}.__call__ is {g.const(cls.__call__, 'F')}",
-          f"{cls.__name__}.__call__ is the same function")
-    return cls.__call__ is not _MODULE_CALL
-
-
-def guard_module_call(tracer, mod: torch.nn.Module):
-    """What ``Module.__call__`` would do besides ``forward``, guarded to stay nothing: no
-    hooks (the module's own and the global ones; hook dicts are bound as constants, so
-    ``not (H1 or H2 ...)`` costs a few ns) and no instance attribute ``forward`` other than
-    the one seen. Returns the forward to inline; raises Unsupported where hooks exist."""
-    g = tracer.guards
-    d = mod.__dict__
-    tables = [d.get(name) for name in _HOOK_TABLES]
-    where = tracer.path_of(mod)
-    if any(tables) or _global_hooks():
-        raise Unsupported("hooks", f"{type(mod).__name__} has forward/backward hooks")
-    g.add("module", "not (" + " or ".join(g.const(t, "H") for t in tables) + ")",
-          f"{where} has no hooks")
-    g.add("module", "not (" + " or ".join(g.const(t, "H") for t in _global_hook_tables()) + ")",
-          "no global module hooks")
-    forward = d.get("forward")
-    if forward is None:
-        g.add("module", f"'forward' not in {g.const(d, 'ID')}", f"{where}.forward is not overridden")
-        cls = type(mod)
-        g.add("module", f"{g.const(cls, 'T')}.forward is {g.const(cls.forward, 'F')}",
-              f"{cls.__name__}.forward is the same function")
-        return types.MethodType(cls.forward, mod)
-    g.add("module", f"{g.const(d, 'ID')}.get('forward') is {g.const(forward, 'F')}",
-          f"{where}.forward is the same")
-    return forward
-
-
-def _global_hook_tables() -> list:
-    from torch.nn.modules import module as m
-    return [getattr(m, name) for name in _GLOBAL_HOOK_TABLES]
-
-
-def _global_hooks() -> bool:
-    return any(_global_hook_tables())
-
-
-def guard_function(guards, fn, *, defaults: bool = False) -> None:
-    """A Python function's code (``f.__code__ = ...`` keeps the function object) and, with
-    ``defaults``, its ``__defaults__``/``__kwdefaults__`` objects: the compiled function's
-    entry binds the defaults it was built with. (An inlined callee's defaults are read
-    from their source when used: ``bind_arguments``.)"""
-    f = guards.const(fn, "F")
-    guards.add("identity", f"{f}.__code__ is {guards.const(fn.__code__, 'CODE')}",
-               f"{fn.__qualname__}.__code__ is the same code")
-    for attr in ("__defaults__", "__kwdefaults__") if defaults else ():
-        value = getattr(fn, attr)
-        if value is not None:
-            guards.add("identity", f"{f}.{attr} is {guards.const(value, 'DEF')}",
-                       f"{fn.__qualname__}.{attr} is unchanged")
 
 
 def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
@@ -554,32 +389,6 @@ def call_c(tracer, frame, fn, args, kwargs):
     if getattr(fn, "__name__", "") == "__new__":
         tracer.mark_internal(result)   # list.__new__(MyList): an object of this capture
     return result
-
-
-# object's own methods that are pure on any object (``__setattr__``/``__delattr__`` only on
-# objects of this capture: _check_method_owner refuses them on outside ones).
-_PURE_OBJECT_METHODS = {"__new__", "__init__", "__eq__", "__ne__", "__hash__", "__repr__",
-                        "__str__", "__format__", "__getattribute__", "__dir__", "__sizeof__",
-                        "__init_subclass__", "__subclasshook__", "__reduce_ex__", "__lt__",
-                        "__le__", "__gt__", "__ge__", "__setattr__", "__delattr__"}
-
-
-# C methods of other types that only answer a question about global state or the object.
-_PURE_C_METHODS = {"_EngineBase.is_checkpoint_valid"}
-# C classes outside _PURE_C_MODULES whose construction is a pure function of the arguments.
-_PURE_C_CLASSES = {"numpy.dtype"}
-
-
-def _check_pure_owner(obj, cls: type, name: str):
-    """A C method of ``cls`` (bound to ``obj`` if given) may be evaluated at capture only
-    if ``cls`` is a type known to be pure (the allow-list ``_PURE_C_TYPES``)."""
-    if issubclass(cls, _PURE_C_TYPES) or isinstance(obj, _PURE_C_TYPES) or \
-            f"{cls.__qualname__}.{name}" in _PURE_C_METHODS:
-        return
-    if cls is object and name in _PURE_OBJECT_METHODS:
-        return
-    kind = "impure call" if cls.__module__ in _IMPURE_MODULES else "non-torch library call"
-    raise Unsupported(kind, f"{cls.__qualname__}.{name} is C code that is not known to be pure")
 
 
 def _copy(tracer, fn, args, kwargs):

@@ -14,7 +14,7 @@ from .interpreter import Frame, _PyException
 from .output import OutputPlan, input_exprs
 from .tracer import Tracer
 from .breakplan import plan_break
-from . import calls
+from . import module_guards
 from .calls import bind_arguments
 
 
@@ -52,9 +52,9 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
     tracer = Tracer(builder, dynamic=dynamic)
     guards = builder.guards
     arguments = bind_arguments(fn, args, kwargs)
-    calls.guard_function(guards, fn, defaults=True)
+    module_guards.guard_function(guards, fn, defaults=True)
     if module_call:
-        calls.guard_root_module_call(tracer, args[0], fn)
+        module_guards.guard_root_module_call(tracer, args[0], fn)
     varkw = fn.__code__.co_varnames[fn.__code__.co_argcount + fn.__code__.co_kwonlyargcount +
                                      bool(fn.__code__.co_flags & 0x04)] \
         if fn.__code__.co_flags & 0x08 else None

@@ -1,6 +1,8 @@
-"""The harness compiles hundreds of small graphs: a private disk cache for the session
+"""The harness compiles hundreds of small graphs: a private disk cache for the package
 unless the caller chose one (TEMPA_CACHE_DIR), so a user's cache neither speeds up nor
-pollutes the run; tempa's fallback notices are expected here and would only be noise."""
+pollutes the run; tempa's fallback notices are expected here and would only be noise.
+Set while these tests run and restored after, so other test directories in the same
+session see their own settings."""
 import logging
 import os
 import shutil
@@ -8,22 +10,21 @@ import tempfile
 
 import pytest
 
-if "TEMPA_CACHE_DIR" not in os.environ:
-    _dir = tempfile.mkdtemp(prefix="tempa-differential-")
-    os.environ["TEMPA_CACHE_DIR"] = _dir
 
-    def _remove_cache():
-        shutil.rmtree(_dir, ignore_errors=True)
-else:
-    def _remove_cache():
-        pass
-
-
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="package", autouse=True)
 def _quiet_and_private_cache():
     import tempa
-    tempa.config.cache_dir = os.environ["TEMPA_CACHE_DIR"]
-    logging.getLogger("tempa").setLevel(logging.ERROR)
+    chosen = os.environ.get("TEMPA_CACHE_DIR")
+    private = None if chosen else tempfile.mkdtemp(prefix="tempa-differential-")
+    saved_dir, logger = tempa.config.cache_dir, logging.getLogger("tempa")
+    saved_level = logger.level
+    os.environ["TEMPA_CACHE_DIR"] = chosen or private   # subprocess cases inherit it
+    tempa.config.cache_dir = chosen or private
+    logger.setLevel(logging.ERROR)
     yield
     tempa.reset()
-    _remove_cache()
+    tempa.config.cache_dir = saved_dir
+    logger.setLevel(saved_level)
+    if private:
+        del os.environ["TEMPA_CACHE_DIR"]
+        shutil.rmtree(private, ignore_errors=True)
