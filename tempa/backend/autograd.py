@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from .compile_graph import finish, plan_graph
+from .pipeline import source_file
 
 _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
 
@@ -188,5 +189,6 @@ def _render_forward(fw_call, n_in, n_out, n_saved, saved_inputs, alias, non_diff
                      "".join(f"r[{i}], " for i in non_diff) + ") if isinstance(o, torch.Tensor)])")
     lines.append("    return r[0]" if single else f"    return r[:{n_out}]")
     ns = {"fw_call": fw_call, "torch": torch}
-    exec(compile("\n".join(lines) + "\n", "<tempa autograd forward>", "exec"), ns)
+    src = "\n".join(lines) + "\n"
+    exec(compile(src, source_file(src, "autograd forward"), "exec"), ns)
     return ns["forward"]

@@ -1,14 +1,6 @@
-"""One functional ATen graph -> one C++ library + one generated wrapper function.
-
-The passes, in order (each a function you can call on its own):
-
-  1. lower_graph     ATen FX -> loop IR (lower/lowerings.py); uncovered ops become ATen calls
-  2. eliminate_dead  drop buffers nothing reads
-  3. schedule        group buffers into kernels, cut segments at extern calls (schedule.py)
-  4. plan_memory     wrapper-allocated vs arena vs register, arena slot reuse
-  5. render C++      one extern "C" function per segment (codegen/cpp.py)
-  6. build           gcc -> .so through the disk cache (runtime/build.py)
-  7. render wrapper  straight-line Python calling the segments and externs (codegen/wrapper.py)
+"""One functional ATen graph -> one C++ library + one generated wrapper function: the C++
+target of the backend's pipeline (pipeline.py lists the passes; ``CppTarget`` holds the
+C++ ones: plan_memory, render, and finish = build + wrap).
 """
 from __future__ import annotations
 
@@ -23,14 +15,9 @@ logs = importlib.import_module("tempa.logs")
 stats = importlib.import_module("tempa.stats")  # the module; tempa.stats is also a function
 from .codegen import cpp, wrapper
 from .ir import ExternCall, TV
-from .lower.lowerings import DYN_SCALE, SIZE_CHOICES, bound, lower_graph
+from .pipeline import Target, memory_summary, plan_graph as run_passes, show, source_file
 from .runtime import build as _build, fastcall
-from .schedule import _extern_buffers, _reads, plan_memory, schedule
-
-
-# Shape-generic graphs: lowering thresholds assume run-time sizes up to this many times the
-# sizes seen while compiling (see DYN_SCALE in lower/lowerings.py).
-DYNAMIC_SIZE_SCALE = 4
+from .schedule import _extern_buffers, _reads, plan_memory
 
 
 @dataclass
@@ -47,10 +34,15 @@ class GraphInfo:
     from_disk_cache: bool = False
     so_path: str = ""
     segment_calls: str = ""            # how the wrapper calls C++: "extension" | "ctypes"
+    passes: dict = field(default_factory=dict)    # pipeline pass name -> its output (trace())
 
     def summary(self) -> str:
         return (f"{self.kernel_count} kernels in {self.segment_count} C++ calls, "
                 f"{len(self.extern_calls)} extern calls, {len(self.aten_fallbacks)} ATen fallbacks")
+
+    def trace(self, heading: str = "") -> str:
+        """Each pass's output for this graph, in pipeline order."""
+        return show(self.passes, heading)
 
 
 def eliminate_dead(lowered) -> None:
@@ -95,40 +87,47 @@ class Plan:
     label: str
 
 
+class CppTarget(Target):
+    """The C++ renderer's passes of pipeline.GRAPH_PASSES, and its finish."""
+    name = "cpp"
+
+    def plan_memory(self, job):
+        plan_memory(job.sched, job.lowered.inputs, job.lowered.outputs, job.lowered.steps)
+        return memory_summary(job.lowered.steps)
+
+    def render(self, job):
+        kernel_no = [0]
+        job.seg_codes = {}
+        for si, seg in enumerate(job.sched.segments):
+            if isinstance(seg, list):
+                job.seg_codes[si] = cpp.render_segment(f"{job.prefix}seg{si}", seg, job.sched.local,
+                                                       kernel_no, job.nsizes, job.options)
+        job.kernel_count = kernel_no[0]
+        return "\n\n".join(c.text for c in job.seg_codes.values())
+
+    def make_plan(self, job) -> "Plan":
+        lowered, sched = job.lowered, job.sched
+        info = GraphInfo()
+        info.kernel_count = job.kernel_count
+        info.segment_count = len(job.seg_codes)
+        info.aten_fallbacks = list(lowered.fallbacks)
+        info.extern_calls = list(lowered.externs)
+        info.fusion_report = str(job.kept["schedule"])
+        info.cpp_source = job.kept["render"]
+        info.passes = job.kept
+        return Plan(lowered, sched, job.seg_codes, info, job.num_inputs, job.label)
+
+    def finish(self, plans: list) -> list:
+        return finish(plans)
+
+
+CPP = CppTarget()
+
+
 def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str = "graph",
                prefix: str = "", nsizes: int = 0, choices=None) -> Plan:
-    """``nsizes`` > 0: render shape-generic code taking that many size symbols (dynamic.py);
-    ``choices``: a lowerings.SizeChoices log that records or replays size-driven choices."""
-    with bound((DYN_SCALE, DYNAMIC_SIZE_SCALE if nsizes else 1), (SIZE_CHOICES, choices)):
-        return _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, nsizes)
-
-
-def _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, nsizes) -> Plan:
-    lowered = lower_graph(gm, num_outputs, mutated)
-    eliminate_dead(lowered)
-    sched = schedule(lowered.steps, lowered.copy_backs, lowered.outputs)
-    plan_memory(sched, lowered.inputs, lowered.outputs, lowered.steps)
-    kernel_no = [0]
-    seg_codes = {}
-    for si, seg in enumerate(sched.segments):
-        if isinstance(seg, list):
-            seg_codes[si] = cpp.render_segment(f"{prefix}seg{si}", seg, sched.local, kernel_no, nsizes)
-    info = GraphInfo()
-    info.kernel_count = kernel_no[0]
-    info.segment_count = len(seg_codes)
-    info.aten_fallbacks = list(lowered.fallbacks)
-    info.extern_calls = list(lowered.externs)
-    lines = []
-    for it in sched.items:
-        if isinstance(it, ExternCall):
-            lines.append(f"  {'fallback' if it.fallback else 'extern'} {it.name}")
-        else:
-            lines.append(f"  kernel over {list(it.outer)}: " + ", ".join(
-                f"{m.name}[{m.origin or 'pointwise'}{', ' + m.kind if m.kind != 'py' else ''}]" for m in it.members))
-    info.fusion_report = "groups:\n" + "\n".join(lines) + (
-        "\nnot fused:\n  " + "\n  ".join(sched.report) if sched.report else "\nnot fused: (none)")
-    info.cpp_source = "\n\n".join(c.text for c in seg_codes.values())
-    return Plan(lowered, sched, seg_codes, info, num_inputs, label)
+    """The pipeline's graph passes with the C++ target (pipeline.plan_graph says more)."""
+    return run_passes(CPP, gm, num_outputs, mutated, num_inputs, label, prefix, nsizes, choices)
 
 
 def finish(plans: list) -> list:
@@ -151,7 +150,9 @@ def finish(plans: list) -> list:
         stats.bump("aten_fallbacks", len(info.aten_fallbacks))
         wsrc, consts, serializable = wrapper.render_wrapper(p.sched, p.lowered, p.seg_codes, p.num_inputs)
         info.wrapper_source = wsrc
-        call = instantiate(wsrc, lib, p.seg_codes, p.lowered.constants, consts)
+        info.passes["build"] = so or "(no C++: every step is an ATen call)"
+        info.passes["wrap"] = wsrc
+        call = instantiate(wsrc, lib, p.seg_codes, p.lowered.constants, consts, p.label)
         info.segment_calls = call.segment_calls
         log = logs.get("code")
         if log.isEnabledFor(20):
@@ -177,7 +178,7 @@ def _index_error(code: int, checks: tuple):
     raise _INDEX_ERRORS[error](message)
 
 
-def instantiate(wsrc: str, lib, seg_codes: dict, constants: dict, consts: list):
+def instantiate(wsrc: str, lib, seg_codes: dict, constants: dict, consts: list, label: str = "graph"):
     seg_funcs = {}
     for si, code in seg_codes.items():
         f = getattr(lib, code.name)
@@ -186,7 +187,7 @@ def instantiate(wsrc: str, lib, seg_codes: dict, constants: dict, consts: list):
         seg_funcs[si] = fastcall.kernel(f, len(f.argtypes)) or f
     ptrs = {k: v.data_ptr() for k, v in constants.items()}
     ns: dict = {}
-    exec(compile(wsrc, "<tempa wrapper>", "exec"), ns)
+    exec(compile(wsrc, source_file(wsrc, f"wrapper {label}"), "exec"), ns)
     call = ns["make"](seg_funcs, constants, ptrs, consts, torch.empty_strided, torch.as_strided, _index_error)
     call._keepalive = (lib, constants)
     kinds = {"ctypes" if isinstance(f, ctypes._CFuncPtr) else "extension" for f in seg_funcs.values()}

@@ -14,6 +14,7 @@ import torch
 from .compile_graph import GraphInfo, compile_graph
 from .lower.decomps import table
 from .lower.trace import Unsupported, prepare, trace_forward, trace_training
+from .pipeline import show
 from .runtime.build import BuildError
 
 stats = importlib.import_module("tempa.stats")   # the module; tempa.stats is also a function
@@ -46,6 +47,18 @@ class BackendInfo:
     notes: list = field(default_factory=list)
     # mode="reduce-overhead" training: the (forward, backward) CUDA graph runners, once built
     training_cudagraphs: tuple = ()
+    # the graph-level passes' outputs (pipeline.PASSES): captured, prepare, joint
+    passes: dict = field(default_factory=dict)
+
+    def trace(self) -> str:
+        """Every pass's output for this graph, in pipeline order: the graph-level passes,
+        then each variant built so far (inference, forward, backward)."""
+        parts = [show(self.passes)] if self.passes else []
+        for label in ("inference", "forward", "backward"):
+            gi = getattr(self, label)
+            if gi is not None and gi.passes:
+                parts.append(gi.trace(f"##### {label} #####"))
+        return "\n\n".join(parts)
 
     def _adopt(self, gi: GraphInfo):
         self.kernel_count += gi.kernel_count
@@ -173,8 +186,10 @@ def build(gm: torch.fx.GraphModule, example_inputs, target, info: BackendInfo | 
         return _built_outside_transforms(gm, target, info)
     t0 = time.perf_counter()
     example_inputs = list(example_inputs)
+    info.passes["captured"] = gm
     try:
         pgm, attrs = prepare(gm)
+        info.passes["prepare"] = f"{len(attrs)} get_attr tensors lifted to inputs: {attrs}"
     except Exception as e:  # noqa: BLE001 - any failure means: run eagerly
         return _eager(gm, info, f"prepare failed: {e}")
     # get_attr tensors (FX graphs made by torch.fx tracing) are bound once, by identity:
@@ -398,6 +413,7 @@ class _State:
             try:
                 joint = trace_training(self.pgm, self.examples, self.target.decomps())
                 joint.recompute = self.pgm
+                self.info.passes["joint"] = joint
                 fn, fw_info, bw_info = self.target.build_training(joint, self.n_in, joint.single)
             except Exception as e:  # noqa: BLE001
                 return self._failed(e, "training")

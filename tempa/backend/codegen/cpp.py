@@ -13,7 +13,7 @@ import torch
 from ..index import Ix, Var
 from ..ir import ComputedBuffer, CVal, Reduction
 from ..schedule import Group, member_index
-from ..lower.core import DYN_SCALE, size_choice
+from ..lower.core import LowerOptions
 from .emit import Emitter, ctype
 from .prelude import prelude, reduction_clause  # noqa: F401  (prelude: used by the build step)
 from .reuse import reuse_pairs
@@ -55,7 +55,8 @@ class SegmentCode:
         self.text = ""
 
 
-def render_segment(name: str, groups: list, local: set, kernel_no: list, nsizes: int = 0) -> SegmentCode:
+def render_segment(name: str, groups: list, local: set, kernel_no: list, nsizes: int = 0,
+                   options: LowerOptions | None = None) -> SegmentCode:
     """``nsizes`` > 0: a shape-generic rendering (backend/dynamic.py). The function takes the
     size symbols as trailing ``int64_t ds0, ds1, ...`` arguments, and no choice depends on a
     size's magnitude: OpenMP decides at run time (an ``if`` clause), and the arena (one slot
@@ -80,7 +81,7 @@ def render_segment(name: str, groups: list, local: set, kernel_no: list, nsizes:
         for m in g.members:
             need(m)
     for g in groups:
-        _render_group(body, g, local, need, kernel_no, bool(nsizes))
+        _render_group(body, g, local, need, kernel_no, bool(nsizes), options or LowerOptions())
     # arena: first-fit reuse by lifetime (group position of first write .. last read)
     arena_lines, arena_size = _arena(groups, internal, bool(nsizes))
     seg.params = list(params)
@@ -160,7 +161,7 @@ def _itemsize(dt):
     return torch.empty((), dtype=dt).element_size()
 
 
-def _render_group(k: Emitter, g: Group, local: set, need, kernel_no, generic=False):
+def _render_group(k: Emitter, g: Group, local: set, need, kernel_no, generic=False, options=None):
     kernel_no[0] += 1
     ov = [Var(f"x{d}", s) for d, s in enumerate(g.outer)]
     work = 0
@@ -178,14 +179,14 @@ def _render_group(k: Emitter, g: Group, local: set, need, kernel_no, generic=Fal
     k.line("{")
     k.push()
     if generic:
-        # a loop too small to pay for threads even at PARALLEL_GROWTH x DYN_SCALE times the
+        # a loop too small to pay for threads even at PARALLEL_GROWTH x dyn_scale times the
         # sizes seen gets one serial copy (a size-driven choice: recorded at the example size,
-        # replayed elsewhere). The growth factor is larger than DYN_SCALE because a dynamic
+        # replayed elsewhere). The growth factor is larger than dyn_scale because a dynamic
         # graph is captured at its second call's (often small) sizes: the test GPT captured at
         # (B, T) = (3, 17) and run at (8, 128) has 20x the work, and without a parallel copy
         # ran 1.5x slower than its static graph on 2 cores.
         par = bool(g.outer) and g.outer[0] > 1 and \
-            size_choice("parallel loop", work * DYN_SCALE.get() * PARALLEL_GROWTH >= PARALLEL_WORK)
+            options.size_choice("parallel loop", work * options.dyn_scale * PARALLEL_GROWTH >= PARALLEL_WORK)
     else:
         par = work >= PARALLEL_WORK and g.outer and g.outer[0] > 1
     start = len(k.lines)

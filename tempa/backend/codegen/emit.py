@@ -1,5 +1,8 @@
 """The kernel emitter that IR bodies call: ``k.load``, ``k.op``, ``k.cast``, ``k.piecewise``.
 
+IR bodies name their operations (``k.op("exp", [x], dtype)``, backend/ops.py); ``CPP_OPS``
+below spells each in C++, as ``TRITON_OPS`` does in Triton (codegen/triton_emit.py).
+
 One class serves two purposes. Rendering: it appends C++ statements (with common
 subexpressions shared within a scope). Probing: the scheduler runs a body with a load hook
 that records which buffer is read at which index, and throws the text away.
@@ -17,9 +20,36 @@ import torch
 
 from ..index import Indirect, Ix
 from ..ir import CTYPES, CVal, Unlowerable
+from ..ops import result_dtype, spelling
 
 
 _TEMP = re.compile(r"\bt\d+\b")     # the temporaries _cse declares
+
+# Every op of ops.OPS in C++: {0}, {1}.. the arguments, {T} the C type computed in. The m::
+# and t_ helpers are the prelude's (codegen/prelude.py); integer cases live there too.
+CPP_OPS = {
+    "neg": "-{0}", "abs": "m::abs({0})", "exp": "m::exp({0})", "exp2": "m::exp2({0})",
+    "log": "m::log({0})", "log2": "m::log2({0})", "log10": "m::log10({0})",
+    "log1p": "m::log1p({0})", "expm1": "m::expm1({0})", "sqrt": "m::sqrt({0})",
+    "rsqrt": "({T})1 / m::sqrt({0})", "sin": "m::sin({0})", "cos": "m::cos({0})",
+    "tan": "m::tan({0})", "tanh": "m::tanh({0})", "sinh": "m::sinh({0})", "cosh": "m::cosh({0})",
+    "asin": "m::asin({0})", "acos": "m::acos({0})", "atan": "m::atan({0})",
+    "asinh": "m::asinh({0})", "acosh": "m::acosh({0})", "atanh": "m::atanh({0})",
+    "erf": "m::erf({0})", "erfc": "m::erfc({0})", "lgamma": "m::lgamma({0})",
+    "sigmoid": "({T})1 / (({T})1 + m::exp(-{0}))", "relu": "m::max({0}, ({T})0)",
+    "floor": "t_floor({0})", "ceil": "t_ceil({0})", "round": "t_round({0})",
+    "trunc": "t_trunc({0})", "sign": "t_sign({0})", "reciprocal": "({T})1 / {0}",
+    "bitwise_not": "t_not({0})", "logical_not": "!{0}", "isnan": "m::isnan({0})",
+    "add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "div": "{0} / {1}",
+    "maximum": "t_max({0}, {1})", "minimum": "t_min({0}, {1})", "pow": "t_pow({0}, {1})",
+    "atan2": "m::atan2({0}, {1})", "fmod": "t_fmod({0}, {1})",
+    "remainder": "t_remainder({0}, {1})", "floordiv": "t_floordiv({0}, {1})",
+    "bitwise_and": "{0} & {1}", "bitwise_or": "{0} | {1}", "bitwise_xor": "{0} ^ {1}",
+    "eq": "{0} == {1}", "ne": "{0} != {1}", "lt": "{0} < {1}", "le": "{0} <= {1}",
+    "gt": "{0} > {1}", "ge": "{0} >= {1}",
+    "logical_and": "{0} && {1}", "logical_or": "{0} || {1}", "logical_xor": "{0} != {1}",
+    "where": "{0} ? {1} : {2}",
+}
 
 
 def ctype(dt):
@@ -89,9 +119,11 @@ class Emitter:
                 return hooked
         return CVal(self._cse(ctype(buf.dtype), f"{buf.cname}[{ix.c()}]"), buf.dtype)
 
-    def op(self, template: str, rdt, vals, cdt=None) -> CVal:
-        cdt = cdt or rdt
-        expr = template.format(*[v.expr for v in vals], T=ctype(cdt))
+    def op(self, name: str, vals, dtype) -> CVal:
+        """The op ``name`` of ops.OPS on ``vals`` (already in ``dtype``), computed in ``dtype``."""
+        template = spelling(CPP_OPS, name, len(vals), "C++")
+        rdt = result_dtype(name, dtype)
+        expr = template.format(*[v.expr for v in vals], T=ctype(dtype))
         return CVal(self._cse(ctype(rdt), expr), rdt)
 
     def cast(self, v: CVal, dt) -> CVal:

@@ -2,10 +2,10 @@
 
 The IR bodies are closures that call an emitter (``k.load``, ``k.op``, ``k.cast``,
 ``k.piecewise``...). ``TritonEmitter`` implements that interface by writing Triton
-statements instead of C++ ones, translating each C++ op template (``"m::exp({0})"``,
-``"{0} ? {1} : {2}"``) into its Triton spelling. Also here: the dtype tables, the prelude
-every kernel module starts with (helpers such as ``t_max``), and the shim that lets the
-same module run under Triton's CPU interpreter. Kernels themselves: codegen/triton.py.
+statements instead of C++ ones; each named op (backend/ops.py) is spelled from
+``TRITON_OPS``, beside the C++ table ``CPP_OPS`` of codegen/emit.py. Also here: the dtype
+tables, the prelude every kernel module starts with (helpers such as ``t_max``), and the
+shim that lets the same module run under Triton's CPU interpreter. Kernels themselves: codegen/triton.py.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import torch
 
 from ..index import FloorDiv, Indirect, Ix, Mod, Var, _DivMod
 from ..ir import CVal, Unlowerable
+from ..ops import result_dtype, spelling
 
 TL = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -75,6 +76,19 @@ def t_ifloordiv(a, b):
     return tl.where(((a % b) != 0) & ((a < 0) != (b < 0)), q - 1, q)
 
 
+# Floats: ATen's div_floor_floating, which rounds by the exact remainder: 3.0 // 0.3 is 9,
+# floor(3.0 / 0.3) is 10; and x // inf is 0 or -1, not floor(+-0.0). 0.0 * q: copysign(0, q).
+@triton.jit
+def t_ffloordiv(a, b):
+    mod = libdevice.fmod(a, b)
+    div = (a - mod) / b
+    div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1.0, div)
+    fl = tl.floor(div)
+    fl = tl.where(div - fl > 0.5, fl + 1.0, fl)
+    fl = tl.where(div == 0, 0.0 * (a / b), fl)
+    return tl.where(b == 0, a / b, fl)
+
+
 @triton.jit
 def t_sign(a):
     return (a > 0).to(a.dtype) - (a < 0).to(a.dtype)
@@ -113,20 +127,47 @@ def range(*bounds, _range=range):
     return _range(*(int(b.handle.data.reshape(-1)[0]) if hasattr(b, "handle") else b for b in bounds))
 '''
 
-# C++ math function (m::name) -> Triton
-MATH = {
-    "exp": "tl.exp", "exp2": "tl.exp2", "log": "tl.log", "log2": "tl.log2", "log10": "libdevice.log10",
-    "log1p": "libdevice.log1p", "expm1": "libdevice.expm1", "sqrt": "tl.sqrt_rn", "sin": "tl.sin",
-    "cos": "tl.cos", "tan": "libdevice.tan", "tanh": "libdevice.tanh", "sinh": "libdevice.sinh",
-    "cosh": "libdevice.cosh", "asin": "libdevice.asin", "acos": "libdevice.acos",
-    "atan": "libdevice.atan", "asinh": "libdevice.asinh", "acosh": "libdevice.acosh",
-    "atanh": "libdevice.atanh", "erf": "tl.erf", "erfc": "libdevice.erfc",
-    "lgamma": "libdevice.lgamma", "floor": "tl.floor", "ceil": "tl.ceil",
-    "trunc": "libdevice.trunc", "nearbyint": "libdevice.nearbyint", "fabs": "tl.abs",
-    "abs": "tl.abs", "pow": "libdevice.pow", "atan2": "libdevice.atan2", "fmod": "libdevice.fmod",
-    "isnan": "t_isnan", "max": "t_max",
+def _kinds(float_: str, int_: str | None = "same", bool_: str | None = "same") -> dict:
+    """A spelling that depends on the kind of dtype computed in: ``int_`` defaults to the
+    float spelling, ``bool_`` to the integer one; None: Triton has no spelling for that kind."""
+    int_ = float_ if int_ == "same" else int_
+    return {"float": float_, "int": int_, "bool": int_ if bool_ == "same" else bool_}
+
+
+# Every op of backend/ops.py in Triton: {0}, {1}.. the arguments, {one} / {zero} the
+# constants of the dtype computed in. Why our own t_max/t_min/relu: tl.maximum drops NaNs,
+# eager propagates them. Integer rounding is the identity, as in the C++ prelude.
+TRITON_OPS = {
+    "neg": "-{0}", "abs": "tl.abs({0})", "exp": "tl.exp({0})", "exp2": "tl.exp2({0})",
+    "log": "tl.log({0})", "log2": "tl.log2({0})", "log10": "libdevice.log10({0})",
+    "log1p": "libdevice.log1p({0})", "expm1": "libdevice.expm1({0})", "sqrt": "tl.sqrt_rn({0})",
+    "rsqrt": "{one} / tl.sqrt_rn({0})", "sin": "tl.sin({0})", "cos": "tl.cos({0})",
+    "tan": "libdevice.tan({0})", "tanh": "libdevice.tanh({0})", "sinh": "libdevice.sinh({0})",
+    "cosh": "libdevice.cosh({0})", "asin": "libdevice.asin({0})", "acos": "libdevice.acos({0})",
+    "atan": "libdevice.atan({0})", "asinh": "libdevice.asinh({0})",
+    "acosh": "libdevice.acosh({0})", "atanh": "libdevice.atanh({0})", "erf": "tl.erf({0})",
+    "erfc": "libdevice.erfc({0})", "lgamma": "libdevice.lgamma({0})",
+    "sigmoid": "{one} / ({one} + tl.exp(-{0}))", "relu": "tl.where({0} < 0, {zero}, {0})",
+    "floor": _kinds("tl.floor({0})", "({0})"), "ceil": _kinds("tl.ceil({0})", "({0})"),
+    "round": _kinds("libdevice.nearbyint({0})", "({0})"),
+    "trunc": _kinds("libdevice.trunc({0})", "({0})"),
+    "sign": _kinds("t_sign({0})", bool_="({0})"), "reciprocal": _kinds("1.0 / {0}", "1 // {0}"),
+    "bitwise_not": _kinds("(~{0})", bool_="({0} == 0)"), "logical_not": "({0} == 0)",
+    "isnan": "({0} != {0})",
+    "add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}",
+    "div": _kinds("{0} / {1}", "{0} // {1}", "{0} / {1}"),
+    "maximum": _kinds("t_max({0}, {1})", bool_="t_or({0}, {1})"),
+    "minimum": _kinds("t_min({0}, {1})", bool_="t_and({0}, {1})"),
+    "pow": _kinds("libdevice.pow({0}, {1})", None), "atan2": "libdevice.atan2({0}, {1})",
+    "fmod": _kinds("libdevice.fmod({0}, {1})", "({0} % {1})"),
+    "remainder": "t_remainder({0}, {1})",
+    "floordiv": _kinds("t_ffloordiv({0}, {1})", "t_ifloordiv({0}, {1})"),
+    "bitwise_and": "{0} & {1}", "bitwise_or": "{0} | {1}", "bitwise_xor": "{0} ^ {1}",
+    "eq": "{0} == {1}", "ne": "{0} != {1}", "lt": "{0} < {1}", "le": "{0} <= {1}",
+    "gt": "{0} > {1}", "ge": "{0} >= {1}",
+    "logical_and": "{0} & {1}", "logical_or": "{0} | {1}", "logical_xor": "{0} != {1}",
+    "where": "tl.where({0}, {1}, {2})",
 }
-_TERNARY = re.compile(r"^(.*?) \? (.*) : (.*)$")
 
 
 def phys(dt):
@@ -134,59 +175,20 @@ def phys(dt):
     return torch.float32 if dt in HALF else dt
 
 
-def translate(tpl: str, cdt) -> str:
-    """A C++ op template of lowerings.py -> the Triton expression template."""
-    isf = cdt.is_floating_point
-    isb = cdt == torch.bool
-    one, zero = ("1.0", "0.0") if isf else (("True", "False") if isb else ("1", "0"))
-    s = tpl.replace("({T})1", one).replace("({T})0", zero)
-    if s == "false":
-        return "({0} != {0})"
-    if s == "m::max({0}, " + zero + ")":           # relu, NaN-propagating
-        return "tl.where({0} < 0, " + zero + ", {0})"
-    m = _TERNARY.match(s)
-    if m:
-        s = f"tl.where({m.group(1)}, {m.group(2)}, {m.group(3)})"
-    if s.startswith("!"):
-        s = f"({s[1:]} == 0)"
-    s = s.replace("&&", "&").replace("||", "|")
-    if not isf and not isb:
-        s = s.replace(" / ", " // ")
+def _kind(dt) -> str:
+    return "bool" if dt == torch.bool else ("float" if dt.is_floating_point else "int")
 
-    def fn(name):
-        if name in ("t_max", "t_min"):
-            return ("t_or" if name == "t_max" else "t_and") if isb else name
-        if name in ("t_floor", "t_ceil", "t_round", "t_trunc"):
-            if not isf:
-                return ""
-            return {"t_floor": "tl.floor", "t_ceil": "tl.ceil", "t_round": "libdevice.nearbyint",
-                    "t_trunc": "libdevice.trunc"}[name]
-        if name == "t_sign":
-            return "" if isb else "t_sign"
-        if name == "t_not":
-            return "t_lnot" if isb else "t_bnot"
-        if name == "t_pow":
-            if not isf:
-                raise Unlowerable("integer pow on the GPU")
-            return "libdevice.pow"
-        if name == "t_fmod":
-            return "libdevice.fmod" if isf else "t_imod"
-        if name == "t_remainder":
-            return "t_remainder"
-        if name == "t_floordiv":
-            return "t_ffloordiv" if isf else "t_ifloordiv"
-        raise Unlowerable(f"no Triton spelling for {name}")
-    s = re.sub(r"\bm::(\w+)\(", lambda mm: MATH.get(mm.group(1), "?" + mm.group(1)) + "(", s)
-    if "?" in s:
-        raise Unlowerable(f"no Triton spelling for {tpl}")
-    s = re.sub(r"\b(t_\w+)\(", lambda mm: fn(mm.group(1)) + "(", s)
-    # a few helpers that are simple enough to inline
-    s = re.sub(r"\bt_isnan\(([^()]*)\)", r"(\1 != \1)", s)
-    s = re.sub(r"\bt_bnot\(([^()]*)\)", r"(~\1)", s)
-    s = re.sub(r"\bt_lnot\(([^()]*)\)", r"(\1 == 0)", s)
-    s = re.sub(r"\bt_imod\(([^(),]*), ([^()]*)\)", r"(\1 % \2)", s)
-    s = re.sub(r"\bt_ffloordiv\(([^(),]*), ([^()]*)\)", r"tl.floor(\1 / \2)", s)
-    return s
+
+def spell(name: str, nargs: int, dtype) -> str:
+    """The Triton expression template of op ``name`` computed in ``dtype``."""
+    spelled = spelling(TRITON_OPS, name, nargs, "Triton")
+    kind = _kind(dtype)
+    if isinstance(spelled, dict):
+        spelled = spelled[kind]
+        if spelled is None:
+            raise Unlowerable(f"no Triton spelling for {name} on {dtype}")
+    one, zero = {"float": ("1.0", "0.0"), "bool": ("True", "False"), "int": ("1", "0")}[kind]
+    return spelled.replace("{one}", one).replace("{zero}", zero)
 
 
 def translate_cond(cond: str) -> str:
@@ -327,9 +329,9 @@ class TritonEmitter:
             expr += ".to(tl.float32)"
         return CVal(self._cse(expr, want_r), buf.dtype)
 
-    def op(self, template: str, rdt, vals, cdt=None) -> CVal:
-        cdt = cdt or rdt
-        tpl = translate(template, cdt)
+    def op(self, name: str, vals, dtype) -> CVal:
+        tpl = spell(name, len(vals), dtype)
+        rdt = result_dtype(name, dtype)
         exprs = [v.expr for v in vals]
         expr = tpl.format(*exprs)
         if all(v.expr in self.consts for v in vals):

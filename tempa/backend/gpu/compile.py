@@ -1,19 +1,14 @@
-"""One functional ATen graph on CUDA -> Triton kernels + one generated wrapper function.
+"""One functional ATen graph on CUDA -> Triton kernels + one generated wrapper function:
+the Triton target of the backend's pipeline (pipeline.py lists the passes).
 
-The passes, in order (the first three are the CPU backend's, unchanged):
-
-  1. lower_graph     ATen FX -> loop IR (lower/lowerings.py), with bf16/fp16 admitted
-  2. eliminate_dead  drop buffers nothing reads
-  3. schedule        group buffers into loop nests, cut at extern calls (schedule.py)
-  4. partition       each group -> one Triton kernel (or one per member where a group mixes
-                     shapes a single program cannot hold: a reduction with inner dims)
-  5. plan_memory     register (x-level, read only in its kernel) vs global memory
-  6. render          codegen/triton.py: one kernel per partition, identical ones shared
-     (max-autotune)  gemm_tune.py: each mm/addmm/bmm with the pointwise kernel after it ->
-                     a GEMM template with that kernel as its epilogue, or cuBLAS + the kernel,
-                     whichever measured faster (runtime/autotune.py)
-  7. compile         every kernel of every plan at once, in parallel (kernels.py)
-  8. wrapper         straight-line Python: allocate, launch, call externs (wrapper.py)
+``TritonTarget`` differs from the C++ target in data (bf16/fp16 admitted, shared values
+stored sooner, small addmms as mm + a fused bias) and in its own passes: ``partition``
+(each group -> one Triton kernel, or one per member where a group mixes shapes a single
+program cannot hold), ``plan_memory`` (register vs global memory), ``render``
+(codegen/triton.py, identical kernels shared), ``autotune`` (max-autotune: each matmul with
+the pointwise kernel after it -> a GEMM template with that kernel as its epilogue, or
+cuBLAS + the kernel, whichever measured faster) and ``finish`` (every kernel of every plan
+compiled at once, in parallel (kernels.py), then the wrappers (wrapper.py)).
 """
 from __future__ import annotations
 
@@ -24,10 +19,10 @@ import torch
 
 from ..codegen import triton as tr
 from ..codegen.triton_emit import EXTRA_DTYPES
-from ..compile_graph import GraphInfo, eliminate_dead
-from ..ir import ExternCall, Reduction, TV, extra_dtypes
-from ..lower.lowerings import ADDMM_AS_MM_MACS, DYN_SCALE, SIZE_CHOICES, bound, lower_graph
-from ..schedule import _extern_buffers, _reads, nonunit, probe_loads, schedule
+from ..compile_graph import GraphInfo
+from ..ir import ExternCall, Reduction, TV
+from ..pipeline import Target, memory_summary, plan_graph as run_passes
+from ..schedule import _extern_buffers, _reads, nonunit, probe_loads
 from ..index import Var
 from . import kernels as K
 from . import wrapper as W
@@ -161,59 +156,100 @@ def _r_contiguous(kp) -> bool:
     return True
 
 
-def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str = "graph",
-               prefix: str = "", param_inputs=frozenset(), autotune=None, nsizes: int = 0,
-               choices=None) -> GpuPlan:
-    """``nsizes`` > 0: one rendering of a shape-generic graph (gpu/dynamic.py): lowering
-    assumes sizes may grow and replays ``choices`` (as the CPU's plan_graph); the kernels
-    are rendered again with fixed blocks by ``rerender`` before their text is used."""
-    from ..compile_graph import DYNAMIC_SIZE_SCALE
-    with bound((DYN_SCALE, DYNAMIC_SIZE_SCALE if nsizes else 1), (SIZE_CHOICES, choices),
-               (ADDMM_AS_MM_MACS, ADDMM_AS_MM_LIMIT)):
-        return _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, param_inputs, autotune)
-
-
 # ~0.7 µs of H200 bf16 matmul: below it an addmm's host cost outweighs its GPU time, so it
-# runs as mm + a fused bias add (lower/core.py ADDMM_AS_MM_MACS says why).
+# runs as mm + a fused bias add (lower/core.py LowerOptions says why).
 ADDMM_AS_MM_LIMIT = 1 << 28
 
 
-def _plan_graph(gm, num_outputs, mutated, num_inputs, label, prefix, param_inputs, autotune) -> GpuPlan:
-    with extra_dtypes(EXTRA_DTYPES):
-        lowered = lower_graph(gm, num_outputs, mutated, shared_reads=3)
-        for cb in lowered.copy_backs:
+class TritonTarget(Target):
+    """The Triton renderer's passes of pipeline.GRAPH_PASSES, and its finish."""
+    name = "triton"
+    # a value with several users that reads this many buffers is stored once (lower_graph)
+    shared_reads = 3
+    addmm_as_mm_macs = ADDMM_AS_MM_LIMIT
+    extra_dtypes = EXTRA_DTYPES
+
+    def lower(self, job):
+        out = super().lower(job)
+        for cb in job.lowered.copy_backs:
             cb.target._mutated = True      # written in place: no alignment assumption
-        for st in lowered.steps:
+        for st in job.lowered.steps:
             if isinstance(st, ExternCall) and st.op in GPU_EXTERNS:
                 st.fallback = False
-        eliminate_dead(lowered)
-        sched = schedule(lowered.steps, lowered.copy_backs, lowered.outputs, gpu=True)
-        parts = partition(sched)
-        plan_memory(parts, lowered)
-        items = []
-        for it in parts:
+        return out
+
+    def partition(self, job):
+        job.parts = partition(job.sched)
+        return f"{sum(isinstance(p, tr.KernelPlan) for p in job.parts)} kernels"
+
+    def plan_memory(self, job):
+        plan_memory(job.parts, job.lowered)
+        return memory_summary(job.lowered.steps)
+
+    def render(self, job):
+        job.items = []
+        for it in job.parts:
             if isinstance(it, ExternCall):
-                items.append(it)
+                job.items.append(it)
             else:
                 it.r_contiguous = _r_contiguous(it)
-                items.append((it, tr.render_kernel(it, it.r_contiguous)))
-        tuned_from = len(autotune.log) if autotune is not None else 0
+                job.items.append((it, tr.render_kernel(it, it.r_contiguous)))
+        return _Kernels(job.items)
+
+    def autotune(self, job):
+        autotune = job.settings.get("autotune")
+        job.tuned_from = len(autotune.log) if autotune is not None else 0
+        if autotune is None:
+            return None
+        # max-autotune: matmuls become GEMM templates with their epilogue fused, where
+        # that measures faster than cuBLAS + the separate epilogue kernel
+        from . import gemm_tune
+        job.items = gemm_tune.tune(job.items, job.lowered, autotune, K.interpret_mode())
+        return "\n".join(autotune.log[job.tuned_from:])
+
+    def make_plan(self, job) -> GpuPlan:
+        lowered, items, autotune = job.lowered, job.items, job.settings.get("autotune")
+        info = GpuGraphInfo()
         if autotune is not None:
-            # max-autotune: matmuls become GEMM templates with their epilogue fused, where
-            # that measures faster than cuBLAS + the separate epilogue kernel
-            from . import gemm_tune
-            items = gemm_tune.tune(items, lowered, autotune, K.interpret_mode())
-    info = GpuGraphInfo()
-    if autotune is not None:
-        info.autotune = autotune.log[tuned_from:]
-    info.aten_fallbacks = list(lowered.fallbacks)
-    info.extern_calls = list(lowered.externs)
-    info.kernel_count = sum(1 for it in items if not isinstance(it, ExternCall))
-    info.mutated_inputs = list(mutated)
-    info.segment_count = info.kernel_count
-    plan = GpuPlan(lowered, items, info, num_inputs, label, set(param_inputs), autotune, list(sched.report))
-    _report(plan)
-    return plan
+            info.autotune = autotune.log[job.tuned_from:]
+        info.aten_fallbacks = list(lowered.fallbacks)
+        info.extern_calls = list(lowered.externs)
+        info.kernel_count = sum(1 for it in items if not isinstance(it, ExternCall))
+        info.mutated_inputs = list(job.mutated)
+        info.segment_count = info.kernel_count
+        job.kept["render"] = _Kernels(items)
+        info.passes = job.kept
+        plan = GpuPlan(lowered, items, info, job.num_inputs, job.label,
+                       set(job.settings.get("param_inputs", ())), autotune, list(job.sched.report))
+        _report(plan)
+        return plan
+
+    def finish(self, plans: list) -> list:
+        return finish(plans)
+
+
+TRITON = TritonTarget()
+
+
+class _Kernels:
+    """The rendered Triton kernels of one plan, printable (their final names come in finish)."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __str__(self):
+        return "\n\n".join(it[1].body for it in self.items if isinstance(it, tuple))
+
+
+def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str = "graph",
+               prefix: str = "", param_inputs=frozenset(), autotune=None, nsizes: int = 0,
+               choices=None) -> GpuPlan:
+    """The pipeline's graph passes with the Triton target. ``nsizes`` > 0: one rendering of
+    a shape-generic graph (gpu/dynamic.py): lowering assumes sizes may grow and replays
+    ``choices`` (as the CPU's plan_graph); the kernels are rendered again with fixed blocks
+    by ``rerender`` before their text is used."""
+    return run_passes(TRITON, gm, num_outputs, mutated, num_inputs, label, prefix, nsizes, choices,
+                      param_inputs=param_inputs, autotune=autotune)
 
 
 def rerender(plan: GpuPlan, blocks: list, nsizes: int):
@@ -302,6 +338,8 @@ def finish(plans: list) -> list:
             rendered = (wsrc, consts)
         call, wsrc = W.build(p, mod, compiled, interp, rendered)
         info.wrapper_source = wsrc
+        info.passes["build"] = path
+        info.passes["wrap"] = wsrc
         log = logs.get("code")
         if log.isEnabledFor(20):
             log.info("%s: %s\n--- wrapper ---\n%s\n--- triton ---\n%s\n--- fusion ---\n%s",

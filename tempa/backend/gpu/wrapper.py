@@ -16,6 +16,7 @@ import torch
 from ..codegen.wrapper import (WrapperGen, _DTYPE_NAMES, _contig, _opname, alloc_layout,
                                reshape_outputs_at_allocation)
 from ..ir import TV, ExternCall
+from ..pipeline import source_file
 
 
 def render(plan, interp: bool, nsizes: int = 0):
@@ -214,7 +215,7 @@ def build(plan, mod, compiled: dict, interp: bool, rendered=None):
     from .kernels import Launcher
     src, consts = rendered or render(plan, interp)
     ns: dict = {}
-    exec(compile(src, f"<tempa gpu wrapper {plan.label}>", "exec"), ns)
+    exec(compile(src, source_file(src, f"gpu wrapper {plan.label}"), "exec"), ns)
     if interp:
         ks = {name: getattr(mod, name) for name in {it[1].name for it in plan.items if isinstance(it, tuple)}}
         dev, di = torch.device("cpu"), 0

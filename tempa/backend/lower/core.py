@@ -8,16 +8,16 @@ node then runs as an ATen fallback call, so a gap costs speed, never correctness
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
 import operator
+from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from ..index import Ix, contiguous_strides
+from ..ops import OPS, UnknownOp, lookup
 from ..ir import (CTYPES, Buffer, ComputedBuffer, ExternCall, LoweredGraph, Pointwise, Reduction, TV,
                   Unlowerable)
 
@@ -30,31 +30,28 @@ LOWERINGS: dict = {}
 # dispatch on this machine, about what our plain vectorised loop needs for ~130k MACs; above
 # that the tuned library's blocking wins.
 SMALL_MATMUL_MACS = 1 << 17
-# When lowering a shape-generic graph (backend/dynamic.py), sizes seen while lowering are
-# samples of a range: thresholds on work assume the run-time sizes may be this many times
-# bigger, so a matmul that grows past the library's break-even point is not inlined.
-DYN_SCALE = contextvars.ContextVar("tempa_dyn_scale", default=1)
-# ... and the choices made from magnitudes are recorded while lowering at the example sizes
-# and replayed at the other sizes, so every rendering makes the same choices.
-SIZE_CHOICES = contextvars.ContextVar("tempa_size_choices", default=None)
-# The GPU sets this: an addmm up to this many multiply-adds runs as mm plus a bias add that
-# fuses into the kernel after it. Why: at such sizes the GPU waits on the host, and ATen's
-# addmm (cuBLASLt with a bias epilogue, its heuristic queried per call) costs ~22 µs of
-# host time against mm's ~12 µs (H200 host, measured 2026-11-30); bigger ones keep the
-# free epilogue.
-ADDMM_AS_MM_MACS = contextvars.ContextVar("tempa_addmm_as_mm_macs", default=0)
+# The GPU runs an addmm up to LowerOptions.addmm_as_mm_macs multiply-adds as mm plus a bias
+# add that fuses into the kernel after it. Why: at such sizes the GPU waits on the host, and
+# ATen's addmm (cuBLASLt with a bias epilogue, its heuristic queried per call) costs ~22 µs
+# of host time against mm's ~12 µs (H200 host, measured 2026-11-30); bigger ones keep the
+# free epilogue. The CPU never does (0).
 
 
-@contextlib.contextmanager
-def bound(*settings):
-    """Each ``(context variable, value)`` set for the duration (a plan_graph's lowering
-    settings)."""
-    tokens = [(var, var.set(value)) for var, value in settings]
-    try:
-        yield
-    finally:
-        for var, token in reversed(tokens):
-            var.reset(token)
+@dataclass
+class LowerOptions:
+    """The settings of one lowering, passed explicitly (``ctx.options``; C++ rendering reads
+    the same object for its own size-driven choices)."""
+    # Shape-generic graphs (backend/dynamic.py): the sizes seen are samples of a range, so
+    # thresholds on work assume run-time sizes up to this many times bigger (a matmul that
+    # grows past the library's break-even point is not inlined).
+    dyn_scale: int = 1
+    # ... and the choices made from magnitudes are recorded while lowering at the example
+    # sizes and replayed at the other sizes, so every rendering makes the same choices.
+    size_choices: "SizeChoices | None" = None
+    addmm_as_mm_macs: int = 0
+
+    def size_choice(self, what: str, value: bool) -> bool:
+        return value if self.size_choices is None else self.size_choices(what, value)
 
 
 def probe(tv: TV, prefix: str):
@@ -86,9 +83,6 @@ class SizeChoices:
         return self.log[self.pos - 1][1]
 
 
-def size_choice(what: str, value: bool) -> bool:
-    log = SIZE_CHOICES.get()
-    return value if log is None else log(what, value)
 # A pointwise value read by several consumers is recomputed in each (inlined) unless its
 # expression is bigger than this many ops; then it is stored once.
 INLINE_COST = 12
@@ -114,7 +108,8 @@ def _tm(node):
 
 
 class LowerCtx:
-    def __init__(self):
+    def __init__(self, options: LowerOptions | None = None):
+        self.options = options or LowerOptions()
         self.g = LoweredGraph()
         self.n = 0
         # id(value) -> (value, its buffer-backed TV): values made memory for an extern call.
@@ -270,24 +265,38 @@ def promote(*args):
     return elementwise_dtypes(*dummies, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]
 
 
-def pointwise(node, template, args, compute=None, result=None):
-    """A pointwise op: ``template`` is C++ with {0},{1}.. for the (cast) inputs, {T} its type."""
+def pointwise(node, op, args, compute=None):
+    """A pointwise op over ``args`` (values and Python scalars, broadcast to the node's
+    shape and cast to ``compute``, default the node's dtype): ``op`` is a name of ops.OPS,
+    or ``op(k, vals, dtype) -> CVal`` composing several (``composite``)."""
     tm = _tm(node)
     sizes, odt = tm.shape, tm.dtype
     ctype(odt)
     cdt = compute or odt
-    rdt = result or cdt
     loaders = [bcast(a, sizes) if isinstance(a, TV) else scalar_loader(a) for a in args]
     cost = 1 + sum(a.cost for a in args if isinstance(a, TV))
+    body = _named(op, len(args)) if isinstance(op, str) else op
 
     def fn(k, idx):
         vals = [k.cast(l(k, idx), cdt) for l in loaders]
-        return k.cast(k.op(template, rdt, vals, cdt), odt)
+        return k.cast(body(k, vals, cdt), odt)
     return TV(sizes, odt, fn, cost=cost)
 
 
-def _unary(template, compute_float=True):
-    def low(ctx, node, x, *rest):
-        tm = _tm(node)
-        return pointwise(node, template, [x], compute=tm.dtype)
-    return low
+def _named(name: str, arity: int):
+    lookup(name)                   # an unknown name fails here, at lowering, not at render
+    if OPS[name].arity != arity:
+        raise UnknownOp(f"{name} takes {OPS[name].arity} arguments, got {arity}")
+
+    def body(k, vals, dt):
+        return k.op(name, vals, dt)
+    return body
+
+
+def square(k, v, dt):
+    return k.op("mul", [v, v], dt)
+
+
+def identity(k, vals, dt):
+    """The composite of a cast or copy: the (cast) argument itself."""
+    return vals[0]

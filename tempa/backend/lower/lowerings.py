@@ -19,18 +19,18 @@ import torch.fx as fx
 from ..index import contiguous_strides
 from ..ir import CTYPES, Buffer, ComputedBuffer, LoweredGraph, Pointwise, TV, Unlowerable
 from . import pointwise, reductions, views  # importing them registers their lowerings
-from .core import (ADDMM_AS_MM_MACS, DYN_SCALE, INLINE_COST, LOWERINGS, SIZE_CHOICES,
-                   SMALL_MATMUL_MACS, LowerCtx, SizeChoices, bound, literal, probe, register, size_choice)
+from .core import (INLINE_COST, LOWERINGS, SMALL_MATMUL_MACS, LowerCtx, LowerOptions, SizeChoices,
+                   literal, probe, register)
 from .matmul import EXTERN_OPS
 
 # what other packages use from here (the lowerings themselves live in the modules above)
-__all__ = ["lower_graph", "LOWERINGS", "register", "literal", "DYN_SCALE", "SIZE_CHOICES",
-           "SizeChoices", "size_choice", "SMALL_MATMUL_MACS", "INLINE_COST", "EXTERN_OPS",
-           "ADDMM_AS_MM_MACS", "bound",
+__all__ = ["lower_graph", "LOWERINGS", "register", "literal", "LowerOptions", "SizeChoices",
+           "SMALL_MATMUL_MACS", "INLINE_COST", "EXTERN_OPS",
            "pointwise", "reductions", "views"]
 
 
-def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_reads=None) -> LoweredGraph:
+def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_reads=None,
+                options: LowerOptions | None = None) -> LoweredGraph:
     """Lower a functional ATen graph whose outputs are (user outputs..., new values of the
     inputs in ``mutated``..., [saved tensors...]).
 
@@ -38,8 +38,9 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
     is stored once instead of recomputed by each user. Why: a transformer's residual stream
     is a chain of adds, each cheap, so the cost rule alone inlines it for several layers and
     layer i's kernels re-read all i earlier sublayer outputs: extra memory traffic on every
-    layer, and no two layers' kernels alike (each is compiled by Triton on its own)."""
-    ctx = LowerCtx()
+    layer, and no two layers' kernels alike (each is compiled by Triton on its own).
+    ``options``: the size-driven settings (lower/core.py LowerOptions)."""
+    ctx = LowerCtx(options)
     g = ctx.g
     env: dict = {}
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]

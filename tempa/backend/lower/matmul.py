@@ -6,7 +6,7 @@ import torch
 
 from ..index import contiguous_strides
 from ..ir import Unlowerable
-from .core import aten, ADDMM_AS_MM_MACS, DYN_SCALE, pointwise, probe, register, size_choice, SMALL_MATMUL_MACS
+from .core import aten, pointwise, probe, register, SMALL_MATMUL_MACS
 
 
 # --- matmul: small ones are loops in the kernel file, big ones call ATen ---------------------
@@ -28,7 +28,7 @@ def _mm_tv(ctx, node, a, b, batch):
         r = ridx[0]
         av = a.load(k, list(idx[:-2]) + [idx[-2], r])
         bv = b.load(k, list(idx[:-2]) + [r, idx[-1]])
-        return k.op("{0} * {1}", dt, [av, bv], dt)
+        return k.op("mul", [av, bv], dt)
     return ctx.reduction(out, (kk,), "sum", fn, dt, dt, origin="matmul")
 
 
@@ -59,17 +59,17 @@ def _kstride(tv, dim):
     return next((c for a, c in ix.terms if isinstance(a, Var) and a.name == name), 0)
 
 
-def _small(macs, a=None, b=None):
+def _small(ctx, macs, a=None, b=None):
     unit = a is None or (_kstride(a, -1) == 1 and _kstride(b, -2) == 1)
     limit = SMALL_MATMUL_MACS if unit else SMALL_STRIDED_MATMUL_MACS
-    return size_choice("inline matmul", macs * DYN_SCALE.get() <= limit)
+    return ctx.options.size_choice("inline matmul", macs * ctx.options.dyn_scale <= limit)
 
 
 @register(aten.mm.default)
 def _mm(ctx, node, a, b):
     m, k = a.sizes
     n = b.sizes[1]
-    if not _small(m * n * k, a, b) or k == 0:
+    if not _small(ctx, m * n * k, a, b) or k == 0:
         return ctx.extern(node, (a, b), {}, fallback=False)
     return _mm_tv(ctx, node, a, b, False)
 
@@ -78,7 +78,7 @@ def _mm(ctx, node, a, b):
 def _bmm(ctx, node, a, b):
     bsz, m, k = a.sizes
     n = b.sizes[2]
-    if not _small(bsz * m * n * k, a, b) or k == 0:
+    if not _small(ctx, bsz * m * n * k, a, b) or k == 0:
         return ctx.extern(node, (a, b), {}, fallback=False)
     return _mm_tv(ctx, node, a, b, True)
 
@@ -87,20 +87,24 @@ def _bmm(ctx, node, a, b):
 def _addmm(ctx, node, bias, a, b, beta=1, alpha=1):
     m, k = a.sizes
     n = b.sizes[1]
-    if not _small(m * n * k, a, b) or k == 0:
-        if beta == 1 and alpha == 1 and k and size_choice("addmm as mm", m * n * k * DYN_SCALE.get()
-                                                         <= ADDMM_AS_MM_MACS.get()):
+    if not _small(ctx, m * n * k, a, b) or k == 0:
+        opts = ctx.options
+        if beta == 1 and alpha == 1 and k and opts.size_choice(
+                "addmm as mm", m * n * k * opts.dyn_scale <= opts.addmm_as_mm_macs):
             mm = ctx.extern(node, (a, b), {}, fallback=False, op=aten.mm.default, arg_nodes=node.args[1:3])
             half = mm.dtype in (torch.float16, torch.bfloat16)
-            return pointwise(node, "{0} + {1}", [mm, bias], compute=torch.float32 if half else None)
+            return pointwise(node, "add", [mm, bias], compute=torch.float32 if half else None)
         return ctx.extern(node, (bias, a, b), {"beta": beta, "alpha": alpha}, fallback=False)
     mm = _mm_tv(ctx, node, a, b, False)
-    args = [mm, bias]
-    tpl = "{0} + {1}"
     if alpha != 1 or beta != 1:
-        tpl = "{0} * {2} + {1} * {3}"
-        args += [alpha, beta]
-    return pointwise(node, tpl, args)
+        return pointwise(node, _scaled_sum, [mm, bias, alpha, beta])
+    return pointwise(node, "add", [mm, bias])
+
+
+def _scaled_sum(k, vals, dt):
+    """mm * alpha + bias * beta"""
+    mm, bias, alpha, beta = vals
+    return k.op("add", [k.op("mul", [mm, alpha], dt), k.op("mul", [bias, beta], dt)], dt)
 
 
 EXTERN_OPS = [aten.convolution.default, aten.convolution_backward.default,

@@ -4,141 +4,131 @@ from __future__ import annotations
 import torch
 
 from ..ir import TV, Unlowerable
-from .core import aten, bcast, LOWERINGS, pointwise, prims, promote, register, scalar_loader, _tm
+from .core import aten, bcast, identity, square, LOWERINGS, pointwise, prims, promote, register, scalar_loader, _tm
 
 
 # --- pointwise ----------------------------------------------------------------------------
 
-UNARY = {
-    aten.neg.default: "-{0}", aten.abs.default: "m::abs({0})", aten.exp.default: "m::exp({0})",
-    aten.exp2.default: "m::exp2({0})", aten.log.default: "m::log({0})",
-    aten.log2.default: "m::log2({0})", aten.log10.default: "m::log10({0})",
-    aten.log1p.default: "m::log1p({0})", aten.expm1.default: "m::expm1({0})",
-    aten.sqrt.default: "m::sqrt({0})", aten.rsqrt.default: "({T})1 / m::sqrt({0})",
-    aten.sin.default: "m::sin({0})", aten.cos.default: "m::cos({0})",
-    aten.tan.default: "m::tan({0})", aten.tanh.default: "m::tanh({0})",
-    aten.sinh.default: "m::sinh({0})", aten.cosh.default: "m::cosh({0})",
-    aten.asin.default: "m::asin({0})", aten.acos.default: "m::acos({0})",
-    aten.atan.default: "m::atan({0})", aten.asinh.default: "m::asinh({0})",
-    aten.acosh.default: "m::acosh({0})", aten.atanh.default: "m::atanh({0})",
-    aten.erf.default: "m::erf({0})", aten.erfc.default: "m::erfc({0})",
-    aten.sigmoid.default: "({T})1 / (({T})1 + m::exp(-{0}))",
-    aten.relu.default: "m::max({0}, ({T})0)", aten.floor.default: "t_floor({0})",
-    aten.ceil.default: "t_ceil({0})", aten.round.default: "t_round({0})",
-    aten.trunc.default: "t_trunc({0})", aten.sign.default: "t_sign({0})",
-    aten.reciprocal.default: "({T})1 / {0}", aten.lgamma.default: "m::lgamma({0})",
-    aten.bitwise_not.default: "t_not({0})", aten.logical_not.default: "!{0}",
-}
-FLOAT_ONLY = {aten.exp.default, aten.log.default, aten.sqrt.default, aten.rsqrt.default,
-              aten.sin.default, aten.cos.default, aten.tanh.default, aten.sigmoid.default}
+# ATen op -> the loop-IR op (backend/ops.py) it is
+UNARY = {getattr(aten, name).default: name for name in (
+    "neg", "abs", "exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "sqrt", "rsqrt",
+    "sin", "cos", "tan", "tanh", "sinh", "cosh", "asin", "acos", "atan", "asinh", "acosh",
+    "atanh", "erf", "erfc", "sigmoid", "relu", "floor", "ceil", "round", "trunc", "sign",
+    "reciprocal", "lgamma", "bitwise_not", "logical_not")}
 
-for _op, _tpl in UNARY.items():
-    def _mk(tpl, op):
+for _op, _name in UNARY.items():
+    def _mk(name):
         def low(ctx, node, x):
-            tm = _tm(node)
-            if op is aten.logical_not.default:
-                return pointwise(node, tpl, [x], compute=torch.bool)
-            return pointwise(node, tpl, [x], compute=tm.dtype)
+            return pointwise(node, name, [x], compute=torch.bool if name == "logical_not" else _tm(node).dtype)
         return low
-    LOWERINGS[_op] = _mk(_tpl, _op)
+    LOWERINGS[_op] = _mk(_name)
 
 BINARY = {
-    aten.mul.Tensor: "{0} * {1}", aten.mul.Scalar: "{0} * {1}",
-    aten.div.Tensor: "{0} / {1}", aten.div.Scalar: "{0} / {1}",
-    aten.maximum.default: "t_max({0}, {1})", aten.minimum.default: "t_min({0}, {1})",
-    aten.pow.Tensor_Tensor: "t_pow({0}, {1})", aten.atan2.default: "m::atan2({0}, {1})",
-    aten.fmod.Tensor: "t_fmod({0}, {1})", aten.fmod.Scalar: "t_fmod({0}, {1})",
-    aten.remainder.Tensor: "t_remainder({0}, {1})", aten.remainder.Scalar: "t_remainder({0}, {1})",
-    aten.bitwise_and.Tensor: "{0} & {1}", aten.bitwise_or.Tensor: "{0} | {1}",
-    aten.bitwise_xor.Tensor: "{0} ^ {1}", aten.bitwise_and.Scalar: "{0} & {1}",
-    aten.bitwise_or.Scalar: "{0} | {1}", aten.bitwise_xor.Scalar: "{0} ^ {1}",
-    aten.floor_divide.default: "t_floordiv({0}, {1})",
+    aten.mul.Tensor: "mul", aten.mul.Scalar: "mul", aten.div.Tensor: "div", aten.div.Scalar: "div",
+    aten.maximum.default: "maximum", aten.minimum.default: "minimum",
+    aten.pow.Tensor_Tensor: "pow", aten.atan2.default: "atan2",
+    aten.fmod.Tensor: "fmod", aten.fmod.Scalar: "fmod",
+    aten.remainder.Tensor: "remainder", aten.remainder.Scalar: "remainder",
+    aten.bitwise_and.Tensor: "bitwise_and", aten.bitwise_or.Tensor: "bitwise_or",
+    aten.bitwise_xor.Tensor: "bitwise_xor", aten.bitwise_and.Scalar: "bitwise_and",
+    aten.bitwise_or.Scalar: "bitwise_or", aten.bitwise_xor.Scalar: "bitwise_xor",
+    aten.floor_divide.default: "floordiv", prims.div.default: "div",
 }
-COMPARE = {
-    aten.eq.Tensor: "{0} == {1}", aten.eq.Scalar: "{0} == {1}", aten.ne.Tensor: "{0} != {1}",
-    aten.ne.Scalar: "{0} != {1}", aten.lt.Tensor: "{0} < {1}", aten.lt.Scalar: "{0} < {1}",
-    aten.le.Tensor: "{0} <= {1}", aten.le.Scalar: "{0} <= {1}", aten.gt.Tensor: "{0} > {1}",
-    aten.gt.Scalar: "{0} > {1}", aten.ge.Tensor: "{0} >= {1}", aten.ge.Scalar: "{0} >= {1}",
-}
-LOGICAL = {aten.logical_and.default: "{0} && {1}", aten.logical_or.default: "{0} || {1}",
-           aten.logical_xor.default: "{0} != {1}"}
+COMPARE = {getattr(getattr(aten, name), overload): name
+           for name in ("eq", "ne", "lt", "le", "gt", "ge") for overload in ("Tensor", "Scalar")}
+LOGICAL = {getattr(aten, name).default: name for name in ("logical_and", "logical_or", "logical_xor")}
 
-for _op, _tpl in BINARY.items():
-    def _mk(tpl):
+for _op, _name in BINARY.items():
+    def _mk(name):
         def low(ctx, node, a, b):
-            return pointwise(node, tpl, [a, b])
+            return pointwise(node, name, [a, b])
         return low
-    LOWERINGS[_op] = _mk(_tpl)
-for _op, _tpl in COMPARE.items():
-    def _mk(tpl):
+    LOWERINGS[_op] = _mk(_name)
+for _op, _name in COMPARE.items():
+    def _mk(name):
         def low(ctx, node, a, b):
-            return pointwise(node, tpl, [a, b], compute=promote(a, b), result=torch.bool)
+            return pointwise(node, name, [a, b], compute=promote(a, b))
         return low
-    LOWERINGS[_op] = _mk(_tpl)
-for _op, _tpl in LOGICAL.items():
-    def _mk(tpl):
+    LOWERINGS[_op] = _mk(_name)
+for _op, _name in LOGICAL.items():
+    def _mk(name):
         def low(ctx, node, a, b):
-            return pointwise(node, tpl, [a, b], compute=torch.bool)
+            return pointwise(node, name, [a, b], compute=torch.bool)
         return low
-    LOWERINGS[_op] = _mk(_tpl)
+    LOWERINGS[_op] = _mk(_name)
+
+
+def _plus_scaled(k, vals, dt):
+    """a + b * alpha"""
+    a, b, alpha = vals
+    return k.op("add", [a, k.op("mul", [b, alpha], dt)], dt)
+
+
+def _minus_scaled(k, vals, dt):
+    """a - b * alpha"""
+    a, b, alpha = vals
+    return k.op("sub", [a, k.op("mul", [b, alpha], dt)], dt)
 
 
 @register(aten.add.Tensor, aten.add.Scalar)
 def _add(ctx, node, a, b, alpha=1):
     if alpha != 1:
-        return pointwise(node, "{0} + {1} * {2}", [a, b, alpha])
-    return pointwise(node, "{0} + {1}", [a, b])
+        return pointwise(node, _plus_scaled, [a, b, alpha])
+    return pointwise(node, "add", [a, b])
 
 
 @register(aten.sub.Tensor, aten.sub.Scalar)
 def _sub(ctx, node, a, b, alpha=1):
     if alpha != 1:
-        return pointwise(node, "{0} - {1} * {2}", [a, b, alpha])
-    return pointwise(node, "{0} - {1}", [a, b])
+        return pointwise(node, _minus_scaled, [a, b, alpha])
+    return pointwise(node, "sub", [a, b])
 
 
 @register(aten.rsub.Tensor, aten.rsub.Scalar)
 def _rsub(ctx, node, a, b, alpha=1):
-    return pointwise(node, "{1} - {0} * {2}", [a, b, alpha])
+    return pointwise(node, _minus_scaled, [b, a, alpha])
+
+
+def _trunc_div(k, vals, dt):
+    return k.op("trunc", [k.op("div", vals, dt)], dt)
 
 
 @register(aten.div.Tensor_mode, aten.div.Scalar_mode)
 def _div_mode(ctx, node, a, b, rounding_mode=None):
     tm = _tm(node)
     if rounding_mode is None:
-        return pointwise(node, "{0} / {1}", [a, b])
+        return pointwise(node, "div", [a, b])
     if rounding_mode == "trunc":
-        tpl = "t_trunc({0} / {1})" if tm.dtype.is_floating_point else "{0} / {1}"
-        return pointwise(node, tpl, [a, b])
-    return pointwise(node, "t_floordiv({0}, {1})", [a, b])
+        return pointwise(node, _trunc_div if tm.dtype.is_floating_point else "div", [a, b])
+    return pointwise(node, "floordiv", [a, b])
 
 
 @register(aten.pow.Tensor_Scalar)
 def _pow(ctx, node, a, e):
     if e == 2:
-        return pointwise(node, "{0} * {0}", [a])
+        return pointwise(node, lambda k, vals, dt: square(k, vals[0], dt), [a])
     if e == 1:
-        return pointwise(node, "{0}", [a])
+        return pointwise(node, identity, [a])
     if e == 0.5 and _tm(node).dtype.is_floating_point:
-        return pointwise(node, "m::sqrt({0})", [a])
-    return pointwise(node, "t_pow({0}, {1})", [a, e])
+        return pointwise(node, "sqrt", [a])
+    return pointwise(node, "pow", [a, e])
 
 
 @register(aten.pow.Scalar)
 def _pow_s(ctx, node, a, e):
-    return pointwise(node, "t_pow({0}, {1})", [a, e])
+    return pointwise(node, "pow", [a, e])
 
 
 @register(aten.clamp.default, aten.clamp.Tensor)
 def _clamp(ctx, node, x, min=None, max=None):
-    tpl, args = "{0}", [x]
-    if min is not None:
-        tpl = f"t_max({tpl}, {{{len(args)}}})"
-        args.append(min)
-    if max is not None:
-        tpl = f"t_min({tpl}, {{{len(args)}}})"
-        args.append(max)
-    return pointwise(node, tpl, args)
+    bounds = [op for op, v in (("maximum", min), ("minimum", max)) if v is not None]
+
+    def clamped(k, vals, dt):
+        v = vals[0]
+        for op, bound in zip(bounds, vals[1:]):
+            v = k.op(op, [v, bound], dt)
+        return v
+    return pointwise(node, clamped, [x] + [v for v in (min, max) if v is not None])
 
 
 @register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
@@ -151,26 +141,29 @@ def _where(ctx, node, c, a, b):
         cv = k.cast(loaders[0](k, idx), torch.bool)
         av = k.cast(loaders[1](k, idx), dt)
         bv = k.cast(loaders[2](k, idx), dt)
-        return k.op("{0} ? {1} : {2}", dt, [cv, av, bv], dt)
+        return k.op("where", [cv, av, bv], dt)
     return TV(tm.shape, dt, fn, cost=1 + sum(v.cost for v in (c, a, b) if isinstance(v, TV)))
 
 
 @register(aten.isnan.default)
 def _isnan(ctx, node, x):
     if not x.dtype.is_floating_point:
-        return pointwise(node, "false", [x], compute=x.dtype, result=torch.bool)
-    return pointwise(node, "m::isnan({0})", [x], compute=x.dtype, result=torch.bool)
+        return _fill(node, False)
+    return pointwise(node, "isnan", [x], compute=x.dtype)
 
 
 @register(aten.threshold_backward.default)
 def _thr_bw(ctx, node, grad, x, threshold):
-    return pointwise(node, "({1} <= {2}) ? ({T})0 : {0}", [grad, x, threshold])
+    def below_is_zero(k, vals, dt):
+        g, v, t = vals
+        return k.op("where", [k.op("le", [v, t], dt), k.const(0, dt), g], dt)
+    return pointwise(node, below_is_zero, [grad, x, threshold])
 
 
 @register(aten.to.dtype, aten.to.dtype_layout, aten.to.other, aten.to.device)
 def _to(ctx, node, x, *args, **kw):
     tm = _tm(node)
-    return pointwise(node, "{0}", [x], compute=tm.dtype)
+    return pointwise(node, identity, [x], compute=tm.dtype)
 
 
 @register(aten._to_copy.default, prims.convert_element_type.default)
@@ -178,7 +171,7 @@ def _to_copy(ctx, node, x, dtype=None, **kw):
     tm = _tm(node)
     if kw.get("layout") not in (None, torch.strided) or not _same_device(node, kw.get("device")):
         raise Unlowerable("device/layout change")
-    return pointwise(node, "{0}", [x], compute=tm.dtype)
+    return pointwise(node, identity, [x], compute=tm.dtype)
 
 
 def _same_device(node, device) -> bool:
@@ -202,7 +195,7 @@ def _identity(ctx, node, x, **kw):
 
 @register(aten.copy.default)
 def _copy(ctx, node, dst, src, non_blocking=False):
-    return pointwise(node, "{0}", [src], compute=_tm(node).dtype)
+    return pointwise(node, identity, [src], compute=_tm(node).dtype)
 
 
 # --- constants and factories ----------------------------------------------------------------
@@ -265,13 +258,5 @@ def _arange(ctx, node, *args, **kw):
 
     def fn(k, idx):
         i = k.index(idx[0])
-        return k.cast(k.op("{1} + {0} * {2}", cdt, [k.cast(i, cdt), k.const(start, cdt), k.const(step, cdt)], cdt), dt)
+        return k.cast(k.op("add", [k.const(start, cdt), k.op("mul", [k.cast(i, cdt), k.const(step, cdt)], cdt)], cdt), dt)
     return TV(tm.shape, dt, fn)
-
-
-@register(prims.div.default)
-def _pdiv(ctx, node, a, b):
-    tm = _tm(node)
-    if tm.dtype.is_floating_point:
-        return pointwise(node, "{0} / {1}", [a, b])
-    return pointwise(node, "{0} / {1}", [a, b])

@@ -8,7 +8,7 @@ import torch.fx as fx
 
 from ..index import contiguous_strides, flat_index, Ix, unflatten
 from ..ir import TV, Unlowerable
-from .core import aten, ctype, DYN_SCALE, prims, register, size_choice, _tm
+from .core import aten, ctype, prims, register, square, _tm
 from .views import _view_of
 
 
@@ -31,7 +31,7 @@ def _reduce(ctx, node, x, dims, keepdim, rtype, out_dtype, pre=None, origin=""):
     out_sizes = [1 if d in dims else x.sizes[d] for d in range(nd)] if keepdim else [x.sizes[d] for d in kept]
     acc = out_dtype
     if rtype in ("sum", "prod") and out_dtype == torch.float32 and \
-            size_choice("f64 accumulator", math.prod(rsizes) * DYN_SCALE.get() > 4096):
+            ctx.options.size_choice("f64 accumulator", math.prod(rsizes) * ctx.options.dyn_scale > 4096):
         acc = torch.float64   # why: a long float sum in one accumulator drifts (eager sums pairwise)
     if rtype in ("argmax", "argmin"):
         acc = x.dtype
@@ -80,7 +80,7 @@ def _mean(ctx, node, x, dims=None, keepdim=False, dtype=None):
     s = _reduce(ctx, node, x, dims, keepdim, "sum", dt, pre=lambda k, v, idx: k.cast(v, dt), origin="mean")
 
     def fn(k, idx):
-        return k.op("{0} / {1}", dt, [s.load(k, idx), k.const(n, dt)], dt)
+        return k.op("div", [s.load(k, idx), k.const(n, dt)], dt)
     return TV(s.sizes, dt, fn)
 
 
@@ -146,23 +146,25 @@ def _var(ctx, node, x, dims, correction, keepdim, want_mean):
                 origin="var(mean)")
 
     def shift(k, idx):
-        return k.op("{0} / {1}", acc, [s.load(k, idx), k.const(n, acc)], acc)
+        return k.op("div", [s.load(k, idx), k.const(n, acc)], acc)
 
     def dev(k, v, idx):
-        return k.op("{0} - {1}", acc, [k.cast(v, acc), shift(k, idx)], acc)
+        return k.op("sub", [k.cast(v, acc), shift(k, idx)], acc)
     sd = _reduce(ctx, node, x, dims, keepdim, "sum", acc, pre=dev, origin="var(shift)")
     ss = _reduce(ctx, node, x, dims, keepdim, "sum", acc,
-                 pre=lambda k, v, idx: k.op("{0} * {0}", acc, [dev(k, v, idx)], acc), origin="var")
+                 pre=lambda k, v, idx: square(k, dev(k, v, idx), acc), origin="var")
     denom = max(n - (1 if correction is None else correction), 0)
 
     def var_fn(k, idx):
         d = sd.load(k, idx)
-        v = k.op("({0} - {1} * {1} / {2}) / {3}", acc,
-                 [ss.load(k, idx), d, k.const(n, acc), k.const(denom, acc)], acc)
+        # (sum of squared deviations - d * d / n) / denom, d the sum of deviations
+        shift_error = k.op("div", [square(k, d, acc), k.const(n, acc)], acc)
+        v = k.op("div", [k.op("sub", [ss.load(k, idx), shift_error], acc), k.const(denom, acc)], acc)
         return k.cast(v, dt)
 
     def mean_fn(k, idx):
-        return k.cast(k.op("{0} + {1} / {2}", acc, [shift(k, idx), sd.load(k, idx), k.const(n, acc)], acc), dt)
+        mean_dev = k.op("div", [sd.load(k, idx), k.const(n, acc)], acc)
+        return k.cast(k.op("add", [shift(k, idx), mean_dev], acc), dt)
     var = TV(s.sizes, dt, var_fn)
     mean = TV(s.sizes, dt, mean_fn)
     return (var, mean) if want_mean else var
@@ -212,12 +214,13 @@ def _safe_softmax(ctx, node, x, dim, dtype=None):
         return [Ix() if i == d else ix for i, ix in enumerate(idx)]
 
     def ex(k, idx):
-        return k.op("m::exp({0} - {1})", dt, [xload(k, idx), mx.load(k, row(idx))], dt)
+        return k.op("exp", [k.op("sub", [xload(k, idx), mx.load(k, row(idx))], dt)], dt)
     s = _reduce(ctx, node, TV(x.sizes, dt, ex, cost=x.cost + 2), [d], True, "sum", dt,
                 origin="softmax(sum)")
 
     def out(k, idx):
         m = mx.load(k, row(idx))
         inf = k.const(float("-inf"), dt)
-        return k.op("({1} == {2}) ? ({T})0 : {0} / {3}", dt, [ex(k, idx), m, inf, s.load(k, row(idx))], dt)
+        masked = k.op("eq", [m, inf], dt)
+        return k.op("where", [masked, k.const(0, dt), k.op("div", [ex(k, idx), s.load(k, row(idx))], dt)], dt)
     return TV(x.sizes, dt, out, cost=x.cost + 4)

@@ -374,6 +374,16 @@ class Joint:
     single: bool = False    # the user's function returned one tensor, not a tuple
     # the torch-level graph over the same inputs: a double backward recomputes it eagerly
     recompute: object = None
+    graph: fx.Graph = None  # the recorded joint graph fw and bw were partitioned from
+
+    def __str__(self):
+        """The joint graph, what the partition saved, and the two graphs (tempa_info.trace())."""
+        outs = next(n for n in self.fw.graph.nodes if n.op == "output").args[0]
+        saved = [str(n) for n in outs[len(outs) - self.num_saved:]]
+        return (f"joint graph:\n{self.graph.python_code('self').src.strip()}\n\n"
+                f"saved for backward: {self.num_saved} forward values {saved}, inputs {self.saved_inputs}\n"
+                f"gradients for inputs {self.grad_inputs}; outputs with a tangent {self.diff_outputs}\n\n"
+                f"forward:\n{self.fw.code.strip()}\n\nbackward:\n{self.bw.code.strip()}")
 
 
 # Composite ops whose own derivative is cheaper than differentiating their decomposition:
@@ -495,7 +505,7 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
     bw_body = _backward_order(graph, live_bw)
     bw = _subgraph(graph, bw_inputs, bw_body, grad_nodes, rec.constants)
     return Joint(fw, bw, traced.num_outputs, traced.mutated, len(saved), saved_inputs,
-                 grad_inputs, diff, dict(rec.constants))
+                 grad_inputs, diff, dict(rec.constants), graph=graph)
 
 
 def _backward_order(graph, live_bw) -> list:

@@ -321,9 +321,9 @@ def _scatter_add(ctx, node, base, dim, index, src):
             sub[dim] = Ix(const=t)
             target = k.cast(index.load(k, sub), torch.int64)
             k.flag_out_of_range(target, tm.shape[dim], check)
-            hit = k.op("({0} == {1})", torch.bool, [here, target])
-            add = k.op("{0} ? {1} : {2}", dt, [hit, k.cast(src.load(k, sub), dt), k.const(0, dt)], dt)
-            acc = k.op("{0} + {1}", dt, [acc, add], dt)
+            hit = k.op("eq", [here, target], torch.int64)
+            add = k.op("where", [hit, k.cast(src.load(k, sub), dt), k.const(0, dt)], dt)
+            acc = k.op("add", [acc, add], dt)
         return acc
     return TV(tm.shape, dt, fn, cost=2 + base.cost + hits * (2 + index.cost + src.cost))
 

@@ -1,0 +1,208 @@
+"""The backend's passes, in order, as code: one list for the CPU and the GPU, static and
+shape-generic graphs, that branches on a target object.
+
+``PASSES`` is the whole route of one captured graph, each pass with one line saying what it
+does. The first ones run once per graph (entry.py: prepare, then trace or joint per
+variant); ``GRAPH_PASSES`` then run for each functional ATen graph (inference, forward,
+backward) through ``plan_graph(target, ...)``: a step is the target's method of the pass's
+name, and a target without one skips it (the C++ target has no partition or autotune). The
+plans of one call are finished together by ``target.finish`` (build, then wrap).
+Shape-generic graphs (dynamic.py, gpu/dynamic.py) run the same ``plan_graph`` at a few
+sizes and fit the renderings into one template.
+
+Every pass's output is kept (``GraphInfo.passes``, ``BackendInfo.passes``) and printed by
+``compiled.tempa_info.trace()``: the captured FX graph, the ATen graph, the joint graph and
+what it saved, the loop IR, the schedule with its fusion decisions, the kernels, the wrapper.
+"""
+from __future__ import annotations
+
+import hashlib
+import linecache
+from dataclasses import dataclass, field
+
+PASSES = (
+    # -- once per graph (entry.py) -----------------------------------------------------------
+    ("captured", "the torch-level FX graph the frontend (or any caller) hands to the backend"),
+    ("prepare", "lift get_attr tensors to inputs, so parameter values are never baked in"),
+    ("aten", "trace on private clones under a recording dispatch mode + functionalize: a "
+             "functional ATen graph and the inputs it mutates (lower/trace.py)"),
+    ("joint", "[training] the forward with grad and its recorded backward, partitioned into "
+              "forward (outputs + saved) and backward graphs (lower/trace.py)"),
+    # -- per functional graph: GRAPH_PASSES, through plan_graph ------------------------------
+    ("lower", "ATen FX -> loop IR (lower/lowerings.py); an op without a lowering becomes an ATen call"),
+    ("eliminate_dead", "drop buffers nothing reads"),
+    ("schedule", "group buffers into loop nests (kernels), cut at extern calls (schedule.py)"),
+    ("partition", "[Triton] a group -> one kernel, or one per member where one program cannot hold it"),
+    ("plan_memory", "where each buffer lives: wrapper-allocated, the C++ arena, a register"),
+    ("render", "kernel text: C++ segments (codegen/cpp.py) or Triton kernels (codegen/triton.py)"),
+    ("autotune", "[Triton, max-autotune] GEMM + epilogue templates against cuBLAS (gpu/gemm_tune.py)"),
+    # -- per call of the backend, over all its plans: target.finish --------------------------
+    ("build", "gcc -> one library (runtime/build.py), or every Triton kernel compiled in parallel"),
+    ("wrap", "a generated Python wrapper: allocate, call kernels and externs, return (codegen/wrapper.py)"),
+    # -- around the variants (entry.py, autograd.py) -----------------------------------------
+    ("variants", "inference, or [training] forward and backward in one torch.autograd.Function"),
+)
+GRAPH_PASSES = ("lower", "eliminate_dead", "schedule", "partition", "plan_memory", "render", "autotune")
+
+# Shape-generic graphs: lowering thresholds assume run-time sizes up to this many times the
+# sizes seen while compiling (lower/core.py LowerOptions.dyn_scale).
+DYNAMIC_SIZE_SCALE = 4
+
+
+@dataclass
+class GraphJob:
+    """One functional ATen graph going through GRAPH_PASSES: its inputs, what the passes
+    made so far, and what each produced (``kept``: pass name -> output, in pass order)."""
+    gm: object
+    num_outputs: int
+    mutated: list
+    num_inputs: int
+    label: str
+    prefix: str = ""
+    nsizes: int = 0                 # > 0: a rendering of a shape-generic graph
+    options: object = None          # lower.core.LowerOptions
+    lowered: object = None          # ir.LoweredGraph
+    sched: object = None            # schedule.Schedule
+    settings: dict = field(default_factory=dict)    # the target's own (GPU: param_inputs, autotune)
+    kept: dict = field(default_factory=dict)
+
+
+class Target:
+    """The passes every target shares; a target (codegen CppTarget in compile_graph.py,
+    TritonTarget in gpu/compile.py) adds its own and says how it lowers."""
+    name = "?"
+    shared_reads = None             # lower_graph's shared_reads (the GPU stores shared values sooner)
+    addmm_as_mm_macs = 0            # LowerOptions.addmm_as_mm_macs
+    extra_dtypes: dict = {}         # dtypes admitted beyond the C++ ones (ir.extra_dtypes)
+
+    def lower(self, job: GraphJob):
+        from .lower.lowerings import lower_graph
+        job.lowered = lower_graph(job.gm, job.num_outputs, job.mutated, self.shared_reads, job.options)
+        return LoopIR(job.lowered)
+
+    def eliminate_dead(self, job: GraphJob):
+        from .compile_graph import eliminate_dead
+        before = len(job.lowered.steps)
+        eliminate_dead(job.lowered)
+        return f"{before - len(job.lowered.steps)} of {before} steps dropped"
+
+    def schedule(self, job: GraphJob):
+        from .schedule import schedule
+        job.sched = schedule(job.lowered.steps, job.lowered.copy_backs, job.lowered.outputs,
+                             gpu=self.name == "triton")
+        return Schedule(job.sched)
+
+    def make_plan(self, job: GraphJob):
+        raise NotImplementedError
+
+    def finish(self, plans: list) -> list:
+        raise NotImplementedError
+
+
+def plan_graph(target: Target, gm, num_outputs: int, mutated: list, num_inputs: int,
+               label: str = "graph", prefix: str = "", nsizes: int = 0, choices=None, **extra):
+    """GRAPH_PASSES over one functional ATen graph with ``target``: the target's plan (to be
+    finished with ``target.finish``). ``nsizes`` > 0: one rendering of a shape-generic graph
+    taking that many size symbols; ``choices``: a lower.core.SizeChoices log that records or
+    replays size-driven choices; ``extra``: the target's own settings for this graph."""
+    from .ir import extra_dtypes
+    from .lower.core import LowerOptions
+    job = GraphJob(gm, num_outputs, mutated, num_inputs, label, prefix, nsizes,
+                   LowerOptions(DYNAMIC_SIZE_SCALE if nsizes else 1, choices, target.addmm_as_mm_macs))
+    job.kept["aten"] = gm
+    job.settings = extra
+    with extra_dtypes(target.extra_dtypes):
+        for name in GRAPH_PASSES:
+            step = getattr(target, name, None)
+            if step is not None:
+                out = step(job)
+                if out is not None:
+                    job.kept[name] = out
+        return target.make_plan(job)
+
+
+class LoopIR:
+    """The loop IR as lowered (the step list of that moment), printable. Buffer kinds and
+    dead steps are as the later passes left them on the shared objects."""
+
+    def __init__(self, lowered):
+        self.lowered = lowered
+        self.steps = list(lowered.steps)
+
+    def __str__(self):
+        from .ir import ComputedBuffer, ExternCall, TV
+        from .schedule import _reads
+        g = self.lowered
+        lines = ["inputs: " + ", ".join(_describe(b) for b in g.inputs if b is not None)]
+        for st in self.steps:
+            if isinstance(st, ExternCall):
+                outs = ", ".join(_describe(b) for b in st.outputs if b is not None)
+                lines.append(f"{outs} = {'fallback' if st.fallback else 'extern'} {st.name}")
+            elif isinstance(st, ComputedBuffer):
+                lines.append(_computed(st, _reads(st)))
+        for cb in g.copy_backs:
+            lines.append(_computed(cb, _reads(cb)) + f"  (written into {cb.target.name})")
+        outs = [v.strided[0].name if isinstance(v, TV) and v.strided is not None else repr(v)
+                for v in g.outputs]
+        lines.append("outputs: " + ", ".join(outs))
+        return "\n".join(lines)
+
+
+class Schedule:
+    """The schedule, printable: its groups (what fused into each kernel, with each member's
+    memory kind once plan_memory has run) and what did not fuse, and why."""
+
+    def __init__(self, sched):
+        self.sched = sched
+
+    def __str__(self):
+        from .ir import ExternCall
+        lines = []
+        for it in self.sched.items:
+            if isinstance(it, ExternCall):
+                lines.append(f"  {'fallback' if it.fallback else 'extern'} {it.name}")
+            else:
+                lines.append(f"  kernel over {list(it.outer)}: " + ", ".join(
+                    f"{m.name}[{m.origin or 'pointwise'}{', ' + m.kind if m.kind != 'py' else ''}]"
+                    for m in it.members))
+        report = self.sched.report
+        return "groups:\n" + "\n".join(lines) + (
+            "\nnot fused:\n  " + "\n  ".join(report) if report else "\nnot fused: (none)")
+
+
+def memory_summary(steps) -> str:
+    """How many computed buffers live where, after plan_memory."""
+    from collections import Counter
+    from .ir import ComputedBuffer
+    kinds = Counter(st.kind for st in steps if isinstance(st, ComputedBuffer))
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) or "(no computed buffers)"
+
+
+def _describe(b) -> str:
+    return f"{b.name}: {str(b.dtype).replace('torch.', '')}{list(b.sizes)}"
+
+
+def _computed(buf, reads) -> str:
+    body = buf.body
+    what = f"{body.rtype} over {list(body.rsizes)}" if buf.is_reduction else "pointwise"
+    names = ", ".join(sorted(b.name for b in reads)) or "-"
+    return f"{_describe(buf)} = {what} of ({names})  [{buf.origin or 'pointwise'}]"
+
+
+def show(passes: dict, heading: str = "") -> str:
+    """The kept outputs of ``passes`` (name -> output), in PASSES order, as text."""
+    order = [name for name, _ in PASSES]
+    out = [heading] if heading else []
+    for name in sorted(passes, key=lambda n: order.index(n) if n in order else len(order)):
+        value = passes[name]
+        text = value.code if hasattr(value, "code") and hasattr(value, "graph") else str(value)
+        out.append(f"=== {name} ===\n{text.strip()}")
+    return "\n\n".join(out)
+
+
+def source_file(src: str, what: str) -> str:
+    """A file name for generated Python ``src``, registered with linecache so that
+    tracebacks, pdb and inspect show its lines (``<tempa wrapper inference 1a2b3c4d>``)."""
+    name = f"<tempa {what} {hashlib.sha1(src.encode()).hexdigest()[:10]}>"
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    return name
