@@ -14,14 +14,14 @@ import importlib
 logs = importlib.import_module("tempa.logs")
 stats = importlib.import_module("tempa.stats")  # the module; tempa.stats is also a function
 from .codegen import cpp, wrapper
-from .ir import ExternCall, TV
+from .ir import ExternCall, LoopValue
 from .pipeline import Target, memory_summary, plan_graph as run_passes, show, source_file
 from .runtime import build as _build, fastcall
 from .schedule import _extern_buffers, _reads, plan_memory
 
 
 @dataclass
-class GraphInfo:
+class CompiledGraphInfo:
     """What the backend made of one graph: the generated code and why it looks that way."""
     kernel_count: int = 0
     segment_count: int = 0             # C++ calls per invocation
@@ -49,7 +49,7 @@ def eliminate_dead(lowered) -> None:
     live = set()
     work = []
     for v in lowered.outputs:
-        if isinstance(v, TV) and v.strided is not None:
+        if isinstance(v, LoopValue) and v.strided is not None:
             work.append(v.strided[0])
     for cb in lowered.copy_backs:
         work.extend(_reads(cb))
@@ -82,7 +82,7 @@ class Plan:
     lowered: object
     sched: object
     seg_codes: dict
-    info: GraphInfo
+    info: CompiledGraphInfo
     num_inputs: int
     label: str
 
@@ -107,7 +107,7 @@ class CppTarget(Target):
 
     def make_plan(self, job) -> "Plan":
         lowered, sched = job.lowered, job.sched
-        info = GraphInfo()
+        info = CompiledGraphInfo()
         info.kernel_count = job.kernel_count
         info.segment_count = len(job.seg_codes)
         info.aten_fallbacks = list(lowered.fallbacks)

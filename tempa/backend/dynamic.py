@@ -83,10 +83,6 @@ def dynamic_dims(gm: torch.fx.GraphModule):
     return out
 
 
-def is_dynamic(gm) -> bool:
-    return bool(dynamic_dims(gm))
-
-
 def per_shape(compile_one, reason: str = ""):
     """``compile_one(inputs) -> callable`` once per input-shape signature."""
     compiled = {}
@@ -120,7 +116,7 @@ def _resize(t: torch.Tensor, dims: dict) -> torch.Tensor:
 
 
 class DynamicTarget:
-    """A ``_State`` target (see entry.py) that compiles each variant shape-generically.
+    """A ``GraphVariants`` target (see entry.py) that compiles each variant shape-generically.
 
     ``bind`` receives the prepared graph and the example inputs; ``compile_graph`` and
     ``build_training`` get the variant traced at the example sizes (the check point) and

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .compile_graph import GraphInfo, compile_graph
+from .compile_graph import CompiledGraphInfo, compile_graph
 from .lower.decomps import table
-from .lower.trace import Unsupported, prepare, trace_forward, trace_training
+from .lower.trace import UntraceableGraph, prepare, trace_forward, trace_training
 from .pipeline import show
 from .runtime.build import BuildError
 
@@ -28,7 +28,7 @@ class BackendInfo:
     The flat fields describe the variant built first (inference, or the autograd forward),
     except ``kernel_count``: every kernel generated for this graph so far, over all variants
     built (inference, forward, backward), which is what ``stats().kernels_compiled`` adds up.
-    ``inference``, ``forward`` and ``backward`` hold each variant's GraphInfo once built.
+    ``inference``, ``forward`` and ``backward`` hold each variant's CompiledGraphInfo once built.
     """
     kernel_count: int = 0
     cpp_source: str = ""
@@ -41,9 +41,9 @@ class BackendInfo:
     fallback_reason: str | None = None     # set when the graph runs eagerly
     dynamic: str = ""                      # symbolic sizes: "generic in ..." or "per-shape: why"
     compile_seconds: float = 0.0
-    inference: GraphInfo | None = None
-    forward: GraphInfo | None = None
-    backward: GraphInfo | None = None
+    inference: CompiledGraphInfo | None = None
+    forward: CompiledGraphInfo | None = None
+    backward: CompiledGraphInfo | None = None
     notes: list = field(default_factory=list)
     # mode="reduce-overhead" training: the (forward, backward) CUDA graph runners, once built
     training_cudagraphs: tuple = ()
@@ -60,7 +60,7 @@ class BackendInfo:
                 parts.append(gi.trace(f"##### {label} #####"))
         return "\n\n".join(parts)
 
-    def _adopt(self, gi: GraphInfo):
+    def _adopt(self, gi: CompiledGraphInfo):
         self.kernel_count += gi.kernel_count
         if self.cpp_source or self.wrapper_source:
             self.used_gcc = self.used_gcc or gi.used_gcc
@@ -91,7 +91,7 @@ def _warn_once(msg: str):
 
 
 class CpuTarget:
-    """What ``_State`` compiles with: the C++ renderer (the GPU one is gpu.backend.GpuTarget)."""
+    """What ``GraphVariants`` compiles with: the C++ renderer (the GPU one is gpu.backend.GpuTarget)."""
     name = "cpu"
     decomps = staticmethod(table)
 
@@ -201,7 +201,7 @@ def build(gm: torch.fx.GraphModule, example_inputs, target, info: BackendInfo | 
     needs_grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in full_examples)
     if hasattr(target, "bind"):       # a target that traces more sizes itself (dynamic.py)
         target = target.bind(pgm, full_examples, info)
-    state = _State(pgm, full_examples, info, n_in, gm, target)
+    state = GraphVariants(pgm, full_examples, info, n_in, gm, target)
 
     if needs_grad and torch.is_grad_enabled():
         first = state.training()
@@ -334,7 +334,7 @@ def _eager(gm, info, reason):
     return compiled
 
 
-class _State:
+class GraphVariants:
     """Both variants of one graph, built lazily (a lock keeps two threads from racing)."""
 
     def __init__(self, pgm, examples, info, n_in, orig_gm, target=CpuTarget):
@@ -427,7 +427,7 @@ class _State:
         if isinstance(e, BuildError):
             reason = f"C++ build failed: {e}"
             _warn_once(f"tempa: {reason}; running this graph with eager ATen calls instead")
-        elif isinstance(e, Unsupported):
+        elif isinstance(e, UntraceableGraph):
             reason = f"unsupported graph: {e}"
         else:
             reason = f"{type(e).__name__}: {e}"

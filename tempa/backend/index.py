@@ -19,7 +19,7 @@ class Var(Atom):
 
     def __init__(self, name: str, size: int):
         self.name, self.size = name, size
-        self._key = ("v", name)        # atoms are immutable; keys sort every Ix built
+        self._key = ("v", name)        # atoms are immutable; keys sort every IndexExpr built
 
     def key(self):
         return self._key
@@ -71,7 +71,7 @@ class _DivMod(Atom):
     __slots__ = ("e", "d", "_key", "_h")
     TAG = ""
 
-    def __init__(self, e: "Ix", d: int):
+    def __init__(self, e: "IndexExpr", d: int):
         self.e, self.d = e, d
         self._key = self._h = None
 
@@ -118,7 +118,7 @@ class Mod(_DivMod):
         return f"({self.e!r})%{self.d}"
 
 
-class Ix:
+class IndexExpr:
     """const + sum(coef * atom), canonical (terms sorted by atom key, no zero coefs)."""
     __slots__ = ("terms", "const", "_h", "_key")
 
@@ -136,22 +136,22 @@ class Ix:
         self._h = self._key = None
 
     @staticmethod
-    def _canonical(terms: tuple, const: int) -> "Ix":
-        """An Ix from terms already in canonical form (sorted, merged, no zero, nothing to
+    def _canonical(terms: tuple, const: int) -> "IndexExpr":
+        """An IndexExpr from terms already in canonical form (sorted, merged, no zero, nothing to
         recombine). Why: lowering builds ~10^5 index expressions for a GPT; most are a
         canonical one scaled or a single atom, which need no normalising."""
-        ix = object.__new__(Ix)
+        ix = object.__new__(IndexExpr)
         ix.terms, ix.const = terms, const
         ix._h = ix._key = None
         return ix
 
     @staticmethod
-    def of(x) -> "Ix":
-        if isinstance(x, Ix):
+    def of(x) -> "IndexExpr":
+        if isinstance(x, IndexExpr):
             return x
         if isinstance(x, Atom):
-            return Ix._canonical(((x, 1),), 0)
-        return Ix._canonical((), int(x))
+            return IndexExpr._canonical(((x, 1),), 0)
+        return IndexExpr._canonical((), int(x))
 
     def key(self):
         if self._key is None:
@@ -159,7 +159,7 @@ class Ix:
         return self._key
 
     def __eq__(self, o):
-        o = Ix.of(o)
+        o = IndexExpr.of(o)
         return self.key() == o.key()
 
     def __hash__(self):
@@ -168,21 +168,21 @@ class Ix:
         return self._h
 
     def __add__(self, o):
-        o = Ix.of(o)
-        return Ix(self.terms + o.terms, self.const + o.const)
+        o = IndexExpr.of(o)
+        return IndexExpr(self.terms + o.terms, self.const + o.const)
 
     __radd__ = __add__
 
     def __sub__(self, o):
-        return self + Ix.of(o) * -1
+        return self + IndexExpr.of(o) * -1
 
     def __mul__(self, k: int):
         k = int(k)
         terms = tuple((a, c * k) for a, c in self.terms)
         if k == 0 or any(type(a) is Mod for a, _ in terms):
-            return Ix(terms, self.const * k)
+            return IndexExpr(terms, self.const * k)
         # scaling keeps the order (by atom), and with no Mod there is nothing to recombine
-        return Ix._canonical(terms, self.const * k)
+        return IndexExpr._canonical(terms, self.const * k)
 
     __rmul__ = __mul__
 
@@ -211,34 +211,34 @@ class Ix:
                 out.add(a)
         return out
 
-    def floordiv(self, d: int) -> "Ix":
+    def floordiv(self, d: int) -> "IndexExpr":
         d = int(d)
         if d == 1:
             return self
         q = [(a, c // d) for a, c in self.terms if c % d == 0]
-        r = Ix([(a, c) for a, c in self.terms if c % d != 0], self.const % d)
+        r = IndexExpr([(a, c) for a, c in self.terms if c % d != 0], self.const % d)
         cq = self.const // d
         lo, hi = r.rng()
         if lo >= 0 and hi < d:
-            return Ix(q, cq)
+            return IndexExpr(q, cq)
         if len(r.terms) == 1 and r.const == 0 and r.terms[0][1] == 1 and isinstance(r.terms[0][0], FloorDiv):
             inner = r.terms[0][0]
-            return Ix(q, cq) + Ix.of(FloorDiv(inner.e, inner.d * d))
+            return IndexExpr(q, cq) + IndexExpr.of(FloorDiv(inner.e, inner.d * d))
         if lo >= 0 and hi < d * 1 and not q:
-            return Ix((), cq)
+            return IndexExpr((), cq)
         split = _split_term(r, d)
         if split is not None:
             # (c*a + rest) // d == a // (d/c) when c divides d and 0 <= rest < c: a reshape
             # that merged dims (heads into the batch) divides only the outer index.
             a, c, rest = split
-            return Ix(q, cq) + Ix.of(a).floordiv(d // c)
-        return Ix(q, cq) + Ix.of(FloorDiv(r, d))
+            return IndexExpr(q, cq) + IndexExpr.of(a).floordiv(d // c)
+        return IndexExpr(q, cq) + IndexExpr.of(FloorDiv(r, d))
 
-    def mod(self, d: int) -> "Ix":
+    def mod(self, d: int) -> "IndexExpr":
         d = int(d)
         if d == 1:
-            return Ix()
-        r = Ix([(a, c) for a, c in self.terms if c % d != 0], self.const % d)
+            return IndexExpr()
+        r = IndexExpr([(a, c) for a, c in self.terms if c % d != 0], self.const % d)
         lo, hi = r.rng()
         if lo >= 0 and hi < d:
             return r
@@ -246,8 +246,8 @@ class Ix:
         if split is not None:
             # (c*a + rest) % d == c*(a % (d/c)) + rest when c divides d and 0 <= rest < c
             a, c, rest = split
-            return Ix.of(a).mod(d // c) * c + rest
-        return Ix.of(Mod(r, d))
+            return IndexExpr.of(a).mod(d // c) * c + rest
+        return IndexExpr.of(Mod(r, d))
 
     def c(self) -> str:
         parts = []
@@ -262,13 +262,13 @@ class Ix:
         return self.c()
 
 
-def _split_term(r: "Ix", d: int):
+def _split_term(r: "IndexExpr", d: int):
     """(atom, c, rest) with r == c*atom + rest, c > 1 dividing d, atom >= 0 and 0 <= rest < c;
     the largest such c; None if there is none."""
     for a, c in sorted(r.terms, key=lambda t: -t[1]):
         if c <= 1 or d % c or a.rng()[0] < 0:
             continue
-        rest = r - Ix.of(a) * c
+        rest = r - IndexExpr.of(a) * c
         lo, hi = rest.rng()
         if lo >= 0 and hi < c:
             return a, c, rest
@@ -307,11 +307,11 @@ def contiguous_strides(sizes) -> tuple:
     return tuple(reversed(strides))
 
 
-def flat_index(idx, strides, offset=0) -> Ix:
-    parts = [(Ix.of(i), int(s)) for i, s in zip(idx, strides) if s]
+def flat_index(idx, strides, offset=0) -> IndexExpr:
+    parts = [(IndexExpr.of(i), int(s)) for i, s in zip(idx, strides) if s]
     if any(type(a) is Mod for ix, _ in parts for a, _ in ix.terms):
         # summed one by one: recombining ``e // d`` with ``e % d`` depends on the order
-        out = Ix((), offset)
+        out = IndexExpr((), offset)
         for ix, s in parts:
             out = out + ix * s
         return out
@@ -321,16 +321,16 @@ def flat_index(idx, strides, offset=0) -> Ix:
     for ix, s in parts:
         terms.extend((a, c * s) for a, c in ix.terms)
         const += ix.const * s
-    return Ix(terms, const)
+    return IndexExpr(terms, const)
 
 
-def unflatten(flat: Ix, sizes) -> list:
+def unflatten(flat: IndexExpr, sizes) -> list:
     """The per-dimension indices of a row-major position ``flat`` in a tensor of ``sizes``."""
     out = []
     strides = contiguous_strides(sizes)
     for s, st in zip(sizes, strides):
         if s == 1:
-            out.append(Ix())
+            out.append(IndexExpr())
         else:
             out.append(flat.floordiv(st).mod(s) if st != 1 else flat.mod(s))
     return out

@@ -1,6 +1,6 @@
 """The loop-level IR: buffers, pointwise and reduction bodies, extern (ATen) calls.
 
-A lowered value (``TV``) is a *function from an index to a scalar*: ``tv.load(k, idx)``
+A lowered value (``LoopValue``) is a *function from an index to a scalar*: ``tv.load(k, idx)``
 emits C++ for one element through the kernel emitter ``k``. Views only change the index
 function, so they cost nothing; pointwise ops compose loaders, so chains fuse by
 construction. A value becomes memory (a ``Buffer``) only when it must: a reduction result,
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .index import Ix, contiguous_strides, flat_index
+from .index import IndexExpr, flat_index
 
 class _DtypeTable(dict):
     """dtype -> C type. A renderer with more scalar types (Triton: bf16/fp16) widens the table
@@ -90,7 +90,7 @@ class Buffer:
             n *= s
         return n
 
-    def index(self, idx) -> Ix:
+    def index(self, idx) -> IndexExpr:
         return flat_index(idx, self.strides, self.offset)
 
     @property
@@ -104,14 +104,14 @@ class Buffer:
 
 @dataclass(eq=False)
 class Pointwise:
-    fn: object                      # fn(k, idx) -> CVal
+    fn: object                      # fn(k, idx) -> ScalarExpr
 
 
 @dataclass(eq=False)
 class Reduction:
     rsizes: tuple
     rtype: str                      # sum | prod | max | min | argmax | argmin
-    fn: object                      # fn(k, idx, ridx) -> CVal
+    fn: object                      # fn(k, idx, ridx) -> ScalarExpr
     acc_dtype: torch.dtype
 
 
@@ -142,7 +142,7 @@ class ExternCall:
     multi: bool = False             # the op returns a tuple
 
 
-class TV:
+class LoopValue:
     """A lowered tensor value: sizes, dtype and a loader; maybe backed by a buffer."""
     __slots__ = ("sizes", "dtype", "load", "strided", "cost")
 
@@ -155,16 +155,16 @@ class TV:
         self.cost = cost
 
     @staticmethod
-    def of_buffer(buf: Buffer) -> "TV":
-        return TV.view_of(buf, buf.sizes, buf.strides, buf.offset)
+    def of_buffer(buf: Buffer) -> "LoopValue":
+        return LoopValue.view_of(buf, buf.sizes, buf.strides, buf.offset)
 
     @staticmethod
-    def view_of(buf: Buffer, sizes, strides, offset) -> "TV":
+    def view_of(buf: Buffer, sizes, strides, offset) -> "LoopValue":
         strides = tuple(strides)
 
         def load(k, idx):
             return k.load(buf, flat_index(idx, strides, offset))
-        return TV(sizes, buf.dtype, load, (buf, strides, offset), 0)
+        return LoopValue(sizes, buf.dtype, load, (buf, strides, offset), 0)
 
     @property
     def numel(self):
@@ -184,7 +184,7 @@ class TV:
         return None
 
 
-class CVal:
+class ScalarExpr:
     """A C++ scalar expression (usually a temporary's name) and its dtype."""
     __slots__ = ("expr", "dtype")
 
@@ -200,13 +200,9 @@ class LoweredGraph:
     """Everything codegen needs: buffers in creation order, externs, inputs and outputs."""
     steps: list = field(default_factory=list)      # ComputedBuffer | ExternCall, topological
     inputs: list = field(default_factory=list)     # Buffer per graph input (None: non-tensor)
-    outputs: list = field(default_factory=list)    # TV | python value
+    outputs: list = field(default_factory=list)    # LoopValue | python value
     copy_backs: list = field(default_factory=list)  # ComputedBuffer(kind="alias")
     constants: dict = field(default_factory=dict)  # name -> tensor
     fallbacks: list = field(default_factory=list)  # op names run as ATen fallbacks
     externs: list = field(default_factory=list)    # op names run as extern library calls
     notes: list = field(default_factory=list)
-
-
-def new_contiguous(name, sizes, dtype, **kw) -> Buffer:
-    return Buffer(name, tuple(sizes), contiguous_strides(sizes), 0, dtype, **kw)

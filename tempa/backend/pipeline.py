@@ -10,7 +10,7 @@ plans of one call are finished together by ``target.finish`` (build, then wrap).
 Shape-generic graphs (dynamic.py, gpu/dynamic.py) run the same ``plan_graph`` at a few
 sizes and fit the renderings into one template.
 
-Every pass's output is kept (``GraphInfo.passes``, ``BackendInfo.passes``) and printed by
+Every pass's output is kept (``CompiledGraphInfo.passes``, ``BackendInfo.passes``) and printed by
 ``compiled.tempa_info.trace()``: the captured FX graph, the ATen graph, the joint graph and
 what it saved, the loop IR, the schedule with its fusion decisions, the kernels, the wrapper.
 """
@@ -130,7 +130,7 @@ class LoopIR:
         self.steps = list(lowered.steps)
 
     def __str__(self):
-        from .ir import ComputedBuffer, ExternCall, TV
+        from .ir import ComputedBuffer, ExternCall, LoopValue
         from .schedule import _reads
         g = self.lowered
         lines = ["inputs: " + ", ".join(_describe(b) for b in g.inputs if b is not None)]
@@ -142,7 +142,7 @@ class LoopIR:
                 lines.append(_computed(st, _reads(st)))
         for cb in g.copy_backs:
             lines.append(_computed(cb, _reads(cb)) + f"  (written into {cb.target.name})")
-        outs = [v.strided[0].name if isinstance(v, TV) and v.strided is not None else repr(v)
+        outs = [v.strided[0].name if isinstance(v, LoopValue) and v.strided is not None else repr(v)
                 for v in g.outputs]
         lines.append("outputs: " + ", ".join(outs))
         return "\n".join(lines)

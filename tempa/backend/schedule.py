@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .codegen.emit import Emitter
-from .index import Ix, Var, contiguous_strides
-from .ir import ComputedBuffer, ExternCall, Reduction, TV
+from .index import IndexExpr, Var, contiguous_strides
+from .ir import ComputedBuffer, ExternCall, Reduction, LoopValue
 
 
 def nonunit(sizes):
@@ -39,22 +39,22 @@ def member_index(buf: ComputedBuffer, outer_vars, prefix: str):
     idx, inner, k = [], [], 0
     for d, s in enumerate(buf.sizes):
         if s == 1:
-            idx.append(Ix())
+            idx.append(IndexExpr())
         elif k < len(outer_vars):
             run, p = [], 1
             while k < len(outer_vars) and p < s:
                 run.append(outer_vars[k])
                 p *= outer_vars[k].size
                 k += 1
-            e, mul = Ix(), 1
+            e, mul = IndexExpr(), 1
             for v in reversed(run):
-                e = e + Ix.of(v) * mul
+                e = e + IndexExpr.of(v) * mul
                 mul *= v.size
             idx.append(e)
         else:
             v = Var(f"{prefix}{d}", s)
             inner.append(v)
-            idx.append(Ix.of(v))
+            idx.append(IndexExpr.of(v))
     return idx, inner
 
 
@@ -111,7 +111,7 @@ def probe_loads(buf: ComputedBuffer, outer_vars, tag="p"):
     k = Emitter()
     if isinstance(buf.body, Reduction):
         rv = red_vars(buf, f"{tag}r")
-        buf.body.fn(k, idx, [Ix.of(v) for v in rv])
+        buf.body.fn(k, idx, [IndexExpr.of(v) for v in rv])
     else:
         buf.body.fn(k, idx)
     return k.loads, idx, inner
@@ -201,12 +201,12 @@ def legal(group_outer, members, cand: ComputedBuffer):
     return None
 
 
-def _local_read(buf: ComputedBuffer, ix: Ix, ov):
+def _local_read(buf: ComputedBuffer, ix: IndexExpr, ov):
     idx, inner = member_index(buf, ov, "q")
     if not inner:
         want = buf.index(idx)
         return None if ix == want else f"at {ix.c()}, not the current outer element {want.c()}"
-    base_idx = [Ix() if any(isinstance(a, Var) and a in inner for a in i.vars()) else i for i in idx]
+    base_idx = [IndexExpr() if any(isinstance(a, Var) and a in inner for a in i.vars()) else i for i in idx]
     base = buf.index(base_idx)
     rest = ix - base
     outer_names = {v.name for v in ov}
@@ -350,7 +350,7 @@ def plan_memory(sched: Schedule, inputs, outputs, lowered_steps):
                 for b in _reads(m):
                     readers.setdefault(b, set()).add((g, si))
     for v in outputs:
-        if isinstance(v, TV) and v.strided is not None:
+        if isinstance(v, LoopValue) and v.strided is not None:
             readers.setdefault(v.strided[0], set()).add(("py", -1))
     for m, si in seg_of.items():
         if m.kind == "alias":
@@ -371,7 +371,7 @@ def _extern_buffers(args, kwargs):
     out = []
 
     def visit(a):
-        if isinstance(a, TV):
+        if isinstance(a, LoopValue):
             if a.strided is not None:
                 out.append(a.strided[0])
         elif isinstance(a, (list, tuple)):

@@ -51,7 +51,7 @@ def test_cross_entropy_saves_no_float_copy_of_the_logits():
     two per-row values instead of saved: only one (rows, vocab) tensor is saved."""
     h, w, target = _ce_inputs()
     joint = _joint(_cross_entropy, h, w, target)
-    wide = [n for n in _saved(joint) if tuple(n.meta["tm"].shape) == (6, 40)]
+    wide = [n for n in _saved(joint) if tuple(n.meta["traced_meta"].shape) == (6, 40)]
     assert len(wide) == 1, [n.format_node() for n in _saved(joint)]
 
 

@@ -15,7 +15,7 @@ import torch
 from tempa.backend import ops
 from tempa.backend.codegen import emit, triton_emit
 from tempa.backend.codegen.triton_emit import TritonEmitter
-from tempa.backend.ir import CVal, Unlowerable
+from tempa.backend.ir import ScalarExpr, Unlowerable
 from tempa.backend.lower import pointwise as pw
 
 DTYPES = [torch.float32, torch.int64, torch.bool]
@@ -32,7 +32,7 @@ def test_the_aten_tables_name_only_known_ops():
 
 
 def _args(op, dt):
-    return [CVal(f"a{i}", torch.bool if op.name == "where" and i == 0 else dt) for i in range(op.arity)]
+    return [ScalarExpr(f"a{i}", torch.bool if op.name == "where" and i == 0 else dt) for i in range(op.arity)]
 
 
 @pytest.mark.parametrize("name", sorted(ops.OPS))
@@ -70,7 +70,7 @@ def test_triton_renders_every_op_as_python(name, dt):
 def test_triton_spellings_that_differ_by_dtype():
     def text(name, dt, n=2):
         k = TritonEmitter(two_d=False)
-        k.op(name, [CVal(f"a{i}", dt) for i in range(n)], dt)
+        k.op(name, [ScalarExpr(f"a{i}", dt) for i in range(n)], dt)
         return k.lines[0].split(" = ", 1)[1]
     assert text("div", torch.int64) == "a0 // a1"
     assert text("div", torch.float32) == "a0 / a1"
@@ -85,7 +85,7 @@ def test_triton_spellings_that_differ_by_dtype():
 
 def test_an_unknown_op_is_an_error_not_a_fallback():
     assert not issubclass(ops.UnknownOp, Unlowerable)
-    x = CVal("a0", torch.float32)
+    x = ScalarExpr("a0", torch.float32)
     for k in (emit.Emitter(), TritonEmitter(two_d=False)):
         with pytest.raises(ops.UnknownOp, match="no_such_op"):
             k.op("no_such_op", [x], torch.float32)
@@ -98,7 +98,7 @@ def test_an_unknown_op_is_an_error_not_a_fallback():
 def _node_with_meta():
     g = torch.fx.Graph()
     n = g.placeholder("x")
-    n.meta["tm"] = types.SimpleNamespace(shape=(2,), dtype=torch.float32)
+    n.meta["traced_meta"] = types.SimpleNamespace(shape=(2,), dtype=torch.float32)
     return n
 
 
@@ -146,7 +146,7 @@ def test_triton_float_spellings_compute_what_torch_computes(name):
     elif dt == torch.bool:
         args = [a != 0 for a in args]
     k = TritonEmitter(two_d=False)
-    v = k.op(name, [CVal(f"a{i}", torch.bool if name == "where" and i == 0 else dt)
+    v = k.op(name, [ScalarExpr(f"a{i}", torch.bool if name == "where" and i == 0 else dt)
                     for i in range(op.arity)], dt)
     ns = _fake_triton()
     ns.update({f"a{i}": a for i, a in enumerate(args)})

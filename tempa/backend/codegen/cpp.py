@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ..index import Ix, Var
-from ..ir import ComputedBuffer, CVal, Reduction
+from ..index import IndexExpr, Var
+from ..ir import ComputedBuffer, ScalarExpr, Reduction
 from ..schedule import Group, member_index
 from ..lower.core import LowerOptions
 from .emit import Emitter, ctype
@@ -203,7 +203,7 @@ def _render_group(k: Emitter, g: Group, local: set, need, kernel_no, generic=Fal
 
     def hook(buf, ix):
         if buf in locals_here:
-            return CVal(locals_here[buf], buf.dtype)
+            return ScalarExpr(locals_here[buf], buf.dtype)
         need(buf)
         return None
     k.load_hook = hook
@@ -293,7 +293,7 @@ def _render_member(k: Emitter, m: ComputedBuffer, ov, locals_here, keep_in=None,
     clause = None if red.acc_dtype == torch.bool else \
         reduction_clause(red.rtype, acc, red.acc_dtype.is_floating_point)
     _loops_open(k, rv, clause is not None, clause)
-    v = k.cast(red.fn(k, idx, [Ix.of(x) for x in rv]), red.acc_dtype)
+    v = k.cast(red.fn(k, idx, [IndexExpr.of(x) for x in rv]), red.acc_dtype)
     if red.rtype == "sum":
         k.line(f"{acc} += {v.expr};")
         if keep_in is not None and v.expr in k.canon:
@@ -305,10 +305,10 @@ def _render_member(k: Emitter, m: ComputedBuffer, ov, locals_here, keep_in=None,
         k.line(f"{acc} = t_{red.rtype}({acc}, {v.expr});")
     else:
         cmp = ">" if red.rtype == "argmax" else "<"
-        flat = Ix()
+        flat = IndexExpr()
         mul = 1
         for x in reversed(rv):
-            flat = flat + Ix.of(x) * mul
+            flat = flat + IndexExpr.of(x) * mul
             mul *= x.size
         if red.acc_dtype.is_floating_point:
             k.line(f"if (({v.expr} != {v.expr} && {acc} == {acc}) || {v.expr} {cmp} {acc}) "
@@ -322,7 +322,3 @@ def _render_member(k: Emitter, m: ComputedBuffer, ov, locals_here, keep_in=None,
     else:
         k.line(f"{m.cname}[{m.index(idx).c()}] = {res};")
     _loops_close(k, inner)
-
-
-def render_source(segments_code: list) -> str:
-    return prelude() + "\n\n" + "\n\n".join(s.text for s in segments_code) + "\n"

@@ -18,8 +18,8 @@ import re
 
 import torch
 
-from ..index import Indirect, Ix
-from ..ir import CTYPES, CVal, Unlowerable
+from ..index import Indirect, IndexExpr
+from ..ir import CTYPES, ScalarExpr, Unlowerable
 from ..ops import result_dtype, spelling
 
 
@@ -111,51 +111,51 @@ class Emitter:
         return name
 
     # -- the operations bodies use -------------------------------------------------------
-    def load(self, buf, ix: Ix) -> CVal:
+    def load(self, buf, ix: IndexExpr) -> ScalarExpr:
         self.loads.append((buf, ix))
         if self.load_hook is not None:
             hooked = self.load_hook(buf, ix)
             if hooked is not None:
                 return hooked
-        return CVal(self._cse(ctype(buf.dtype), f"{buf.cname}[{ix.c()}]"), buf.dtype)
+        return ScalarExpr(self._cse(ctype(buf.dtype), f"{buf.cname}[{ix.c()}]"), buf.dtype)
 
-    def op(self, name: str, vals, dtype) -> CVal:
+    def op(self, name: str, vals, dtype) -> ScalarExpr:
         """The op ``name`` of ops.OPS on ``vals`` (already in ``dtype``), computed in ``dtype``."""
         template = spelling(CPP_OPS, name, len(vals), "C++")
         rdt = result_dtype(name, dtype)
         expr = template.format(*[v.expr for v in vals], T=ctype(dtype))
-        return CVal(self._cse(ctype(rdt), expr), rdt)
+        return ScalarExpr(self._cse(ctype(rdt), expr), rdt)
 
-    def cast(self, v: CVal, dt) -> CVal:
+    def cast(self, v: ScalarExpr, dt) -> ScalarExpr:
         if v.dtype == dt:
             return v
         t = ctype(dt)
         if dt == torch.bool:
-            return CVal(self._cse(t, f"({v.expr} != 0)"), dt)
-        return CVal(self._cse(t, f"static_cast<{t}>({v.expr})"), dt)
+            return ScalarExpr(self._cse(t, f"({v.expr} != 0)"), dt)
+        return ScalarExpr(self._cse(t, f"static_cast<{t}>({v.expr})"), dt)
 
-    def const(self, v, dt=None) -> CVal:
+    def const(self, v, dt=None) -> ScalarExpr:
         from ..lower.core import literal
         if dt is None:
             dt = torch.bool if isinstance(v, bool) else (torch.int64 if isinstance(v, int) else torch.float64)
-        return CVal(literal(v, dt), dt)
+        return ScalarExpr(literal(v, dt), dt)
 
-    def index(self, ix) -> CVal:
-        return CVal(f"static_cast<int64_t>({Ix.of(ix).c()})", torch.int64)
+    def index(self, ix) -> ScalarExpr:
+        return ScalarExpr(f"static_cast<int64_t>({IndexExpr.of(ix).c()})", torch.int64)
 
-    def indirect(self, v: CVal, size: int, check) -> Ix:
+    def indirect(self, v: ScalarExpr, size: int, check) -> IndexExpr:
         """An index read from a tensor, checked as ``check`` (an ir.IndexCheck) says."""
         raw = self.tmp("raw")
         self.line(f"const int64_t {raw} = static_cast<int64_t>({v.expr});")
         if check.wrap_negative:
             self.line(f"const int64_t {raw}w = {raw} < 0 ? {raw} + {size} : {raw};")
             raw = f"{raw}w"
-        bad = self.flag_out_of_range(CVal(raw, torch.int64), size, check)
+        bad = self.flag_out_of_range(ScalarExpr(raw, torch.int64), size, check)
         name = self.tmp("ind")
         self.line(f"const int64_t {name} = {bad} ? 0 : {raw};")
-        return Ix.of(Indirect(name, 0, max(size - 1, 0)))
+        return IndexExpr.of(Indirect(name, 0, max(size - 1, 0)))
 
-    def flag_out_of_range(self, v: CVal, size: int, check) -> str:
+    def flag_out_of_range(self, v: ScalarExpr, size: int, check) -> str:
         """Flag ``v`` outside [0, size) (eager raises): ``err`` becomes ``check``'s code in
         this segment (1 + its position in ``self.checks``; the largest flagged wins), and the
         wrapper raises its error. Returns the name of the flag. Selects, not ifs: a branch in
@@ -168,7 +168,7 @@ class Emitter:
         self.line(f"err = ({bad} & (err < {code})) ? {code} : err;")
         return bad
 
-    def piecewise(self, branches, dt) -> CVal:
+    def piecewise(self, branches, dt) -> ScalarExpr:
         """``[(cond, body_fn), ...]``: the first true condition's body gives the value."""
         t = ctype(dt)
         name = self.tmp()
@@ -186,4 +186,4 @@ class Emitter:
             self.line(f"{name} = {v.expr};")
             self.pop()
         self.line("}")
-        return CVal(name, dt)
+        return ScalarExpr(name, dt)

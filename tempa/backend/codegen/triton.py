@@ -25,8 +25,8 @@ import re
 
 import torch
 
-from ..index import Ix, Var
-from ..ir import ComputedBuffer, CVal, Reduction, Unlowerable
+from ..index import IndexExpr, Var
+from ..ir import ComputedBuffer, ScalarExpr, Reduction, Unlowerable
 from .triton_emit import HALF, TL, TritonEmitter, phys
 
 
@@ -276,15 +276,15 @@ def render_kernel(plan: KernelPlan, r_contiguous: bool = True, blocks=None, nsiz
             r_vars(list(red.rsizes), [x.name for x in rv], None)
             acc_dt = _acc_dtype(red)
             init = _init(red.rtype, acc_dt)
-            val = k.cast(red.fn(k, idx, [Ix.of(x) for x in rv]), red.acc_dtype)
+            val = k.cast(red.fn(k, idx, [IndexExpr.of(x) for x in rv]), red.acc_dtype)
             vexpr = _as_acc(val.expr, red.acc_dtype, acc_dt, k)
             full = f"xmask & {k.rmask}"
             arg = red.rtype in ("argmax", "argmin")
             if arg:
-                flat = Ix()
+                flat = IndexExpr()
                 mul = 1
                 for x in reversed(rv):
-                    flat = flat + Ix.of(x) * mul
+                    flat = flat + IndexExpr.of(x) * mul
                     mul *= x.size
                 iexpr = k._shaped(k.ix(flat), False, True, True)
             acc = f"acc_{tag}"
@@ -324,7 +324,7 @@ def render_kernel(plan: KernelPlan, r_contiguous: bool = True, blocks=None, nsiz
             if out_dt in HALF:
                 k.line(f"{name} = {name}.to({TL[out_dt]}).to(tl.float32)")
             k.rmask = None
-            _finish_x(k, m, idx, CVal(name, m.dtype), plan, locals_here, pname, named=True, tag=tag)
+            _finish_x(k, m, idx, ScalarExpr(name, m.dtype), plan, locals_here, pname, named=True, tag=tag)
             continue
         if looped:
             k.pop()
@@ -376,7 +376,7 @@ def _insert_before_loop(k: TritonEmitter, lines):
     raise AssertionError("no loop open")
 
 
-def _finish_x(k, m, idx, v: CVal, plan, locals_here, pname, named=False, tag="m"):
+def _finish_x(k, m, idx, v: ScalarExpr, plan, locals_here, pname, named=False, tag="m"):
     """An x-level member value: keep it in a register for later members, store it if needed."""
     name = v.expr
     if not named:
@@ -387,15 +387,15 @@ def _finish_x(k, m, idx, v: CVal, plan, locals_here, pname, named=False, tag="m"
         elif not re.fullmatch(r"[A-Za-z_]\w*", v.expr):
             name = f"v_{tag}"
             k.line(f"{name} = {v.expr}")
-    locals_here[m] = CVal(name, m.dtype)
+    locals_here[m] = ScalarExpr(name, m.dtype)
     if m not in plan.local:
-        _store(k, m, idx, CVal(name, m.dtype), pname, False)
+        _store(k, m, idx, ScalarExpr(name, m.dtype), pname, False)
 
 
-def _store(k: TritonEmitter, m, idx, v: CVal, pname, r_level: bool):
+def _store(k: TritonEmitter, m, idx, v: ScalarExpr, pname, r_level: bool):
     ix = m.index(idx)
     target = m.target if m.kind == "alias" else m
-    ix = Ix.of(ix) - target.offset
+    ix = IndexExpr.of(ix) - target.offset
     hx, hr = k._levels(ix)
     want_r = k.two_d and r_level
     s = k._shaped(k.ix(ix), hx, hr, want_r)

@@ -14,8 +14,8 @@ import re
 
 import torch
 
-from ..index import FloorDiv, Indirect, Ix, Mod, Var, _DivMod
-from ..ir import CVal, Unlowerable
+from ..index import FloorDiv, Indirect, IndexExpr, Mod, Var, _DivMod
+from ..ir import ScalarExpr, Unlowerable
 from ..ops import result_dtype, spelling
 
 TL = {
@@ -192,7 +192,7 @@ def spell(name: str, nargs: int, dtype) -> str:
 
 
 def translate_cond(cond: str) -> str:
-    """A C++ condition built by lowerings from ``Ix.c()`` strings -> Triton."""
+    """A C++ condition built by lowerings from ``IndexExpr.c()`` strings -> Triton."""
     if cond.strip() == "true":
         return "True"
     parts = [p.strip() for p in cond.split("&&")]
@@ -266,7 +266,7 @@ class TritonEmitter:
 
     # -- index rendering ----------------------------------------------------------------
     def ix(self, ix) -> str:
-        ix = Ix.of(ix)
+        ix = IndexExpr.of(ix)
         parts = []
         for a, c in ix.terms:
             s = self._atom(a)
@@ -289,7 +289,7 @@ class TritonEmitter:
     def _levels(self, ix):
         """(has an x-level term, has an r-level term)."""
         hx = hr = False
-        for a, _ in Ix.of(ix).terms:
+        for a, _ in IndexExpr.of(ix).terms:
             if isinstance(a, _DivMod):
                 x, r = self._levels(a.e)
             else:
@@ -311,13 +311,13 @@ class TritonEmitter:
         return ix_s if not add else f"{ix_s} + {' + '.join(add)}"
 
     # -- the operations bodies use -------------------------------------------------------
-    def load(self, buf, ix: Ix) -> CVal:
+    def load(self, buf, ix: IndexExpr) -> ScalarExpr:
         self.loads.append((buf, ix))
         if self.load_hook is not None:
             hooked = self.load_hook(buf, ix)
             if hooked is not None:
                 return hooked
-        ix = Ix.of(ix) - buf.offset        # kernel pointers already point at the tensor's data
+        ix = IndexExpr.of(ix) - buf.offset        # kernel pointers already point at the tensor's data
         s = self.ix(ix)
         hx, hr = self._levels(ix)
         want_r = self.two_d and (hr or any(self.is_r(m) for m in self.masks))
@@ -327,9 +327,9 @@ class TritonEmitter:
         expr = f"tl.load({self.param(buf)} + ({idx}), mask={mask}, other=0)"
         if buf.dtype in HALF:
             expr += ".to(tl.float32)"
-        return CVal(self._cse(expr, want_r), buf.dtype)
+        return ScalarExpr(self._cse(expr, want_r), buf.dtype)
 
-    def op(self, name: str, vals, dtype) -> CVal:
+    def op(self, name: str, vals, dtype) -> ScalarExpr:
         tpl = spell(name, len(vals), dtype)
         rdt = result_dtype(name, dtype)
         exprs = [v.expr for v in vals]
@@ -340,16 +340,16 @@ class TritonEmitter:
                 return self.const(value, rdt)
             except Exception:  # noqa: BLE001 - not a plain Python expression: emit it
                 pass
-        return CVal(self._cse(expr, any(self.is_r(e) for e in exprs)), rdt)
+        return ScalarExpr(self._cse(expr, any(self.is_r(e) for e in exprs)), rdt)
 
-    def cast(self, v: CVal, dt) -> CVal:
+    def cast(self, v: ScalarExpr, dt) -> ScalarExpr:
         if v.dtype == dt:
             return v
         if v.expr in self.consts:
             return self.const(self.consts[v.expr], dt)
         r = self.is_r(v.expr)
         if dt == torch.bool:
-            return CVal(self._cse(f"({v.expr} != 0)", r), dt)
+            return ScalarExpr(self._cse(f"({v.expr} != 0)", r), dt)
         src, dst = phys(v.dtype), phys(dt)
         expr = v.expr if src == dst else f"{v.expr}.to({TL[dst]})"
         if dt in HALF and v.dtype not in HALF:
@@ -357,10 +357,10 @@ class TritonEmitter:
         elif dt in HALF and v.dtype in HALF and dt != v.dtype:
             expr = f"{v.expr}.to({TL[dt]}).to(tl.float32)"
         if expr == v.expr:
-            return CVal(v.expr, dt)
-        return CVal(self._cse(expr, r), dt)
+            return ScalarExpr(v.expr, dt)
+        return ScalarExpr(self._cse(expr, r), dt)
 
-    def const(self, v, dt=None) -> CVal:
+    def const(self, v, dt=None) -> ScalarExpr:
         if dt is None:
             dt = torch.bool if isinstance(v, bool) else (torch.int64 if isinstance(v, int) else torch.float64)
         if dt == torch.bool:
@@ -371,16 +371,16 @@ class TritonEmitter:
             v = int(v)
         s = literal(v, dt)
         self.consts[s] = v
-        return CVal(s, dt)
+        return ScalarExpr(s, dt)
 
-    def index(self, ix) -> CVal:
-        ix = Ix.of(ix)
+    def index(self, ix) -> ScalarExpr:
+        ix = IndexExpr.of(ix)
         hx, hr = self._levels(ix)
         want_r = self.two_d and hr
         s = self._shaped(self.ix(ix), hx, hr, want_r)
-        return CVal(self._cse(f"({s}).to(tl.int64)", want_r), torch.int64)
+        return ScalarExpr(self._cse(f"({s}).to(tl.int64)", want_r), torch.int64)
 
-    def indirect(self, v: CVal, size: int, check) -> Ix:
+    def indirect(self, v: ScalarExpr, size: int, check) -> IndexExpr:
         r = self.is_r(v.expr)
         name = self.tmp("ind")
         self.line(f"{name} = {v.expr}.to(tl.int64)" if v.expr not in self.consts else
@@ -393,13 +393,13 @@ class TritonEmitter:
             self.rlevel.add(name)
         else:
             self.xlevel_ind.add(name)
-        return Ix.of(Indirect(name, 0, max(size - 1, 0)))
+        return IndexExpr.of(Indirect(name, 0, max(size - 1, 0)))
 
-    def flag_out_of_range(self, v: CVal, size: int, check) -> str:
+    def flag_out_of_range(self, v: ScalarExpr, size: int, check) -> str:
         """Not checked on the GPU (as ``indirect``: eager raises a device assert there)."""
         return "False"
 
-    def piecewise(self, branches, dt) -> CVal:
+    def piecewise(self, branches, dt) -> ScalarExpr:
         """``[(cond, body_fn), ...]``: the first true condition's body gives the value. Every
         branch is computed, then selected. Why each branch's loads are masked by "my
         condition and no earlier one": C++ evaluates only the taken branch, but here every
@@ -436,7 +436,7 @@ class TritonEmitter:
         for i in range(start - 1, -1, -1):
             out = f"tl.where({conds[i]}, {vals[i].expr}, {out})"
         r = self.is_r(out)
-        return CVal(self._cse(out, r), dt)
+        return ScalarExpr(self._cse(out, r), dt)
 
     def _cond(self, c: str) -> str:
         """A condition as a named temporary, at r level when it involves r values."""

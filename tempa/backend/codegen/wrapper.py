@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ir import Buffer, ComputedBuffer, ExternCall, TV
+from ..ir import Buffer, ComputedBuffer, ExternCall, LoopValue
 from ..schedule import Schedule
 
 _DTYPE_NAMES = {dt: str(dt).replace("torch.", "") for dt in [
@@ -53,7 +53,7 @@ class WrapperGen:
         if isinstance(tv, (list, tuple)):
             inner = ", ".join(self.tensor(x) for x in tv)
             return f"[{inner}]" if isinstance(tv, list) else f"({inner}{',' if len(tv) == 1 else ''})"
-        if not isinstance(tv, TV):
+        if not isinstance(tv, LoopValue):
             return self.const(tv)
         b, st, off = tv.strided
         name = self.bufname(b)
@@ -87,12 +87,12 @@ def reshape_outputs_at_allocation(lowered, w) -> dict:
     Returns buffer -> the shape to allocate it in (shared by the C++ and GPU wrappers)."""
     alloc_shape = {}
     for i, v in enumerate(lowered.outputs):
-        if isinstance(v, TV) and v.strided is not None and v.buffer is None:
+        if isinstance(v, LoopValue) and v.strided is not None and v.buffer is None:
             b, st, off = v.strided
             if isinstance(b, ComputedBuffer) and off == 0 and v.numel == b.numel and b not in alloc_shape \
                     and st == _contig(v.sizes) and b.strides == _contig(b.sizes):
                 alloc_shape[b] = v.sizes
-                lowered.outputs[i] = TV.view_of(b, v.sizes, st, 0)
+                lowered.outputs[i] = LoopValue.view_of(b, v.sizes, st, 0)
                 w.reshaped[b] = v.sizes
     return alloc_shape
 

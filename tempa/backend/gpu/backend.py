@@ -24,7 +24,7 @@ CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 class GpuTarget:
-    """The renderer ``entry._State`` compiles with on CUDA."""
+    """The renderer ``entry.GraphVariants`` compiles with on CUDA."""
     name = "cuda"
 
     def __init__(self, examples, info, mode=None, options=None):

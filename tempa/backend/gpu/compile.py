@@ -19,8 +19,8 @@ import torch
 
 from ..codegen import triton as tr
 from ..codegen.triton_emit import EXTRA_DTYPES
-from ..compile_graph import GraphInfo
-from ..ir import ExternCall, Reduction, TV
+from ..compile_graph import CompiledGraphInfo
+from ..ir import ExternCall, Reduction, LoopValue
 from ..pipeline import Target, memory_summary, plan_graph as run_passes
 from ..schedule import _extern_buffers, _reads, nonunit, probe_loads
 from ..index import Var
@@ -48,7 +48,7 @@ GPU_EXTERNS = {
 
 
 @dataclass
-class GpuGraphInfo(GraphInfo):
+class GpuGraphInfo(CompiledGraphInfo):
     triton_source: str = ""
     kernels: list = field(default_factory=list)     # one summary line per launch
     unique_kernels: int = 0
@@ -114,7 +114,7 @@ def plan_memory(items, lowered):
                 for b in _reads(m):
                     readers.setdefault(b, set()).add(i)
     for v in lowered.outputs:
-        if isinstance(v, TV) and v.strided is not None:
+        if isinstance(v, LoopValue) and v.strided is not None:
             readers.setdefault(v.strided[0], set()).add("py")
     for i, it in enumerate(items):
         if not isinstance(it, tr.KernelPlan):

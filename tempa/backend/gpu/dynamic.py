@@ -37,7 +37,7 @@ _CONSTEXPR = re.compile(r"(tl\.arange\([^)]*\)|tl\.(?:full|zeros)\(\[[^\]]*\]|br
 
 
 class GpuDynamicTarget(DynamicTarget):
-    """A ``_State`` target: GpuTarget's renderer, one shape-generic compile for all sizes."""
+    """A ``GraphVariants`` target: GpuTarget's renderer, one shape-generic compile for all sizes."""
     name = "cuda"
     PARTS = ("Triton", "wrapper")
 

@@ -19,7 +19,7 @@ import torch
 
 from ..codegen import triton as tr
 from ..index import Var
-from ..ir import ComputedBuffer, ExternCall, Reduction, TV
+from ..ir import ComputedBuffer, ExternCall, Reduction, LoopValue
 from ..schedule import _extern_buffers, _reads, member_index, probe_loads
 
 aten = torch.ops.aten
@@ -35,9 +35,9 @@ class GemmSite:
     """One matmul the template may compute, and what it would fuse."""
     call: ExternCall
     op: str                        # "mm" | "addmm" | "bmm"
-    a: TV                          # [B,] M x K operand (a strided view of a buffer)
-    b: TV                          # [B,] K x N operand
-    bias: TV | None                # addmm's input
+    a: LoopValue                          # [B,] M x K operand (a strided view of a buffer)
+    b: LoopValue                          # [B,] K x N operand
+    bias: LoopValue | None                # addmm's input
     alpha: float
     beta: float
     out: object                    # the extern's output Buffer
@@ -82,14 +82,14 @@ def template_applies(call: ExternCall) -> GemmSite | None:
         bias, a, b = call.args[:3]
         alpha = call.kwargs.get("alpha", 1)
         beta = call.kwargs.get("beta", 1)
-        if not isinstance(bias, TV) or bias.strided is None:
+        if not isinstance(bias, LoopValue) or bias.strided is None:
             return None
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (alpha, beta)):
             return None
     else:
         a, b = call.args[:2]
         bias, alpha, beta = None, 1, 1
-    if not (isinstance(a, TV) and isinstance(b, TV)) or a.strided is None or b.strided is None:
+    if not (isinstance(a, LoopValue) and isinstance(b, LoopValue)) or a.strided is None or b.strided is None:
         return None
     if a.dtype != out.dtype or b.dtype != out.dtype:
         return None
@@ -176,6 +176,6 @@ def _readers(items, lowered) -> dict:
                 for b in _reads(m):
                     readers.setdefault(b, set()).add(i)
     for v in lowered.outputs:
-        if isinstance(v, TV) and v.strided is not None:
+        if isinstance(v, LoopValue) and v.strided is not None:
             readers.setdefault(v.strided[0], set()).add("py")
     return readers

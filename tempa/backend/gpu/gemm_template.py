@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from ..codegen.triton_emit import TL, TritonEmitter, literal, phys
-from ..index import Indirect, Ix, Var
-from ..ir import CVal
+from ..index import Indirect, IndexExpr, Var
+from ..ir import ScalarExpr
 from ..lower.core import bcast
 from ..schedule import member_index
 
@@ -49,9 +49,6 @@ class GemmConfig:
     def label(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k} g{self.group_m} "
                 f"w{self.num_warps} s{self.num_stages}")
-
-    def as_list(self) -> list:
-        return [self.block_m, self.block_n, self.block_k, self.group_m, self.num_warps, self.num_stages]
 
 
 class GemmCode:
@@ -160,7 +157,7 @@ def render(site, cfg: GemmConfig, interpret: bool = False, tf32: bool | None = N
     k.xvars = {"xz"} | {v.name for v in ov}
     k.row, k.col = ov[-2].name, ov[-1].name
     k.xb = BM * BN
-    idx = [Ix.of(v) for v in ov]
+    idx = [IndexExpr.of(v) for v in ov]
     val = "g_acc"
     if site.alpha != 1:
         L(f"g_acc = g_acc * {literal(site.alpha, torch.float32)}")
@@ -173,7 +170,7 @@ def render(site, cfg: GemmConfig, interpret: bool = False, tf32: bool | None = N
         # round as the library's result is rounded: the epilogue sees what eager would read
         L(f"g_out = {val}.to({TL[site.dtype]}).to(tl.float32)")
         val = "g_out"
-    result = CVal(val, site.dtype)
+    result = ScalarExpr(val, site.dtype)
     if site.store_out:
         _store(k, site.out, site.out.index(idx), result, pname)
     summary = [f"{site.op} {'%dx' % site.batch if site.op == 'bmm' else ''}{M}x{K}x{N} [{cfg.label}]"]
@@ -198,7 +195,7 @@ class TileEmitter(TritonEmitter):
             hooked = self.load_hook(buf, ix)
             if hooked is not None:
                 return hooked
-        ix = Ix.of(ix) - buf.offset
+        ix = IndexExpr.of(ix) - buf.offset
         names = {getattr(a, "name", None) for a in ix.vars()}
         if self.masks or any(isinstance(a, Indirect) for a in ix.vars()):
             # a piecewise branch or a gathered index: whole-tile shapes, as the base emitter does
@@ -217,7 +214,7 @@ class TileEmitter(TritonEmitter):
         expr = f"tl.load({self.param(buf)} + ({ptr})" + (f", mask={mask}, other=0)" if mask else ")")
         if buf.dtype in HALF:
             expr += ".to(tl.float32)"
-        return CVal(self._cse(expr, False), buf.dtype)
+        return ScalarExpr(self._cse(expr, False), buf.dtype)
 
 
 def _operand_ptr(tv, pname, row: str, col: str, batched: bool) -> str:
@@ -234,7 +231,7 @@ def _operand_ptr(tv, pname, row: str, col: str, batched: bool) -> str:
     return f"{pname(buf)} + ({' + '.join(terms)})"
 
 
-def _render_epilogue(k: TritonEmitter, site, ov, result: CVal, pname, tile: str) -> str:
+def _render_epilogue(k: TritonEmitter, site, ov, result: ScalarExpr, pname, tile: str) -> str:
     """The fused kernel's members over the tile; loads of the matmul output read ``result``."""
     out = site.out
     values: dict = {}
@@ -253,7 +250,7 @@ def _render_epilogue(k: TritonEmitter, site, ov, result: CVal, pname, tile: str)
         if v.expr in k.consts:
             name = f"v_e{j}"
             k.line(f"{name} = tl.full({tile}, {v.expr}, {TL[phys(m.dtype)]})")
-        values[m] = CVal(name, m.dtype)
+        values[m] = ScalarExpr(name, m.dtype)
         if m.kind != "local":
             _store(k, m, m.index(idx), values[m], pname)
         names.append(m.origin or "pointwise")
@@ -261,9 +258,9 @@ def _render_epilogue(k: TritonEmitter, site, ov, result: CVal, pname, tile: str)
     return "epilogue " + ", ".join(names)
 
 
-def _store(k: TritonEmitter, buf, ix, v: CVal, pname):
+def _store(k: TritonEmitter, buf, ix, v: ScalarExpr, pname):
     target = buf.target if getattr(buf, "kind", None) == "alias" else buf
-    ix = Ix.of(ix) - target.offset
+    ix = IndexExpr.of(ix) - target.offset
     s = k._shaped(k.ix(ix), *k._levels(ix), False)
     k.line(f"tl.store({pname(buf)} + ({s}), {v.expr}.to({TL[buf.dtype]}), xmask)")
 

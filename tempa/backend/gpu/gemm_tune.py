@@ -26,7 +26,7 @@ from dataclasses import replace
 import torch
 
 from ..codegen.triton_emit import PRELUDE
-from ..ir import TV
+from ..ir import LoopValue
 from ..runtime.autotune import cuda_timer
 from . import kernels as K
 from .gemm import GemmSite, find_sites
@@ -177,7 +177,7 @@ def _aten_runner(site: GemmSite, tensors, epilogue_run):
     call = site.call
 
     def arg(a):
-        return tensors.view(a) if isinstance(a, TV) else a
+        return tensors.view(a) if isinstance(a, LoopValue) else a
     args = [arg(a) for a in call.args]
     kwargs = {k: arg(v) for k, v in call.kwargs.items()}
     op = call.op
@@ -208,7 +208,7 @@ class _RandomTensors:
             t = self.made[buf] = base.as_strided(tuple(buf.sizes), tuple(buf.strides))
         return t
 
-    def view(self, tv: TV):
+    def view(self, tv: LoopValue):
         buf, st, off = tv.strided
         t = self.of(buf)
         return t.as_strided(tv.sizes, st, t.storage_offset() + off - buf.offset)

@@ -15,7 +15,7 @@ import torch
 
 from ..codegen.wrapper import (WrapperGen, _DTYPE_NAMES, _contig, _opname, alloc_layout,
                                reshape_outputs_at_allocation)
-from ..ir import TV, ExternCall
+from ..ir import LoopValue, ExternCall
 from ..pipeline import source_file
 
 
@@ -149,7 +149,7 @@ def _last_uses(plan):
     last: dict = {}
     pinned: set = set()
     for v in plan.lowered.outputs:
-        if isinstance(v, TV) and v.strided is not None:
+        if isinstance(v, LoopValue) and v.strided is not None:
             pinned.add(v.strided[0])
     for pos, it in enumerate(plan.items):
         if isinstance(it, ExternCall):

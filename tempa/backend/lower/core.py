@@ -2,8 +2,8 @@
 (making buffers, reductions and extern calls), and the pointwise/broadcast helpers.
 
 A lowering receives the lowering context, the FX node (for traced metadata: the exact output
-shape and dtype) and the node's arguments with tensors replaced by ``TV`` values. It returns
-a ``TV`` (or a tuple of them). It raises ``Unlowerable`` for a case it does not handle; the
+shape and dtype) and the node's arguments with tensors replaced by ``LoopValue`` values. It returns
+a ``LoopValue`` (or a tuple of them). It raises ``Unlowerable`` for a case it does not handle; the
 node then runs as an ATen fallback call, so a gap costs speed, never correctness.
 """
 from __future__ import annotations
@@ -16,9 +16,9 @@ import torch
 import torch.fx as fx
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-from ..index import Ix, contiguous_strides
+from ..index import IndexExpr, contiguous_strides
 from ..ops import OPS, UnknownOp, lookup
-from ..ir import (CTYPES, Buffer, ComputedBuffer, ExternCall, LoweredGraph, Pointwise, Reduction, TV,
+from ..ir import (CTYPES, Buffer, ComputedBuffer, ExternCall, LoweredGraph, Pointwise, Reduction, LoopValue,
                   Unlowerable)
 
 aten = torch.ops.aten
@@ -54,12 +54,12 @@ class LowerOptions:
         return value if self.size_choices is None else self.size_choices(what, value)
 
 
-def probe(tv: TV, prefix: str):
+def probe(tv: LoopValue, prefix: str):
     """``(loads, idx)``: the buffer reads computing ``tv`` at a symbolic index ``idx`` (a
     variable ``{prefix}{d}`` for each non-unit dim d)."""
     from ..codegen.emit import Emitter
     from ..index import Var
-    idx = [Ix.of(Var(f"{prefix}{d}", s)) if s != 1 else Ix() for d, s in enumerate(tv.sizes)]
+    idx = [IndexExpr.of(Var(f"{prefix}{d}", s)) if s != 1 else IndexExpr() for d, s in enumerate(tv.sizes)]
     k = Emitter()
     tv.load(k, idx)
     return k.loads, idx
@@ -100,8 +100,8 @@ def register(*ops):
     return deco
 
 
-def _tm(node):
-    tm = node.meta.get("tm")
+def _traced_meta(node):
+    tm = node.meta.get("traced_meta")
     if tm is None:
         raise Unlowerable("no traced metadata")
     return tm
@@ -112,7 +112,7 @@ class LowerCtx:
         self.options = options or LowerOptions()
         self.g = LoweredGraph()
         self.n = 0
-        # id(value) -> (value, its buffer-backed TV): values made memory for an extern call.
+        # id(value) -> (value, its buffer-backed LoopValue): values made memory for an extern call.
         # lower_graph points later users of the same FX node at the buffer (see there).
         self.realized: dict = {}
 
@@ -121,25 +121,25 @@ class LowerCtx:
         return f"{prefix}{self.n}"
 
     # -- making memory ------------------------------------------------------------------
-    def realize(self, tv: TV, origin="") -> TV:
+    def realize(self, tv: LoopValue, origin="") -> LoopValue:
         if tv.buffer is not None:
             return tv
         buf = ComputedBuffer(self.name(), tv.sizes, contiguous_strides(tv.sizes), 0, tv.dtype,
                              body=Pointwise(tv.load), origin=origin)
         self.g.steps.append(buf)
-        out = TV.of_buffer(buf)
+        out = LoopValue.of_buffer(buf)
         self.realized[id(tv)] = (tv, out)
         return out
 
-    def strided_or_realize(self, tv: TV, origin="") -> TV:
+    def strided_or_realize(self, tv: LoopValue, origin="") -> LoopValue:
         return tv if tv.strided is not None else self.realize(tv, origin)
 
-    def reduction(self, sizes, rsizes, rtype, fn, dtype, acc_dtype=None, origin="") -> TV:
+    def reduction(self, sizes, rsizes, rtype, fn, dtype, acc_dtype=None, origin="") -> LoopValue:
         buf = ComputedBuffer(self.name(), tuple(sizes), contiguous_strides(sizes), 0, dtype,
                              body=Reduction(tuple(rsizes), rtype, fn, acc_dtype or dtype),
                              origin=origin)
         self.g.steps.append(buf)
-        return TV.of_buffer(buf)
+        return LoopValue.of_buffer(buf)
 
     def extern(self, node: fx.Node, args, kwargs, fallback: bool, op=None, arg_nodes=None):
         """Run ``node.target`` through ATen from the wrapper; tensor args become buffers.
@@ -152,7 +152,7 @@ class LowerCtx:
         tensor arguments are those FX nodes (addmm run as mm: its a and b).
         """
         def prep(a, meta):
-            if isinstance(a, TV):
+            if isinstance(a, LoopValue):
                 want = getattr(meta, "stride", None)
                 if a.strided is not None and (want is None or tuple(a.strided[1]) == tuple(want)
                                               and a.strided[2] == meta.offset):
@@ -162,7 +162,7 @@ class LowerCtx:
                 buf = ComputedBuffer(self.name(), a.sizes, tuple(want), 0, a.dtype,
                                      body=Pointwise(a.load), origin=f"input of {node.target}")
                 self.g.steps.append(buf)
-                out = TV.of_buffer(buf)
+                out = LoopValue.of_buffer(buf)
                 self.realized[id(a)] = (a, out)
                 return out
             if isinstance(a, (list, tuple)):
@@ -170,11 +170,11 @@ class LowerCtx:
                 return type(a)(prep(x, m) for x, m in zip(a, ms))
             return a
         arg_metas = fx.node.map_arg(tuple(arg_nodes) if arg_nodes is not None else node.args,
-                                    lambda n: n.meta.get("tm"))
-        kw_metas = fx.node.map_arg(node.kwargs, lambda n: n.meta.get("tm"))
+                                    lambda n: n.meta.get("traced_meta"))
+        kw_metas = fx.node.map_arg(node.kwargs, lambda n: n.meta.get("traced_meta"))
         args = tuple(prep(a, m) for a, m in zip(args, arg_metas))
         kwargs = {k: prep(v, kw_metas.get(k)) for k, v in kwargs.items()}
-        tm = node.meta.get("tm")
+        tm = node.meta.get("traced_meta")
         multi = tm is None
         if multi:
             outs_meta = _multi_metas(node)
@@ -191,7 +191,7 @@ class LowerCtx:
         call = ExternCall(name, op, args, kwargs, outs, fallback, multi)
         self.g.steps.append(call)
         (self.g.fallbacks if fallback else self.g.externs).append(name)
-        tvs = [TV.of_buffer(b) if b is not None else None for b in outs]
+        tvs = [LoopValue.of_buffer(b) if b is not None else None for b in outs]
         return tuple(tvs) if multi else tvs[0]
 
 
@@ -200,7 +200,7 @@ def _multi_metas(node):
     by_index = {}
     for u in node.users:
         if u.op == "call_function" and u.target is operator.getitem:
-            by_index[u.args[1]] = u.meta.get("tm")
+            by_index[u.args[1]] = u.meta.get("traced_meta")
             n = max(n, u.args[1] + 1)
     return [by_index.get(i) for i in range(n)]
 
@@ -230,7 +230,7 @@ def literal(v, dt) -> str:
     return f"static_cast<{t}>({int(v)}LL)"
 
 
-def bcast(tv: TV, sizes):
+def bcast(tv: LoopValue, sizes):
     """Loader of ``tv`` broadcast to ``sizes`` (numpy rules)."""
     sizes = tuple(sizes)
     if tv.sizes == sizes:
@@ -244,7 +244,7 @@ def bcast(tv: TV, sizes):
         sub = list(idx[nd - m:])
         for d in range(m):
             if own[d] == 1 and sizes[nd - m + d] != 1:
-                sub[d] = Ix()
+                sub[d] = IndexExpr()
         return tv.load(k, sub)
     return load
 
@@ -258,7 +258,7 @@ def scalar_loader(v):
 def promote(*args):
     dummies = []
     for a in args:
-        if isinstance(a, TV):
+        if isinstance(a, LoopValue):
             dummies.append(torch.empty([1] * len(a.sizes), dtype=a.dtype))
         elif isinstance(a, (bool, int, float)):
             dummies.append(a)
@@ -268,19 +268,19 @@ def promote(*args):
 def pointwise(node, op, args, compute=None):
     """A pointwise op over ``args`` (values and Python scalars, broadcast to the node's
     shape and cast to ``compute``, default the node's dtype): ``op`` is a name of ops.OPS,
-    or ``op(k, vals, dtype) -> CVal`` composing several (``composite``)."""
-    tm = _tm(node)
+    or ``op(k, vals, dtype) -> ScalarExpr`` composing several (``composite``)."""
+    tm = _traced_meta(node)
     sizes, odt = tm.shape, tm.dtype
     ctype(odt)
     cdt = compute or odt
-    loaders = [bcast(a, sizes) if isinstance(a, TV) else scalar_loader(a) for a in args]
-    cost = 1 + sum(a.cost for a in args if isinstance(a, TV))
+    loaders = [bcast(a, sizes) if isinstance(a, LoopValue) else scalar_loader(a) for a in args]
+    cost = 1 + sum(a.cost for a in args if isinstance(a, LoopValue))
     body = _named(op, len(args)) if isinstance(op, str) else op
 
     def fn(k, idx):
         vals = [k.cast(l(k, idx), cdt) for l in loaders]
         return k.cast(body(k, vals, cdt), odt)
-    return TV(sizes, odt, fn, cost=cost)
+    return LoopValue(sizes, odt, fn, cost=cost)
 
 
 def _named(name: str, arity: int):

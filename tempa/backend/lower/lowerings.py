@@ -17,7 +17,7 @@ import operator
 import torch.fx as fx
 
 from ..index import contiguous_strides
-from ..ir import CTYPES, Buffer, ComputedBuffer, LoweredGraph, Pointwise, TV, Unlowerable
+from ..ir import CTYPES, Buffer, ComputedBuffer, LoweredGraph, Pointwise, LoopValue, Unlowerable
 from . import pointwise, reductions, views  # importing them registers their lowerings
 from .core import (INLINE_COST, LOWERINGS, SMALL_MATMUL_MACS, LowerCtx, LowerOptions, SizeChoices,
                    literal, probe, register)
@@ -45,7 +45,7 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
     env: dict = {}
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for i, n in enumerate(phs):
-        tm = n.meta.get("tm")
+        tm = n.meta.get("traced_meta")
         if tm is None:
             env[n] = n.meta.get("value")
             g.inputs.append(None)
@@ -53,14 +53,14 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
         b = Buffer(f"in{i}", tm.shape, tm.stride, 0, tm.dtype, kind="input", input_index=i,
                    base_offset=tm.offset)
         g.inputs.append(b)
-        env[n] = TV.of_buffer(b)
+        env[n] = LoopValue.of_buffer(b)
     for n in gm.graph.nodes:
         if n.op == "get_attr":
             t = getattr(gm, n.target)
             b = Buffer(n.target, tuple(t.shape), tuple(t.stride()), 0, t.dtype, kind="const",
                        base_offset=t.storage_offset())
             g.constants[n.target] = t
-            env[n] = TV.of_buffer(b)
+            env[n] = LoopValue.of_buffer(b)
         elif n.op == "call_function":
             args = fx.node.map_arg(n.args, lambda a: env[a])
             kwargs = fx.node.map_arg(n.kwargs, lambda a: env[a])
@@ -79,9 +79,9 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
                         env[a] = hit[1]
                 ctx.realized.clear()
             v = env[n]
-            if isinstance(v, TV) and v.cost > INLINE_COST and (len(n.users) > 1 or v.cost > 4 * INLINE_COST):
+            if isinstance(v, LoopValue) and v.cost > INLINE_COST and (len(n.users) > 1 or v.cost > 4 * INLINE_COST):
                 env[n] = ctx.realize(v, str(n.target))
-            elif (shared_reads and isinstance(v, TV) and v.strided is None
+            elif (shared_reads and isinstance(v, LoopValue) and v.strided is None
                   and v.cost > 1 and len(n.users) > 1 and _buffers_read(v) >= shared_reads):
                 env[n] = ctx.realize(v, str(n.target))
         elif n.op == "output":
@@ -89,12 +89,12 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
             vals = [env[o] if isinstance(o, fx.Node) else o for o in outs]
             # Outputs must be memory the wrapper can hand out, in the layout seen at trace
             # time: a backward graph indexes its saved inputs with the traced strides.
-            vals = [_as_traced(ctx, v, o.meta.get("tm") if isinstance(o, fx.Node) else None)
+            vals = [_as_traced(ctx, v, o.meta.get("traced_meta") if isinstance(o, fx.Node) else None)
                     for v, o in zip(vals, outs)]
             g.outputs = vals[:num_outputs] + vals[num_outputs + len(mutated):]
             for inp, v in zip(mutated, vals[num_outputs:num_outputs + len(mutated)]):
                 dst = g.inputs[inp]
-                src = v if isinstance(v, TV) else None
+                src = v if isinstance(v, LoopValue) else None
                 if src is None:
                     raise Unlowerable("non-tensor mutation")
                 if _reads_other_elements(src, dst):
@@ -108,7 +108,7 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
 
 
 def _as_traced(ctx, v, tm):
-    if not isinstance(v, TV):
+    if not isinstance(v, LoopValue):
         return v
     if tm is not None and v.strided is not None and v.strided[2] == tm.offset:
         buf, strides, offset = v.strided
@@ -118,7 +118,7 @@ def _as_traced(ctx, v, tm):
             # the same memory, the strides differ only on dims of size 1 (a view computes 0
             # there, eager the contiguous stride): hand it out with the traced strides rather
             # than copy it (GPT b1's logits, 6.4 MB and one launch a call)
-            return TV.view_of(buf, v.sizes, tm.stride, offset)
+            return LoopValue.view_of(buf, v.sizes, tm.stride, offset)
     if tm is None or 0 in tm.stride and v.numel > 1 \
             or tuple(tm.stride) == contiguous_strides(tm.shape):
         if v.strided is not None and tm is None:
@@ -132,10 +132,10 @@ def _as_traced(ctx, v, tm):
     buf = ComputedBuffer(ctx.name(), v.sizes, tuple(tm.stride), 0, v.dtype,
                          body=Pointwise(v.load), origin="output")
     ctx.g.steps.append(buf)
-    return TV.of_buffer(buf)
+    return LoopValue.of_buffer(buf)
 
 
-def _reads_other_elements(src: TV, dst: Buffer) -> bool:
+def _reads_other_elements(src: LoopValue, dst: Buffer) -> bool:
     """Would writing ``dst`` in place while computing ``src`` clobber values still needed?"""
     loads, idx = probe(src, "_c")
     own = dst.index(idx)
@@ -146,7 +146,7 @@ def _has_bad_dtype(args):
     bad = []
 
     def visit(a):
-        if isinstance(a, TV) and a.dtype not in CTYPES:
+        if isinstance(a, LoopValue) and a.dtype not in CTYPES:
             bad.append(a.dtype)
         elif isinstance(a, (list, tuple)):
             for x in a:
@@ -157,13 +157,13 @@ def _has_bad_dtype(args):
 
 def _lower_node(ctx: LowerCtx, n: fx.Node, args, kwargs):
     fn = LOWERINGS.get(n.target)
-    tm = n.meta.get("tm")
+    tm = n.meta.get("traced_meta")
     if n.target in EXTERN_OPS:
         return ctx.extern(n, args, kwargs, fallback=False)
     if fn is not None and not _has_bad_dtype(args) and (tm is None or tm.dtype in CTYPES):
         try:
             v = fn(ctx, n, *args, **kwargs)
-            if isinstance(v, TV) and tm is not None and tuple(v.sizes) != tuple(tm.shape):
+            if isinstance(v, LoopValue) and tm is not None and tuple(v.sizes) != tuple(tm.shape):
                 raise Unlowerable(f"shape mismatch {v.sizes} vs {tm.shape}")
             return v
         except Unlowerable:
@@ -171,6 +171,6 @@ def _lower_node(ctx: LowerCtx, n: fx.Node, args, kwargs):
     return ctx.extern(n, args, kwargs, fallback=True)
 
 
-def _buffers_read(tv: TV) -> int:
+def _buffers_read(tv: LoopValue) -> int:
     """How many distinct buffers computing ``tv`` at one index loads."""
     return len({b for b, _ in probe(tv, "_b")[0]})

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from ..ir import TV, Unlowerable
-from .core import aten, bcast, identity, square, LOWERINGS, pointwise, prims, promote, register, scalar_loader, _tm
+from ..ir import LoopValue, Unlowerable
+from .core import (aten, bcast, identity, square, LOWERINGS, pointwise, prims, promote, register,
+                   scalar_loader, _traced_meta)
 
 
 # --- pointwise ----------------------------------------------------------------------------
@@ -19,7 +20,7 @@ UNARY = {getattr(aten, name).default: name for name in (
 for _op, _name in UNARY.items():
     def _mk(name):
         def low(ctx, node, x):
-            return pointwise(node, name, [x], compute=torch.bool if name == "logical_not" else _tm(node).dtype)
+            return pointwise(node, name, [x], compute=torch.bool if name == "logical_not" else _traced_meta(node).dtype)
         return low
     LOWERINGS[_op] = _mk(_name)
 
@@ -95,7 +96,7 @@ def _trunc_div(k, vals, dt):
 
 @register(aten.div.Tensor_mode, aten.div.Scalar_mode)
 def _div_mode(ctx, node, a, b, rounding_mode=None):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     if rounding_mode is None:
         return pointwise(node, "div", [a, b])
     if rounding_mode == "trunc":
@@ -109,7 +110,7 @@ def _pow(ctx, node, a, e):
         return pointwise(node, lambda k, vals, dt: square(k, vals[0], dt), [a])
     if e == 1:
         return pointwise(node, identity, [a])
-    if e == 0.5 and _tm(node).dtype.is_floating_point:
+    if e == 0.5 and _traced_meta(node).dtype.is_floating_point:
         return pointwise(node, "sqrt", [a])
     return pointwise(node, "pow", [a, e])
 
@@ -133,8 +134,9 @@ def _clamp(ctx, node, x, min=None, max=None):
 
 @register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def _where(ctx, node, c, a, b):
-    tm = _tm(node)
-    loaders = [bcast(c, tm.shape)] + [bcast(v, tm.shape) if isinstance(v, TV) else scalar_loader(v) for v in (a, b)]
+    tm = _traced_meta(node)
+    loaders = [bcast(c, tm.shape)] + [bcast(v, tm.shape) if isinstance(v, LoopValue) else scalar_loader(v)
+                                      for v in (a, b)]
     dt = tm.dtype
 
     def fn(k, idx):
@@ -142,7 +144,7 @@ def _where(ctx, node, c, a, b):
         av = k.cast(loaders[1](k, idx), dt)
         bv = k.cast(loaders[2](k, idx), dt)
         return k.op("where", [cv, av, bv], dt)
-    return TV(tm.shape, dt, fn, cost=1 + sum(v.cost for v in (c, a, b) if isinstance(v, TV)))
+    return LoopValue(tm.shape, dt, fn, cost=1 + sum(v.cost for v in (c, a, b) if isinstance(v, LoopValue)))
 
 
 @register(aten.isnan.default)
@@ -162,13 +164,13 @@ def _thr_bw(ctx, node, grad, x, threshold):
 
 @register(aten.to.dtype, aten.to.dtype_layout, aten.to.other, aten.to.device)
 def _to(ctx, node, x, *args, **kw):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     return pointwise(node, identity, [x], compute=tm.dtype)
 
 
 @register(aten._to_copy.default, prims.convert_element_type.default)
 def _to_copy(ctx, node, x, dtype=None, **kw):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     if kw.get("layout") not in (None, torch.strided) or not _same_device(node, kw.get("device")):
         raise Unlowerable("device/layout change")
     return pointwise(node, identity, [x], compute=tm.dtype)
@@ -179,7 +181,7 @@ def _same_device(node, device) -> bool:
     the device) is a plain cast, not a transfer."""
     if device is None:
         return True
-    tm = node.args[0].meta.get("tm") if isinstance(node.args[0], torch.fx.Node) else None
+    tm = node.args[0].meta.get("traced_meta") if isinstance(node.args[0], torch.fx.Node) else None
     here = tm.device if tm is not None and tm.device is not None else torch.device("cpu")
     device = torch.device(device)
     if device.type == "cuda" and device.index is None and here.type == "cuda":
@@ -195,18 +197,18 @@ def _identity(ctx, node, x, **kw):
 
 @register(aten.copy.default)
 def _copy(ctx, node, dst, src, non_blocking=False):
-    return pointwise(node, identity, [src], compute=_tm(node).dtype)
+    return pointwise(node, identity, [src], compute=_traced_meta(node).dtype)
 
 
 # --- constants and factories ----------------------------------------------------------------
 
 def _fill(node, value):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     dt = tm.dtype
 
     def fn(k, idx):
         return k.const(value, dt)
-    return TV(tm.shape, dt, fn)
+    return LoopValue(tm.shape, dt, fn)
 
 
 @register(aten.full.default, aten.full_like.default, aten.new_full.default)
@@ -217,7 +219,7 @@ def _full(ctx, node, *args, **kw):
         value = args[1]
     else:
         value = args[2]
-    if isinstance(value, TV):
+    if isinstance(value, LoopValue):
         raise Unlowerable("tensor fill value")
     return _fill(node, value)
 
@@ -245,7 +247,7 @@ def _scalar_tensor(ctx, node, v, **kw):
 
 @register(aten.arange.start_step, aten.arange.default, aten.arange.start)
 def _arange(ctx, node, *args, **kw):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     nums = [a for a in args if isinstance(a, (int, float))]
     if len(nums) == 1:
         start, step = 0, 1
@@ -259,4 +261,4 @@ def _arange(ctx, node, *args, **kw):
     def fn(k, idx):
         i = k.index(idx[0])
         return k.cast(k.op("add", [k.const(start, cdt), k.op("mul", [k.cast(i, cdt), k.const(step, cdt)], cdt)], cdt), dt)
-    return TV(tm.shape, dt, fn)
+    return LoopValue(tm.shape, dt, fn)

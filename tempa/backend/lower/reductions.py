@@ -6,9 +6,9 @@ import math
 import torch
 import torch.fx as fx
 
-from ..index import contiguous_strides, flat_index, Ix, unflatten
-from ..ir import TV, Unlowerable
-from .core import aten, ctype, prims, register, square, _tm
+from ..index import contiguous_strides, flat_index, IndexExpr, unflatten
+from ..ir import LoopValue, Unlowerable
+from .core import aten, ctype, prims, register, square, _traced_meta
 from .views import _view_of
 
 
@@ -55,14 +55,14 @@ def _reduce(ctx, node, x, dims, keepdim, rtype, out_dtype, pre=None, origin=""):
 
 @register(aten.sum.dim_IntList, aten.sum.default, prims.sum.default)
 def _sum(ctx, node, x, dims=None, keepdim=False, dtype=None, output_dtype=None):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     dt = tm.dtype
     return _reduce(ctx, node, x, dims, keepdim, "sum", dt, pre=lambda k, v, idx: k.cast(v, dt), origin="sum")
 
 
 @register(aten.prod.dim_int, aten.prod.default)
 def _prod(ctx, node, x, dims=None, keepdim=False, dtype=None):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     dt = tm.dtype
     if isinstance(dims, torch.dtype):
         dims = None
@@ -71,7 +71,7 @@ def _prod(ctx, node, x, dims=None, keepdim=False, dtype=None):
 
 @register(aten.mean.dim, aten.mean.default)
 def _mean(ctx, node, x, dims=None, keepdim=False, dtype=None):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     dt = tm.dtype
     if isinstance(dims, torch.dtype):
         dims = None
@@ -81,13 +81,13 @@ def _mean(ctx, node, x, dims=None, keepdim=False, dtype=None):
 
     def fn(k, idx):
         return k.op("div", [s.load(k, idx), k.const(n, dt)], dt)
-    return TV(s.sizes, dt, fn)
+    return LoopValue(s.sizes, dt, fn)
 
 
 @register(aten.amax.default, aten.amin.default, prims.amax.default, prims.amin.default,
           aten.max.default, aten.min.default)
 def _amax(ctx, node, x, dims=None, keepdim=False):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     rt = "max" if node.target in (aten.amax.default, prims.amax.default, aten.max.default) else "min"
     if x.numel == 0:
         raise Unlowerable("empty max")
@@ -96,7 +96,6 @@ def _amax(ctx, node, x, dims=None, keepdim=False):
 
 @register(aten.any.dim, aten.any.dims, aten.any.default)
 def _any(ctx, node, x, dims=None, keepdim=False):
-    tm = _tm(node)
     return _reduce(ctx, node, x, dims, keepdim, "max", torch.bool,
                    pre=lambda k, v, idx: k.cast(v, torch.bool), origin="any")
 
@@ -110,7 +109,8 @@ def _all(ctx, node, x, dims=None, keepdim=False):
 @register(aten.argmax.default, aten.argmin.default)
 def _argmax(ctx, node, x, dim=None, keepdim=False):
     if dim is None:
-        flat = TV((x.numel,), x.dtype, lambda k, idx: x.load(k, unflatten(Ix.of(idx[0]), x.sizes)), cost=x.cost)
+        flat = LoopValue((x.numel,), x.dtype, lambda k, idx: x.load(k, unflatten(IndexExpr.of(idx[0]), x.sizes)),
+                         cost=x.cost)
         x, dim = flat, 0
         keepdim_eff = False
     else:
@@ -119,7 +119,7 @@ def _argmax(ctx, node, x, dim=None, keepdim=False):
         raise Unlowerable("empty argmax")
     rt = "argmax" if node.target is aten.argmax.default else "argmin"
     r = _reduce(ctx, node, x, [dim], keepdim_eff, rt, torch.int64, origin=rt)
-    tm = _tm(node)
+    tm = _traced_meta(node)
     if r.sizes != tuple(tm.shape):
         return _view_of(r, tm.shape, lambda idx: unflatten(flat_index(idx, contiguous_strides(tm.shape)), r.sizes))
     return r
@@ -139,7 +139,7 @@ def _var(ctx, node, x, dims, correction, keepdim, want_mean):
     n = math.prod(x.sizes[d] for d in dl) if nd else 1
     dt = x.dtype if x.dtype.is_floating_point else torch.float32
     ctype(dt)
-    src = node.args[0].meta.get("tm") if node.args and isinstance(node.args[0], fx.Node) else None
+    src = node.args[0].meta.get("traced_meta") if node.args and isinstance(node.args[0], fx.Node) else None
     on_gpu = getattr(src, "device", None) is not None and src.device.type != "cpu"
     acc = torch.float64 if dt == torch.float64 or not on_gpu else torch.float32
     s = _reduce(ctx, node, x, dims, keepdim, "sum", acc, pre=lambda k, v, idx: k.cast(v, acc),
@@ -165,8 +165,8 @@ def _var(ctx, node, x, dims, correction, keepdim, want_mean):
     def mean_fn(k, idx):
         mean_dev = k.op("div", [sd.load(k, idx), k.const(n, acc)], acc)
         return k.cast(k.op("add", [shift(k, idx), mean_dev], acc), dt)
-    var = TV(s.sizes, dt, var_fn)
-    mean = TV(s.sizes, dt, mean_fn)
+    var = LoopValue(s.sizes, dt, var_fn)
+    mean = LoopValue(s.sizes, dt, mean_fn)
     return (var, mean) if want_mean else var
 
 
@@ -197,7 +197,7 @@ def _safe_softmax(ctx, node, x, dim, dtype=None):
     decomposition emits. Lowered here (it was an ATen fallback: ~50 µs a call on the test
     GPT) as the two row reductions of a softmax; a row is fully masked exactly when its max
     is -inf (a NaN anywhere makes the max NaN, and the row NaN, as in eager)."""
-    dt = _tm(node).dtype
+    dt = _traced_meta(node).dtype
     if not dt.is_floating_point:
         raise Unlowerable("integer softmax")
     nd = len(x.sizes)
@@ -207,15 +207,15 @@ def _safe_softmax(ctx, node, x, dim, dtype=None):
 
     def xload(k, idx):
         return k.cast(x.load(k, idx), dt)
-    xc = TV(x.sizes, dt, xload, cost=x.cost)
+    xc = LoopValue(x.sizes, dt, xload, cost=x.cost)
     mx = _reduce(ctx, node, xc, [d], True, "max", dt, origin="softmax(max)")
 
     def row(idx):
-        return [Ix() if i == d else ix for i, ix in enumerate(idx)]
+        return [IndexExpr() if i == d else ix for i, ix in enumerate(idx)]
 
     def ex(k, idx):
         return k.op("exp", [k.op("sub", [xload(k, idx), mx.load(k, row(idx))], dt)], dt)
-    s = _reduce(ctx, node, TV(x.sizes, dt, ex, cost=x.cost + 2), [d], True, "sum", dt,
+    s = _reduce(ctx, node, LoopValue(x.sizes, dt, ex, cost=x.cost + 2), [d], True, "sum", dt,
                 origin="softmax(sum)")
 
     def out(k, idx):
@@ -223,4 +223,4 @@ def _safe_softmax(ctx, node, x, dim, dtype=None):
         inf = k.const(float("-inf"), dt)
         masked = k.op("eq", [m, inf], dt)
         return k.op("where", [masked, k.const(0, dt), k.op("div", [ex(k, idx), s.load(k, row(idx))], dt)], dt)
-    return TV(x.sizes, dt, out, cost=x.cost + 4)
+    return LoopValue(x.sizes, dt, out, cost=x.cost + 4)

@@ -32,12 +32,12 @@ from . import nodynamo
 aten = torch.ops.aten
 
 
-class Unsupported(Exception):
+class UntraceableGraph(Exception):
     """This graph cannot be lowered; the caller runs it another way (never wrong results)."""
 
 
 @dataclass(frozen=True)
-class TMeta:
+class TracedMeta:
     """What lowering needs to know about a traced value."""
     shape: tuple
     stride: tuple
@@ -47,12 +47,11 @@ class TMeta:
     device: torch.device | None = None
 
     @staticmethod
-    def of(t: torch.Tensor) -> "TMeta":
-        return TMeta(tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.requires_grad, t.device)
+    def of(t: torch.Tensor) -> "TracedMeta":
+        return TracedMeta(tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.requires_grad, t.device)
 
 
 _DATA_DEPENDENT = {torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape}
-_NONDETERMINISTIC = torch.Tag.nondeterministic_seeded
 
 
 def _static_index(func, args) -> bool:
@@ -84,7 +83,7 @@ class _Recorder(TorchDispatchMode):
     def bind(self, t: torch.Tensor, node: fx.Node) -> None:
         self.env[id(t)] = node
         self.keep.append(t)
-        node.meta["tm"] = TMeta.of(t)
+        node.meta["traced_meta"] = TracedMeta.of(t)
         node.meta["bw"] = self.backward_started
         node.meta["grad"] = torch.is_grad_enabled()
 
@@ -111,9 +110,9 @@ class _Recorder(TorchDispatchMode):
             if r is not NotImplemented:
                 return r
         if _DATA_DEPENDENT & set(func.tags) and not _static_index(func, args):
-            raise Unsupported(f"data-dependent op {func}")
+            raise UntraceableGraph(f"data-dependent op {func}")
         if self.strict_functional and func._schema.is_mutable:
-            raise Unsupported(f"mutating op {func} in the backward")
+            raise UntraceableGraph(f"mutating op {func} in the backward")
         if func is aten.lift_fresh.default or func is aten.lift_fresh_copy.default:
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
@@ -123,20 +122,20 @@ class _Recorder(TorchDispatchMode):
         if isinstance(out, torch.Tensor):
             if func._schema.is_mutable and id(out) in self.env:
                 self.env[id(out)] = node   # in-place result aliases its input
-                node.meta["tm"] = TMeta.of(out)
+                node.meta["traced_meta"] = TracedMeta.of(out)
                 node.meta["bw"] = self.backward_started
             else:
                 self.bind(out, node)
         elif isinstance(out, (tuple, list)):
-            node.meta["tm"] = None
+            node.meta["traced_meta"] = None
             for i, o in enumerate(out):
                 if isinstance(o, torch.Tensor):
                     g = self.graph.call_function(operator.getitem, (node, i))
                     self.bind(o, g)
         elif out is not None and not isinstance(out, (int, float, bool)):
-            raise Unsupported(f"{func} returned {type(out).__name__}")
+            raise UntraceableGraph(f"{func} returned {type(out).__name__}")
         else:
-            node.meta["tm"] = None
+            node.meta["traced_meta"] = None
             node.meta["value"] = out
         return out
 
@@ -275,7 +274,7 @@ def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict) -> Traced:
         if isinstance(t, torch.Tensor):
             rec.bind(t, ph)
         else:
-            ph.meta["tm"] = None
+            ph.meta["traced_meta"] = None
             ph.meta["value"] = t
     fn = torch.func.functionalize(gm, remove="mutations")
     with torch.enable_grad(), _attention_for(inputs), nodynamo.resolved(), rng_untouched(), rec:
@@ -293,7 +292,7 @@ def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict) -> Traced:
             graph.erase_node(n) if not n.users else None
     for n in graph.nodes:
         if n.op == "call_function" and getattr(n.target, "_schema", None) is not None and n.target._schema.is_mutable:
-            raise Unsupported(f"mutation left after functionalization: {n.target}")
+            raise UntraceableGraph(f"mutation left after functionalization: {n.target}")
     tensor_of = {node: t for t in rec.keep if (node := rec.env.get(id(t))) is not None}
     aliases = output_aliases(outs, clones, mutated, [tensor_of.get(n) for n in new_vals])
     graph.output(tuple(out_nodes) + tuple(new_vals))
@@ -423,7 +422,7 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
         if isinstance(c, torch.Tensor):
             rec.bind(c, ph)
         else:
-            ph.meta["tm"] = None
+            ph.meta["traced_meta"] = None
     env = {}
     phs = [n for n in traced.gm.graph.nodes if n.op == "placeholder"]
     for n, c in zip(phs, clones):
@@ -450,7 +449,7 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
         # graph. Only an input that itself requires grad cannot be mutated.
         for i in traced.mutated:
             if isinstance(clones[i], torch.Tensor) and clones[i].requires_grad:
-                raise Unsupported("an input that requires grad is mutated in place")
+                raise UntraceableGraph("an input that requires grad is mutated in place")
         diff = [i for i, o in enumerate(user) if isinstance(o, torch.Tensor) and o.requires_grad]
         grad_inputs = [i for i, c in enumerate(clones) if isinstance(c, torch.Tensor) and c.requires_grad]
         # Looked up before the backward runs: a no-op cast there (x.to(float32) of a float32
@@ -498,8 +497,8 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
     saved = [n for n in fw_nodes if n in needed]
     saved_inputs = [i for i, p in enumerate(input_phs) if p in needed]
     for n in saved:
-        if n.meta.get("tm") is None:
-            raise Unsupported(f"backward reads a non-tensor forward value {n.format_node()}")
+        if n.meta.get("traced_meta") is None:
+            raise UntraceableGraph(f"backward reads a non-tensor forward value {n.format_node()}")
     fw = _subgraph(graph, input_phs, fw_nodes, out_nodes + saved, rec.constants)
     bw_inputs = [input_phs[i] for i in saved_inputs] + saved + tangent_phs
     bw_body = _backward_order(graph, live_bw)
@@ -552,7 +551,7 @@ def _recompute_pointwise(fw_nodes, needed, live_bw, user_outputs, walk):
     Strictly less: a swap of equal size gains nothing, and made a residual stream (x + a,
     with x kept) recomputed layer after layer at the backward's start."""
     def nbytes(n):
-        tm = n.meta.get("tm")
+        tm = n.meta.get("traced_meta")
         if n in user_outputs or n.op == "placeholder" and tm is None:
             return 0                      # kept anyway (returned to the caller, or a scalar)
         if tm is None:
@@ -578,7 +577,7 @@ def _recompute_pointwise(fw_nodes, needed, live_bw, user_outputs, walk):
     def recompute_cost(n, memo):
         """Bytes to keep to recompute pointwise ``n``, when less than saving it; else None."""
         own = nbytes(n)
-        if own is None or not _pure_pointwise(n) or getattr(n.meta.get("tm"), "offset", 0):
+        if own is None or not _pure_pointwise(n) or getattr(n.meta.get("traced_meta"), "offset", 0):
             return None                   # (an offset: a view into another buffer, saved)
         via = via_inputs(n, memo)
         return via if via is not None and via < own else None

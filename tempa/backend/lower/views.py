@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..index import contiguous_strides, flat_index, Ix, unflatten
-from ..ir import IndexCheck, TV, Unlowerable
-from .core import aten, bcast, _multi_metas, prims, register, _tm
+from ..index import contiguous_strides, flat_index, IndexExpr, unflatten
+from ..ir import IndexCheck, LoopValue, Unlowerable
+from .core import aten, bcast, _multi_metas, prims, register, _traced_meta
 
 
 # --- views ----------------------------------------------------------------------------------
 
-def _view_of(x: TV, sizes, remap, cost_extra=0):
+def _view_of(x: LoopValue, sizes, remap, cost_extra=0):
     """A view: new sizes and an index remap out-idx -> in-idx. Keeps strided-ness if affine."""
     sizes = tuple(int(s) for s in sizes)
 
@@ -22,7 +22,7 @@ def _view_of(x: TV, sizes, remap, cost_extra=0):
     if x.strided is not None:
         from ..index import Var
         b, st, off = x.strided
-        probe = [Ix.of(Var(f"_p{d}", s)) for d, s in enumerate(sizes)]
+        probe = [IndexExpr.of(Var(f"_p{d}", s)) for d, s in enumerate(sizes)]
         src = remap(probe)
         flat = flat_index(src, st, off)
         # affine in the probe vars with no div/mod: representable as strides
@@ -30,14 +30,14 @@ def _view_of(x: TV, sizes, remap, cost_extra=0):
         if all(isinstance(a, Var) for a, _ in flat.terms):
             new_st = tuple(coefs.get(f"_p{d}", 0) for d in range(len(sizes)))
             strided = (b, new_st, flat.const)
-            return TV.view_of(b, sizes, new_st, flat.const)
-    return TV(sizes, x.dtype, load, strided, x.cost)
+            return LoopValue.view_of(b, sizes, new_st, flat.const)
+    return LoopValue(sizes, x.dtype, load, strided, x.cost)
 
 
 @register(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default,
           aten._reshape_alias.default)
 def _reshape(ctx, node, x, sizes, *rest):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     new = tm.shape
     if tuple(new) == x.sizes:
         return x
@@ -79,30 +79,30 @@ def _transpose(ctx, node, x, a, b):
 
 @register(aten.expand.default, aten.expand_copy.default)
 def _expand(ctx, node, x, sizes, implicit=False):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     out = tm.shape
-    load = bcast(x, out)
+    bcast(x, out)                   # raises Unlowerable where the sizes do not broadcast
     nd, m = len(out), len(x.sizes)
 
     def remap(idx):
         sub = list(idx[nd - m:])
         for d in range(m):
             if x.sizes[d] == 1 and out[nd - m + d] != 1:
-                sub[d] = Ix()
+                sub[d] = IndexExpr()
         return sub
     return _view_of(x, out, remap)
 
 
 @register(aten.unsqueeze.default)
 def _unsqueeze(ctx, node, x, dim):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     dim = dim % (len(x.sizes) + 1)
     return _view_of(x, tm.shape, lambda idx: list(idx[:dim]) + list(idx[dim + 1:]))
 
 
 @register(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
 def _squeeze(ctx, node, x, dims=None):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     nd = len(x.sizes)
     if dims is None:
         dims = [d for d in range(nd) if x.sizes[d] == 1]
@@ -112,7 +112,7 @@ def _squeeze(ctx, node, x, dims=None):
     keep = [d for d in range(nd) if d not in dims]
 
     def remap(idx):
-        out = [Ix()] * nd
+        out = [IndexExpr()] * nd
         for j, d in enumerate(keep):
             out[d] = idx[j]
         return out
@@ -121,7 +121,7 @@ def _squeeze(ctx, node, x, dims=None):
 
 @register(aten.slice.Tensor)
 def _slice(ctx, node, x, dim=0, start=None, end=None, step=1):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     nd = len(x.sizes)
     dim = dim % nd
     size = x.sizes[dim]
@@ -131,18 +131,18 @@ def _slice(ctx, node, x, dim=0, start=None, end=None, step=1):
 
     def remap(idx):
         out = list(idx)
-        out[dim] = Ix.of(idx[dim]) * step + start
+        out[dim] = IndexExpr.of(idx[dim]) * step + start
         return out
     return _view_of(x, tm.shape, remap)
 
 
 @register(aten.select.int)
 def _select(ctx, node, x, dim, index):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     nd = len(x.sizes)
     dim = dim % nd
     index = index + x.sizes[dim] if index < 0 else index
-    return _view_of(x, tm.shape, lambda idx: list(idx[:dim]) + [Ix(const=index)] + list(idx[dim:]))
+    return _view_of(x, tm.shape, lambda idx: list(idx[:dim]) + [IndexExpr(const=index)] + list(idx[dim:]))
 
 
 @register(aten.as_strided.default)
@@ -151,7 +151,7 @@ def _as_strided(ctx, node, x, size, stride, storage_offset=None):
         # A computed value (decompositions such as group_norm's use as_strided on results):
         # its storage is its contiguous layout when it was traced contiguous at offset 0, so
         # the view is an index remap, as long as it reads only the value's own elements.
-        tm = node.args[0].meta.get("tm") if isinstance(node.args[0], fx.Node) else None
+        tm = node.args[0].meta.get("traced_meta") if isinstance(node.args[0], fx.Node) else None
         off = storage_offset or 0
         span = off + sum((s - 1) * st for s, st in zip(size, stride) if s > 0)
         if tm is None or tm.offset != 0 or tuple(tm.stride) != contiguous_strides(tm.shape) \
@@ -160,7 +160,7 @@ def _as_strided(ctx, node, x, size, stride, storage_offset=None):
         return _view_of(x, size, lambda idx: unflatten(flat_index(idx, stride, off), x.sizes))
     b = x.buffer
     off = b.offset if storage_offset is None else storage_offset
-    return TV.view_of(b, tuple(size), tuple(stride), off)
+    return LoopValue.view_of(b, tuple(size), tuple(stride), off)
 
 
 @register(aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int)
@@ -178,7 +178,7 @@ def _split(ctx, node, x, sizes_or_size=None, dim=0):
             s0 = start
 
             def remap(idx, s0=s0):
-                return list(idx[:dim]) + [Ix(const=s0)] + list(idx[dim:])
+                return list(idx[:dim]) + [IndexExpr(const=s0)] + list(idx[dim:])
             outs.append(_view_of(x, m.shape, remap))
             start += 1
         else:
@@ -186,7 +186,7 @@ def _split(ctx, node, x, sizes_or_size=None, dim=0):
 
             def remap(idx, s0=s0):
                 out = list(idx)
-                out[dim] = Ix.of(idx[dim]) + s0
+                out[dim] = IndexExpr.of(idx[dim]) + s0
                 return out
             outs.append(_view_of(x, m.shape, remap))
             start += m.shape[dim]
@@ -195,7 +195,7 @@ def _split(ctx, node, x, sizes_or_size=None, dim=0):
 
 @register(aten.cat.default)
 def _cat(ctx, node, tensors, dim=0):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     tensors = [t for t in tensors if not (len(t.sizes) == 1 and t.sizes[0] == 0)]
     nd = len(tm.shape)
     dim = dim % nd
@@ -212,12 +212,12 @@ def _cat(ctx, node, tensors, dim=0):
         for t, hi in zip(tensors, bounds):
             def br(k, t=t, lo=lo):
                 sub = list(idx)
-                sub[dim] = Ix.of(i) - lo
+                sub[dim] = IndexExpr.of(i) - lo
                 return k.cast(bcast(t, tuple(sub_sz(t, tm.shape, dim)))(k, sub) if False else t.load(k, sub), dt)
-            branches.append((f"({Ix.of(i).c()}) < {hi}", br))
+            branches.append((f"({IndexExpr.of(i).c()}) < {hi}", br))
             lo = hi
         return k.piecewise(branches, dt)
-    return TV(tm.shape, dt, fn, cost=2 + sum(t.cost for t in tensors))
+    return LoopValue(tm.shape, dt, fn, cost=2 + sum(t.cost for t in tensors))
 
 
 def sub_sz(t, shape, dim):
@@ -226,7 +226,7 @@ def sub_sz(t, shape, dim):
 
 @register(aten.constant_pad_nd.default)
 def _pad(ctx, node, x, pad, value=0):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     nd = len(x.sizes)
     dt = tm.dtype
     lows = [0] * nd
@@ -234,7 +234,7 @@ def _pad(ctx, node, x, pad, value=0):
         lows[nd - 1 - i] = pad[2 * i]
 
     def fn(k, idx):
-        src = [Ix.of(i) - lo for i, lo in zip(idx, lows)]
+        src = [IndexExpr.of(i) - lo for i, lo in zip(idx, lows)]
         conds = []
         for d in range(nd):
             if lows[d] or x.sizes[d] != tm.shape[d]:
@@ -244,12 +244,12 @@ def _pad(ctx, node, x, pad, value=0):
             return k.cast(x.load(k, src), dt)
         return k.piecewise([(" && ".join(conds), lambda k: k.cast(x.load(k, src), dt)),
                             ("true", lambda k: k.const(value, dt))], dt)
-    return TV(tm.shape, dt, fn, cost=2 + x.cost)
+    return LoopValue(tm.shape, dt, fn, cost=2 + x.cost)
 
 
 @register(aten.slice_scatter.default)
 def _slice_scatter(ctx, node, base, src, dim=0, start=None, end=None, step=1):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     nd = len(tm.shape)
     dim = dim % nd
     size = tm.shape[dim]
@@ -258,7 +258,7 @@ def _slice_scatter(ctx, node, base, src, dim=0, start=None, end=None, step=1):
     dt = tm.dtype
 
     def fn(k, idx):
-        i = Ix.of(idx[dim])
+        i = IndexExpr.of(idx[dim])
         cond = f"({i.c()}) >= {start} && ({i.c()}) < {end}" + (f" && (({i.c()}) - {start}) % {step} == 0" if step != 1 else "")
 
         def from_src(k):
@@ -266,25 +266,25 @@ def _slice_scatter(ctx, node, base, src, dim=0, start=None, end=None, step=1):
             sub[dim] = (i - start).floordiv(step) if step != 1 else i - start
             return k.cast(src.load(k, sub), dt)
         return k.piecewise([(cond, from_src), ("true", lambda k: k.cast(base.load(k, list(idx)), dt))], dt)
-    return TV(tm.shape, dt, fn, cost=2 + base.cost + src.cost)
+    return LoopValue(tm.shape, dt, fn, cost=2 + base.cost + src.cost)
 
 
 @register(aten.select_scatter.default)
 def _select_scatter(ctx, node, base, src, dim, index):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     nd = len(tm.shape)
     dim = dim % nd
     index = index + tm.shape[dim] if index < 0 else index
     dt = tm.dtype
 
     def fn(k, idx):
-        i = Ix.of(idx[dim])
+        i = IndexExpr.of(idx[dim])
 
         def from_src(k):
             return k.cast(src.load(k, list(idx[:dim]) + list(idx[dim + 1:])), dt)
         return k.piecewise([(f"({i.c()}) == {index}", from_src),
                             ("true", lambda k: k.cast(base.load(k, list(idx)), dt))], dt)
-    return TV(tm.shape, dt, fn, cost=2 + base.cost + src.cost)
+    return LoopValue(tm.shape, dt, fn, cost=2 + base.cost + src.cost)
 
 
 # Most index entries per output element that a pointwise scatter_add tests (one compare
@@ -300,9 +300,9 @@ def _scatter_add(ctx, node, base, dim, index, src):
     gradient per row into a (rows, vocab) zeros tensor; as a fallback that writes and re-reads
     the whole dense tensor (1.6 GB for a GPT's 8192 x 50304 logits in fp32), as a pointwise
     it fuses into the softmax backward that follows."""
-    tm = _tm(node)
+    tm = _traced_meta(node)
     nd = len(tm.shape)
-    if nd == 0 or not isinstance(index, TV) or not isinstance(src, TV):
+    if nd == 0 or not isinstance(index, LoopValue) or not isinstance(src, LoopValue):
         raise Unlowerable("scatter_add of a scalar")
     dim = dim % nd
     hits = index.sizes[dim]
@@ -315,17 +315,17 @@ def _scatter_add(ctx, node, base, dim, index, src):
 
     def fn(k, idx):
         acc = k.cast(base.load(k, list(idx)), dt)
-        here = k.index(Ix.of(idx[dim]))
+        here = k.index(IndexExpr.of(idx[dim]))
         for t in range(hits):
             sub = list(idx)
-            sub[dim] = Ix(const=t)
+            sub[dim] = IndexExpr(const=t)
             target = k.cast(index.load(k, sub), torch.int64)
             k.flag_out_of_range(target, tm.shape[dim], check)
             hit = k.op("eq", [here, target], torch.int64)
             add = k.op("where", [hit, k.cast(src.load(k, sub), dt), k.const(0, dt)], dt)
             acc = k.op("add", [acc, add], dt)
         return acc
-    return TV(tm.shape, dt, fn, cost=2 + base.cost + hits * (2 + index.cost + src.cost))
+    return LoopValue(tm.shape, dt, fn, cost=2 + base.cost + hits * (2 + index.cost + src.cost))
 
 
 # --- indexing -------------------------------------------------------------------------------
@@ -343,19 +343,19 @@ def _dim_bounds(dim, op):
 
 @register(aten.embedding.default)
 def _embedding(ctx, node, weight, indices, padding_idx=-1, *rest):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     ni = len(indices.sizes)
     rows = weight.sizes[0]
 
     def fn(k, idx):
         row = k.indirect(indices.load(k, list(idx[:ni])), rows, _SELF_RANGE)
         return weight.load(k, [row] + list(idx[ni:]))
-    return TV(tm.shape, tm.dtype, fn, cost=2)
+    return LoopValue(tm.shape, tm.dtype, fn, cost=2)
 
 
 @register(aten.index_select.default)
 def _index_select(ctx, node, x, dim, index):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     nd = len(x.sizes)
     dim = dim % nd if nd else 0
 
@@ -364,12 +364,12 @@ def _index_select(ctx, node, x, dim, index):
         sub = list(idx)
         sub[dim] = j
         return x.load(k, sub)
-    return TV(tm.shape, tm.dtype, fn, cost=2)
+    return LoopValue(tm.shape, tm.dtype, fn, cost=2)
 
 
 @register(aten.gather.default)
 def _gather(ctx, node, x, dim, index, sparse_grad=False):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     nd = len(x.sizes)
     if nd == 0:
         raise Unlowerable("0-d gather")
@@ -382,12 +382,12 @@ def _gather(ctx, node, x, dim, index, sparse_grad=False):
         sub = list(idx)
         sub[dim] = j
         return x.load(k, sub)
-    return TV(tm.shape, tm.dtype, fn, cost=2)
+    return LoopValue(tm.shape, tm.dtype, fn, cost=2)
 
 
 @register(aten.index.Tensor)
 def _index(ctx, node, x, indices):
-    tm = _tm(node)
+    tm = _traced_meta(node)
     tens = [(d, t) for d, t in enumerate(indices) if t is not None]
     if len(tens) != 1 or tens[0][1].dtype not in (torch.int64, torch.int32):
         raise Unlowerable("advanced indexing beyond one integer index tensor")
@@ -399,11 +399,11 @@ def _index(ctx, node, x, indices):
         j = k.indirect(it.load(k, list(idx[d:d + ni])), x.sizes[d], check)
         sub = list(idx[:d]) + [j] + list(idx[d + ni:])
         return x.load(k, sub)
-    return TV(tm.shape, tm.dtype, fn, cost=2)
+    return LoopValue(tm.shape, tm.dtype, fn, cost=2)
 
 
 @register(prims.broadcast_in_dim.default)
 def _bid(ctx, node, x, shape, bdims):
     def remap(idx):
-        return [Ix() if x.sizes[j] == 1 and shape[d] != 1 else idx[d] for j, d in enumerate(bdims)]
+        return [IndexExpr() if x.sizes[j] == 1 and shape[d] != 1 else idx[d] for j, d in enumerate(bdims)]
     return _view_of(x, shape, remap)
