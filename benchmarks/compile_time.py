@@ -65,6 +65,7 @@ def _timed(module: str, attr: str, phase: str | None = None):
 
 def instrument(backend: str):
     E = "tempa.backend.entry"
+    P = "tempa.backend.pipeline"          # the passes every target shares
     _timed(E, "prepare")
     _timed(E, "trace_forward", "trace forward (decompose)")
     # training: trace_training traces its own forward (counted above too), then the joint
@@ -73,9 +74,9 @@ def instrument(backend: str):
     if backend == "gpu":
         G = "tempa.backend.gpu.compile"
         _timed("tempa.backend.gpu.attention", "rewrite", "attention rewrite")
-        _timed(G, "lower_graph", "lower")
-        _timed(G, "eliminate_dead")
-        _timed(G, "schedule")
+        _timed(P, "lower_graph", "lower")
+        _timed(P, "eliminate_dead")
+        _timed(P, "schedule")
         _timed(G, "partition")
         _timed(G, "plan_memory")
         _timed(G, "_r_contiguous")
@@ -101,8 +102,8 @@ def instrument(backend: str):
         _timed("tempa.backend.gpu.wrapper", "build", "wrapper build")
     else:
         C = "tempa.backend.compile_graph"
-        _timed(C, "lower_graph", "lower")
-        _timed(C, "schedule")
+        _timed(P, "lower_graph", "lower")
+        _timed(P, "schedule")
         _timed(C, "plan_memory")
         _timed("tempa.backend.codegen.cpp", "render_segment", "render C++")
         _timed("tempa.backend.runtime.build", "build", "gcc (build)")

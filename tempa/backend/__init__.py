@@ -5,19 +5,9 @@ Contract (the same as the custom backends of PyTorch's own compiler):
 positionally and returning what ``gm`` returns. The callable carries ``tempa_info`` (``BackendInfo``): generated C++ and wrapper, kernel
 count, ATen fallbacks, the fusion report, whether gcc ran or the disk cache served it.
 
-The pipeline, top to bottom:
-
-  prepare          lift get_attr tensors to inputs (never bake parameter values)
-  trace_forward    run the graph on private clones under a recording dispatch mode and
-                   torch.func.functionalize: a functional ATen graph + which inputs it mutates
-  compile_graph    lower -> schedule -> C++ -> gcc -> wrapper (compile_graph.py)
-  [symbolic sizes] the same passes at a few sizes, interpolated into one shape-generic
-                   template (sizes become kernel arguments), or per shape (dynamic.py)
-  [training]       trace_training: trace a forward that keeps ops with good derivative
-                   formulas whole (softmax, layer norm...), replay it with grad and record
-                   the backward (trace_joint), partition into forward (outputs + saved)
-                   and backward graphs, compile both, and wrap them in one
-                   torch.autograd.Function (autograd.py)
+The passes are one list in code, ``pipeline.PASSES`` (each with a one-line comment), shared
+by the C++ and Triton targets and by static and shape-generic graphs; every pass's output is
+kept and printed by ``compiled.tempa_info.trace()``.
 
 Each call picks the variant cheaply: grad mode on and some input requiring grad -> the
 autograd variant, otherwise the inference variant. Each variant is built on first use.

@@ -14,10 +14,9 @@ import importlib
 logs = importlib.import_module("tempa.logs")
 stats = importlib.import_module("tempa.stats")  # the module; tempa.stats is also a function
 from .codegen import cpp, wrapper
-from .ir import ExternCall, LoopValue
 from .pipeline import Target, memory_summary, plan_graph as run_passes, show, source_file
 from .runtime import build as _build, fastcall
-from .schedule import _extern_buffers, _reads, plan_memory
+from .schedule import plan_memory
 
 
 @dataclass
@@ -43,37 +42,6 @@ class CompiledGraphInfo:
     def trace(self, heading: str = "") -> str:
         """Each pass's output for this graph, in pipeline order."""
         return show(self.passes, heading)
-
-
-def eliminate_dead(lowered) -> None:
-    live = set()
-    work = []
-    for v in lowered.outputs:
-        if isinstance(v, LoopValue) and v.strided is not None:
-            work.append(v.strided[0])
-    for cb in lowered.copy_backs:
-        work.extend(_reads(cb))
-    producers = {}
-    for st in lowered.steps:
-        if isinstance(st, ExternCall):
-            for b in st.outputs:
-                if b is not None:
-                    producers[b] = st
-        else:
-            producers[st] = st
-    while work:
-        b = work.pop()
-        st = producers.get(b)
-        if st is None or st in live:
-            continue
-        live.add(st)
-        if isinstance(st, ExternCall):
-            work.extend(_extern_buffers(st.args, st.kwargs))
-        else:
-            work.extend(_reads(st))
-    lowered.steps = [s for s in lowered.steps if s in live]
-    lowered.fallbacks = [s.name for s in lowered.steps if isinstance(s, ExternCall) and s.fallback]
-    lowered.externs = [s.name for s in lowered.steps if isinstance(s, ExternCall) and not s.fallback]
 
 
 @dataclass

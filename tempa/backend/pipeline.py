@@ -18,7 +18,18 @@ from __future__ import annotations
 
 import hashlib
 import linecache
+from collections import Counter
 from dataclasses import dataclass, field
+
+import torch
+
+from .codegen.emit import Emitter
+from .index import IndexExpr, Indirect
+from .ir import ComputedBuffer, ExternCall, LoopValue, ScalarExpr, extra_dtypes
+from .lower.core import LowerOptions
+from .lower.lowerings import lower_graph
+from .ops import result_dtype
+from .schedule import _extern_buffers, _reads, member_index, red_vars, schedule
 
 PASSES = (
     # -- once per graph (entry.py) -----------------------------------------------------------
@@ -67,6 +78,38 @@ class GraphJob:
     kept: dict = field(default_factory=dict)
 
 
+def eliminate_dead(lowered) -> None:
+    """Drop the steps no output or copy-back depends on."""
+    live = set()
+    work = []
+    for v in lowered.outputs:
+        if isinstance(v, LoopValue) and v.strided is not None:
+            work.append(v.strided[0])
+    for cb in lowered.copy_backs:
+        work.extend(_reads(cb))
+    producers = {}
+    for st in lowered.steps:
+        if isinstance(st, ExternCall):
+            for b in st.outputs:
+                if b is not None:
+                    producers[b] = st
+        else:
+            producers[st] = st
+    while work:
+        b = work.pop()
+        st = producers.get(b)
+        if st is None or st in live:
+            continue
+        live.add(st)
+        if isinstance(st, ExternCall):
+            work.extend(_extern_buffers(st.args, st.kwargs))
+        else:
+            work.extend(_reads(st))
+    lowered.steps = [s for s in lowered.steps if s in live]
+    lowered.fallbacks = [s.name for s in lowered.steps if isinstance(s, ExternCall) and s.fallback]
+    lowered.externs = [s.name for s in lowered.steps if isinstance(s, ExternCall) and not s.fallback]
+
+
 class Target:
     """The passes every target shares; a target (codegen CppTarget in compile_graph.py,
     TritonTarget in gpu/compile.py) adds its own and says how it lowers."""
@@ -76,18 +119,15 @@ class Target:
     extra_dtypes: dict = {}         # dtypes admitted beyond the C++ ones (ir.extra_dtypes)
 
     def lower(self, job: GraphJob):
-        from .lower.lowerings import lower_graph
         job.lowered = lower_graph(job.gm, job.num_outputs, job.mutated, self.shared_reads, job.options)
         return LoopIR(job.lowered)
 
     def eliminate_dead(self, job: GraphJob):
-        from .compile_graph import eliminate_dead
         before = len(job.lowered.steps)
         eliminate_dead(job.lowered)
         return f"{before - len(job.lowered.steps)} of {before} steps dropped"
 
     def schedule(self, job: GraphJob):
-        from .schedule import schedule
         job.sched = schedule(job.lowered.steps, job.lowered.copy_backs, job.lowered.outputs,
                              gpu=self.name == "triton")
         return Schedule(job.sched)
@@ -105,8 +145,6 @@ def plan_graph(target: Target, gm, num_outputs: int, mutated: list, num_inputs: 
     finished with ``target.finish``). ``nsizes`` > 0: one rendering of a shape-generic graph
     taking that many size symbols; ``choices``: a lower.core.SizeChoices log that records or
     replays size-driven choices; ``extra``: the target's own settings for this graph."""
-    from .ir import extra_dtypes
-    from .lower.core import LowerOptions
     job = GraphJob(gm, num_outputs, mutated, num_inputs, label, prefix, nsizes,
                    LowerOptions(DYNAMIC_SIZE_SCALE if nsizes else 1, choices, target.addmm_as_mm_macs))
     job.kept["aten"] = gm
@@ -130,8 +168,6 @@ class LoopIR:
         self.steps = list(lowered.steps)
 
     def __str__(self):
-        from .ir import ComputedBuffer, ExternCall, LoopValue
-        from .schedule import _reads
         g = self.lowered
         lines = ["inputs: " + ", ".join(_describe(b) for b in g.inputs if b is not None)]
         for st in self.steps:
@@ -140,8 +176,10 @@ class LoopIR:
                 lines.append(f"{outs} = {'fallback' if st.fallback else 'extern'} {st.name}")
             elif isinstance(st, ComputedBuffer):
                 lines.append(_computed(st, _reads(st)))
+                lines.extend(_body(st))
         for cb in g.copy_backs:
             lines.append(_computed(cb, _reads(cb)) + f"  (written into {cb.target.name})")
+            lines.extend(_body(cb))
         outs = [v.strided[0].name if isinstance(v, LoopValue) and v.strided is not None else repr(v)
                 for v in g.outputs]
         lines.append("outputs: " + ", ".join(outs))
@@ -156,7 +194,6 @@ class Schedule:
         self.sched = sched
 
     def __str__(self):
-        from .ir import ExternCall
         lines = []
         for it in self.sched.items:
             if isinstance(it, ExternCall):
@@ -172,10 +209,72 @@ class Schedule:
 
 def memory_summary(steps) -> str:
     """How many computed buffers live where, after plan_memory."""
-    from collections import Counter
-    from .ir import ComputedBuffer
     kinds = Counter(st.kind for st in steps if isinstance(st, ComputedBuffer))
     return ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) or "(no computed buffers)"
+
+
+def _body(buf) -> list:
+    """The body of ``buf`` at one element, as named ops (``t3 = exp(t2)``)."""
+    idx, _ = member_index(buf, [], "i")
+    k = _Printer()
+    if buf.is_reduction:
+        v = buf.body.fn(k, idx, [IndexExpr.of(r) for r in red_vars(buf, "r")])
+    else:
+        v = buf.body.fn(k, idx)
+    return k.lines + [f"    -> {v.expr}"]
+
+
+def _dtype_name(dt) -> str:
+    return str(dt).replace("torch.", "")
+
+
+class _Printer(Emitter):
+    """The emitter interface writing named ops instead of C++ (LoopIR's listing)."""
+
+    def _let(self, expr, dt):
+        for scope in reversed(self.scopes):
+            if expr in scope:
+                return ScalarExpr(scope[expr], dt)
+        name = self.tmp()
+        self.line(f"  {name}: {_dtype_name(dt)} = {expr}")
+        self.scopes[-1][expr] = name
+        return ScalarExpr(name, dt)
+
+    def load(self, buf, ix):
+        return self._let(f"load {buf.name}[{IndexExpr.of(ix).c()}]", buf.dtype)
+
+    def op(self, name, vals, dtype):
+        return self._let(f"{name}({', '.join(v.expr for v in vals)})", result_dtype(name, dtype))
+
+    def cast(self, v, dt):
+        return v if v.dtype == dt else self._let(f"{_dtype_name(dt)}({v.expr})", dt)
+
+    def const(self, v, dt=None):
+        return ScalarExpr(repr(v), dt or (torch.bool if isinstance(v, bool) else
+                                          torch.int64 if isinstance(v, int) else torch.float64))
+
+    def index(self, ix):
+        return ScalarExpr(f"index({IndexExpr.of(ix).c()})", torch.int64)
+
+    def indirect(self, v, size, check):
+        name = self.tmp("ind")
+        wrap = ", negative from the end" if check.wrap_negative else ""
+        self.line(f"  {name}: index = {v.expr} into [0, {size}){wrap}, else {check.error}")
+        return IndexExpr.of(Indirect(name, 0, max(size - 1, 0)))
+
+    def flag_out_of_range(self, v, size, check):
+        self.line(f"  check 0 <= {v.expr} < {size}, else {check.error}")
+        return "out_of_range"
+
+    def piecewise(self, branches, dt):
+        name = self.tmp()
+        self.line(f"  {name}: {_dtype_name(dt)} = the first of:")
+        for cond, fn in branches:
+            self.push()
+            v = self.cast(fn(self), dt)
+            self.line(f"  {v.expr} if {cond}")
+            self.pop()
+        return ScalarExpr(name, dt)
 
 
 def _describe(b) -> str:

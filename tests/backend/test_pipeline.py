@@ -39,6 +39,7 @@ def test_inference_keeps_each_pass_output():
         assert f"=== {name} ===" in text, name
     assert "torch.ops.aten.mm.default" in text          # the ATen graph
     assert "= sum over [8] of (in0, in1)  [matmul]" in text    # the loop IR
+    assert ": float32 = relu(t" in text and "= mul(t" in text    # ... its bodies as named ops
     assert "kernel over" in text and "not fused" in text  # the schedule and its decisions
     assert 'extern "C" int seg0' in text                 # the kernels
     assert "def make(" in text                           # the wrapper
