@@ -10,46 +10,19 @@ index?) by the scheduler and rendered by codegen.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 from dataclasses import dataclass, field
 
 import torch
 
 from .index import IndexExpr, flat_index
 
-class _DtypeTable(dict):
-    """dtype -> C type. A renderer with more scalar types (Triton: bf16/fp16) widens the table
-    for its own lowering with ``extra_dtypes`` (a context variable: other threads' CPU
-    compiles keep seeing the plain table)."""
-
-    def get(self, k, default=None):
-        extra = _EXTRA_DTYPES.get()
-        if k in extra:
-            return extra[k]
-        return dict.get(self, k, default)
-
-    def __contains__(self, k):
-        return k in _EXTRA_DTYPES.get() or dict.__contains__(self, k)
-
-
-_EXTRA_DTYPES = contextvars.ContextVar("tempa_extra_dtypes", default={})
-
-
-@contextlib.contextmanager
-def extra_dtypes(table: dict):
-    token = _EXTRA_DTYPES.set(table)
-    try:
-        yield
-    finally:
-        _EXTRA_DTYPES.reset(token)
-
-
-CTYPES = _DtypeTable({
+# dtype -> C type: the dtypes C++ kernels compute with (a target may admit more to its own
+# lowering: LowerOptions.extra_dtypes, the GPU's bf16/fp16).
+CTYPES = {
     torch.float32: "float", torch.float64: "double", torch.int64: "int64_t",
     torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",
     torch.uint8: "uint8_t", torch.bool: "bool",
-})
+}
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import torch
 
 from .codegen.emit import Emitter
 from .index import IndexExpr, Indirect
-from .ir import ComputedBuffer, ExternCall, LoopValue, ScalarExpr, extra_dtypes
+from .ir import ComputedBuffer, ExternCall, LoopValue, ScalarExpr
 from .lower.core import LowerOptions
 from .lower.lowerings import lower_graph
 from .ops import result_dtype
@@ -116,7 +116,7 @@ class Target:
     name = "?"
     shared_reads = None             # lower_graph's shared_reads (the GPU stores shared values sooner)
     addmm_as_mm_macs = 0            # LowerOptions.addmm_as_mm_macs
-    extra_dtypes: dict = {}         # dtypes admitted beyond the C++ ones (ir.extra_dtypes)
+    extra_dtypes: frozenset = frozenset()   # dtypes lowered beyond the C++ ones (LowerOptions)
 
     def lower(self, job: GraphJob):
         job.lowered = lower_graph(job.gm, job.num_outputs, job.mutated, self.shared_reads, job.options)
@@ -145,18 +145,18 @@ def plan_graph(target: Target, gm, num_outputs: int, mutated: list, num_inputs: 
     finished with ``target.finish``). ``nsizes`` > 0: one rendering of a shape-generic graph
     taking that many size symbols; ``choices``: a lower.core.SizeChoices log that records or
     replays size-driven choices; ``extra``: the target's own settings for this graph."""
-    job = GraphJob(gm, num_outputs, mutated, num_inputs, label, prefix, nsizes,
-                   LowerOptions(DYNAMIC_SIZE_SCALE if nsizes else 1, choices, target.addmm_as_mm_macs))
+    options = LowerOptions(DYNAMIC_SIZE_SCALE if nsizes else 1, choices, target.addmm_as_mm_macs,
+                           frozenset(target.extra_dtypes))
+    job = GraphJob(gm, num_outputs, mutated, num_inputs, label, prefix, nsizes, options)
     job.kept["aten"] = gm
     job.settings = extra
-    with extra_dtypes(target.extra_dtypes):
-        for name in GRAPH_PASSES:
-            step = getattr(target, name, None)
-            if step is not None:
-                out = step(job)
-                if out is not None:
-                    job.kept[name] = out
-        return target.make_plan(job)
+    for name in GRAPH_PASSES:
+        step = getattr(target, name, None)
+        if step is not None:
+            out = step(job)
+            if out is not None:
+                job.kept[name] = out
+    return target.make_plan(job)
 
 
 class LoopIR:

@@ -108,7 +108,7 @@ def red_vars(buf: ComputedBuffer, prefix: str):
 
 def probe_loads(buf: ComputedBuffer, outer_vars, tag="p"):
     idx, inner = member_index(buf, outer_vars, f"{tag}i")
-    k = Emitter()
+    k = Emitter(probing=True)
     if isinstance(buf.body, Reduction):
         rv = red_vars(buf, f"{tag}r")
         buf.body.fn(k, idx, [IndexExpr.of(v) for v in rv])

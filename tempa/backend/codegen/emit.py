@@ -59,8 +59,16 @@ def ctype(dt):
     return t
 
 
+def _any_ctype(dt):
+    """A probe's C type: any dtype the target admitted (the text is thrown away)."""
+    return CTYPES.get(dt) or str(dt)
+
+
 class Emitter:
-    def __init__(self, load_hook=None, names=None):
+    def __init__(self, load_hook=None, names=None, probing=False):
+        # probing (the scheduler and lowerings asking which buffers a body reads): the GPU's
+        # bf16/fp16 bodies are walked too; rendering C++ accepts only the C++ dtypes
+        self.ctype = _any_ctype if probing else ctype
         self.lines: list[str] = []
         self.scopes: list[dict] = [{}]
         self.depth = 1
@@ -117,19 +125,19 @@ class Emitter:
             hooked = self.load_hook(buf, ix)
             if hooked is not None:
                 return hooked
-        return ScalarExpr(self._cse(ctype(buf.dtype), f"{buf.cname}[{ix.c()}]"), buf.dtype)
+        return ScalarExpr(self._cse(self.ctype(buf.dtype), f"{buf.cname}[{ix.c()}]"), buf.dtype)
 
     def op(self, name: str, vals, dtype) -> ScalarExpr:
         """The op ``name`` of ops.OPS on ``vals`` (already in ``dtype``), computed in ``dtype``."""
         template = spelling(CPP_OPS, name, len(vals), "C++")
         rdt = result_dtype(name, dtype)
-        expr = template.format(*[v.expr for v in vals], T=ctype(dtype))
-        return ScalarExpr(self._cse(ctype(rdt), expr), rdt)
+        expr = template.format(*[v.expr for v in vals], T=self.ctype(dtype))
+        return ScalarExpr(self._cse(self.ctype(rdt), expr), rdt)
 
     def cast(self, v: ScalarExpr, dt) -> ScalarExpr:
         if v.dtype == dt:
             return v
-        t = ctype(dt)
+        t = self.ctype(dt)
         if dt == torch.bool:
             return ScalarExpr(self._cse(t, f"({v.expr} != 0)"), dt)
         return ScalarExpr(self._cse(t, f"static_cast<{t}>({v.expr})"), dt)
@@ -138,7 +146,7 @@ class Emitter:
         from ..lower.core import literal
         if dt is None:
             dt = torch.bool if isinstance(v, bool) else (torch.int64 if isinstance(v, int) else torch.float64)
-        return ScalarExpr(literal(v, dt), dt)
+        return ScalarExpr(literal(v, dt) if dt in CTYPES or self.ctype is ctype else repr(v), dt)
 
     def index(self, ix) -> ScalarExpr:
         return ScalarExpr(f"static_cast<int64_t>({IndexExpr.of(ix).c()})", torch.int64)
@@ -170,7 +178,7 @@ class Emitter:
 
     def piecewise(self, branches, dt) -> ScalarExpr:
         """``[(cond, body_fn), ...]``: the first true condition's body gives the value."""
-        t = ctype(dt)
+        t = self.ctype(dt)
         name = self.tmp()
         self.line(f"{t} {name};")
         for i, (cond, fn) in enumerate(branches):

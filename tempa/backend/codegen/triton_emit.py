@@ -29,8 +29,8 @@ SIG = {
     torch.uint8: "u8", torch.bool: "i1",
 }
 HALF = (torch.float16, torch.bfloat16)
-# The dtypes the GPU lowering accepts beyond the C++ ones (see ir.extra_dtypes).
-EXTRA_DTYPES = {torch.float16: "half", torch.bfloat16: "bfloat16"}
+# The dtypes the GPU lowering accepts beyond the C++ ones (LowerOptions.extra_dtypes).
+EXTRA_DTYPES = frozenset({torch.float16, torch.bfloat16})
 
 # Helpers every kernel module starts with. Why our own max/min: tl.maximum drops NaNs, eager
 # propagates them (relu(nan) = nan).

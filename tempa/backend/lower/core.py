@@ -49,6 +49,11 @@ class LowerOptions:
     # sizes and replayed at the other sizes, so every rendering makes the same choices.
     size_choices: "SizeChoices | None" = None
     addmm_as_mm_macs: int = 0
+    # dtypes lowered beyond the C++ ones (ir.CTYPES): the GPU's bf16 and fp16
+    extra_dtypes: frozenset = frozenset()
+
+    def admits(self, dt) -> bool:
+        return dt in CTYPES or dt in self.extra_dtypes
 
     def size_choice(self, what: str, value: bool) -> bool:
         return value if self.size_choices is None else self.size_choices(what, value)
@@ -60,7 +65,7 @@ def probe(tv: LoopValue, prefix: str):
     from ..codegen.emit import Emitter
     from ..index import Var
     idx = [IndexExpr.of(Var(f"{prefix}{d}", s)) if s != 1 else IndexExpr() for d, s in enumerate(tv.sizes)]
-    k = Emitter()
+    k = Emitter(probing=True)
     tv.load(k, idx)
     return k.loads, idx
 
@@ -271,7 +276,6 @@ def pointwise(node, op, args, compute=None):
     or ``op(k, vals, dtype) -> ScalarExpr`` composing several (``composite``)."""
     tm = _traced_meta(node)
     sizes, odt = tm.shape, tm.dtype
-    ctype(odt)
     cdt = compute or odt
     loaders = [bcast(a, sizes) if isinstance(a, LoopValue) else scalar_loader(a) for a in args]
     cost = 1 + sum(a.cost for a in args if isinstance(a, LoopValue))

@@ -17,7 +17,7 @@ import operator
 import torch.fx as fx
 
 from ..index import contiguous_strides
-from ..ir import CTYPES, Buffer, ComputedBuffer, LoweredGraph, Pointwise, LoopValue, Unlowerable
+from ..ir import Buffer, ComputedBuffer, LoweredGraph, Pointwise, LoopValue, Unlowerable
 from . import pointwise, reductions, views  # importing them registers their lowerings
 from .core import (INLINE_COST, LOWERINGS, SMALL_MATMUL_MACS, LowerCtx, LowerOptions, SizeChoices,
                    literal, probe, register)
@@ -142,11 +142,11 @@ def _reads_other_elements(src: LoopValue, dst: Buffer) -> bool:
     return any(b is dst and ix != own for b, ix in loads) or src.sizes != tuple(dst.sizes)
 
 
-def _has_bad_dtype(args):
+def _has_bad_dtype(args, options):
     bad = []
 
     def visit(a):
-        if isinstance(a, LoopValue) and a.dtype not in CTYPES:
+        if isinstance(a, LoopValue) and not options.admits(a.dtype):
             bad.append(a.dtype)
         elif isinstance(a, (list, tuple)):
             for x in a:
@@ -160,7 +160,7 @@ def _lower_node(ctx: LowerCtx, n: fx.Node, args, kwargs):
     tm = n.meta.get("traced_meta")
     if n.target in EXTERN_OPS:
         return ctx.extern(n, args, kwargs, fallback=False)
-    if fn is not None and not _has_bad_dtype(args) and (tm is None or tm.dtype in CTYPES):
+    if fn is not None and not _has_bad_dtype(args, ctx.options) and (tm is None or ctx.options.admits(tm.dtype)):
         try:
             v = fn(ctx, n, *args, **kwargs)
             if isinstance(v, LoopValue) and tm is not None and tuple(v.sizes) != tuple(tm.shape):

@@ -8,7 +8,7 @@ import torch.fx as fx
 
 from ..index import contiguous_strides, flat_index, IndexExpr, unflatten
 from ..ir import LoopValue, Unlowerable
-from .core import aten, ctype, prims, register, square, _traced_meta
+from .core import aten, prims, register, square, _traced_meta
 from .views import _view_of
 
 
@@ -138,7 +138,8 @@ def _var(ctx, node, x, dims, correction, keepdim, want_mean):
     dl = _norm_dims(dims, nd)
     n = math.prod(x.sizes[d] for d in dl) if nd else 1
     dt = x.dtype if x.dtype.is_floating_point else torch.float32
-    ctype(dt)
+    if not ctx.options.admits(dt):
+        raise Unlowerable(f"dtype {dt}")
     src = node.args[0].meta.get("traced_meta") if node.args and isinstance(node.args[0], fx.Node) else None
     on_gpu = getattr(src, "device", None) is not None and src.device.type != "cpu"
     acc = torch.float64 if dt == torch.float64 or not on_gpu else torch.float32
