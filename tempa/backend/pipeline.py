@@ -76,6 +76,12 @@ class GraphJob:
     sched: object = None            # schedule.Schedule
     settings: dict = field(default_factory=dict)    # the target's own (GPU: param_inputs, autotune)
     kept: dict = field(default_factory=dict)
+    # what the targets' own passes make: C++ segments; Triton partition, kernels, autotuning
+    seg_codes: dict = None          # segment index -> cpp.SegmentCode
+    kernel_count: int = 0
+    parts: list = None              # ExternCall | triton.KernelPlan
+    items: list = None              # ExternCall | (KernelPlan, KernelCode)
+    tuned_from: int = 0             # autotune log entries made before this graph
 
 
 def eliminate_dead(lowered) -> None:
@@ -114,6 +120,7 @@ class Target:
     """The passes every target shares; a target (codegen CppTarget in compile_graph.py,
     TritonTarget in gpu/compile.py) adds its own and says how it lowers."""
     name = "?"
+    gpu_schedule = False            # schedule with the GPU's fusion limits (schedule.py)
     shared_reads = None             # lower_graph's shared_reads (the GPU stores shared values sooner)
     addmm_as_mm_macs = 0            # LowerOptions.addmm_as_mm_macs
     extra_dtypes: frozenset = frozenset()   # dtypes lowered beyond the C++ ones (LowerOptions)
@@ -129,7 +136,7 @@ class Target:
 
     def schedule(self, job: GraphJob):
         job.sched = schedule(job.lowered.steps, job.lowered.copy_backs, job.lowered.outputs,
-                             gpu=self.name == "triton")
+                             gpu=self.gpu_schedule)
         return Schedule(job.sched)
 
     def make_plan(self, job: GraphJob):
@@ -147,9 +154,8 @@ def plan_graph(target: Target, gm, num_outputs: int, mutated: list, num_inputs: 
     replays size-driven choices; ``extra``: the target's own settings for this graph."""
     options = LowerOptions(DYNAMIC_SIZE_SCALE if nsizes else 1, choices, target.addmm_as_mm_macs,
                            frozenset(target.extra_dtypes))
-    job = GraphJob(gm, num_outputs, mutated, num_inputs, label, prefix, nsizes, options)
+    job = GraphJob(gm, num_outputs, mutated, num_inputs, label, prefix, nsizes, options, settings=extra)
     job.kept["aten"] = gm
-    job.settings = extra
     for name in GRAPH_PASSES:
         step = getattr(target, name, None)
         if step is not None:

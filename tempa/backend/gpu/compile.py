@@ -164,6 +164,7 @@ ADDMM_AS_MM_LIMIT = 1 << 28
 class TritonTarget(Target):
     """The Triton renderer's passes of pipeline.GRAPH_PASSES, and its finish."""
     name = "triton"
+    gpu_schedule = True
     # a value with several users that reads this many buffers is stored once (lower_graph)
     shared_reads = 3
     addmm_as_mm_macs = ADDMM_AS_MM_LIMIT
