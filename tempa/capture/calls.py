@@ -19,6 +19,7 @@ The rules live in ``purity.py``; the guards a module call implies in ``module_gu
 from __future__ import annotations
 
 import builtins
+import collections
 import copy
 import functools
 import logging
@@ -28,8 +29,8 @@ import types
 
 import torch
 
-from . import context
-from .breaks import Unsupported
+from . import context, stdlib
+from .breaks import Unsupported, UserError
 from .module_guards import _MODULE_CALL, _guard_module_class, guard_function, guard_module_call
 from .purity import _BUILTIN_FUNCTION, _IMPURE_BUILTINS, _PLAIN_TYPES, _PURE_C_CLASSES, \
     _PURE_C_MODULES, _PURE_C_TYPES, _check_pure_arguments, _check_pure_owner, _impure_reason, \
@@ -68,7 +69,8 @@ _PURE_TORCH_QUERIES = {torch._C._has_torch_function, torch._C._has_torch_functio
 
 _MUTATING_METHODS = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
                      "update", "setdefault", "popitem", "__setitem__", "__delitem__", "add",
-                     "discard", "__iadd__", "__setattr__", "__delattr__"}
+                     "discard", "__iadd__", "__setattr__", "__delattr__", "appendleft",
+                     "extendleft", "popleft", "rotate", "move_to_end"}
 # Standard-library Python code that only reflects on objects: evaluated, not interpreted
 # (BERT calls inspect.signature on every forward; interpreting it costs ~30 functions).
 _EVALUATED_PY_MODULES = {"inspect", "typing", "dataclasses", "enum", "re", "posixpath",
@@ -215,12 +217,7 @@ def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
         raise Unsupported("unsupported construct", f"{fn.__qualname__} is a coroutine")
     if tracer.depth >= _INLINE_DEPTH_LIMIT:
         raise Unsupported("unsupported construct", "calls nested too deeply (recursion?)")
-    from .interpreter import Frame  # the two modules call each other
-    if not tracer.is_internal(fn) and not _is_library_function(fn):
-        guard_function(tracer.guards, fn)
-    bound = bind_arguments(fn, args, kwargs, tracer=None if tracer.is_internal(fn) else tracer)
-    child = Frame(tracer, code, fn.__globals__, bound, fn.__closure__, name=fn.__qualname__,
-                  parent=frame, is_generator=bool(code.co_flags & _CO_GENERATOR))
+    child = _child_frame(tracer, frame, fn, args, kwargs)
     tracer.depth += 1
     try:
         result = child.run()
@@ -229,6 +226,31 @@ def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
     if child.is_generator:
         return CapturedIter(child.yielded)
     return result
+
+
+def _child_frame(tracer, frame, fn: types.FunctionType, args, kwargs):
+    """The frame of a call of ``fn`` (its arguments bound, its code guarded), not yet run."""
+    from .interpreter import Frame  # the two modules call each other
+    if not tracer.is_internal(fn) and not _is_library_function(fn):
+        guard_function(tracer.guards, fn)
+    bound = bind_arguments(fn, args, kwargs, tracer=None if tracer.is_internal(fn) else tracer)
+    return Frame(tracer, fn.__code__, fn.__globals__, bound, fn.__closure__,
+                 name=fn.__qualname__, parent=frame,
+                 is_generator=bool(fn.__code__.co_flags & _CO_GENERATOR))
+
+
+def start_generator(tracer, frame, fn, args, kwargs):
+    """The generator ``fn(*args, **kwargs)`` returns, as a ``GeneratorRun`` whose code runs
+    one ``yield`` at a time when asked (``@contextmanager``'s generator)."""
+    from .interpreter import GeneratorRun
+    if not (isinstance(fn, types.FunctionType) and fn.__code__.co_flags & _CO_GENERATOR):
+        raise Unsupported("unsupported construct", f"@contextmanager over "
+                          f"{getattr(fn, '__qualname__', fn)!r}, which is not a Python generator")
+    if fn.__code__ in DISABLED_CODES:
+        raise Unsupported("disabled by tempa.disable", f"{fn.__qualname__} is marked @tempa.disable")
+    child = _child_frame(tracer, frame, fn, args, kwargs)
+    child.step_by_step = True
+    return GeneratorRun(child)
 
 
 def _is_library_function(fn) -> bool:
@@ -344,6 +366,9 @@ def call_class(tracer, frame, cls: type, args, kwargs):
 
 def call_c(tracer, frame, fn, args, kwargs):
     """A callable that is neither Python code nor a torch op."""
+    model = stdlib.INSTANCE_MODELS.get(type(fn))
+    if model is not None:   # operator.itemgetter(...) and the like
+        return model(tracer, frame, fn, args, kwargs)
     if fn in _IMPURE_BUILTINS if _key(fn) is not None else False:
         kind = "print / side effect" if fn is builtins.print else "unsupported call"
         raise Unsupported(kind, f"{getattr(fn, '__name__', fn)}() has effects outside the graph")
@@ -382,6 +407,7 @@ def call_c(tracer, frame, fn, args, kwargs):
             owner = args[0] if args else None
         name = getattr(fn, "__name__", "")
         if not (isinstance(owner, (list, dict, set, tuple)) and name in _STORING_METHODS or
+                isinstance(owner, collections.deque) and name in stdlib.DEQUE_STORING_METHODS or
                 tracer.is_internal(owner) and name in ("__setattr__", "__setitem__", "__init__")):
             raise Unsupported("unsupported call", f"{getattr(fn, '__qualname__', fn)} with "
                               "tensor arguments")
@@ -674,6 +700,34 @@ def _id(tracer, frame, args, kwargs):
     return id(args[0])
 
 
+def _locals(tracer, frame, args, kwargs):
+    """``locals()``: a new dict of the frame's bound names, in CPython's order (arguments
+    and locals, then cells, then free variables). Python 3.13 returns a fresh snapshot per
+    call; 3.11/3.12 refresh one dict per frame: a second call here makes a new one."""
+    if args or kwargs:
+        raise UserError(TypeError(f"locals() takes no arguments ({len(args)} given)"))
+    out = {name: frame.locals[name] for name in frame.code.co_varnames if name in frame.locals}
+    for name in (*frame.code.co_cellvars, *frame.code.co_freevars):
+        try:
+            out[name] = frame.cells[name].cell_contents
+        except (KeyError, ValueError):   # an empty cell is not listed, as in eager
+            pass
+    return tracer.mark_internal(out)
+
+
+def _vars(tracer, frame, args, kwargs):
+    """``vars()`` is ``locals()``; ``vars(obj)`` reads ``obj.__dict__`` as the attribute
+    read does (an outside object's dict is guarded and copied)."""
+    if not args and not kwargs:
+        return _locals(tracer, frame, args, kwargs)
+    if len(args) != 1 or kwargs:
+        raise UserError(TypeError(f"vars expected at most 1 argument, got {len(args)}"))
+    try:
+        return tracer.load_attr(args[0], "__dict__", frame)
+    except AttributeError:
+        raise UserError(TypeError("vars() argument must have __dict__ attribute")) from None
+
+
 def _is_compiling(tracer, frame, args, kwargs):
     return True
 
@@ -748,6 +802,8 @@ _SPECIAL = {
     builtins.all: _any_all(all),
     builtins.sorted: _sorted,
     builtins.callable: _callable,
+    builtins.locals: _locals,
+    builtins.vars: _vars,
     builtins.id: _id,
     builtins.round: _to_python_number(round),
     math.sqrt: _to_python_number(math.sqrt),
@@ -760,6 +816,7 @@ _SPECIAL = {
     torch._C._fx_map_aggregate: _fx_map_aggregate,
     torch._C.is_grad_enabled: _grad_enabled,
 }
+_SPECIAL.update(stdlib.MODELS)
 for _name in ("is_exporting",):
     if hasattr(torch.compiler, _name):
         _SPECIAL[getattr(torch.compiler, _name)] = _false

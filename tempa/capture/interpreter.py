@@ -18,7 +18,8 @@ from .context import CapturedContext
 from .instructions import PY, NULL_BEFORE_CALLABLE, decode
 from .opcodes_data import DataOpcodes
 from .values import NULL, TensorVar, SuperProxy, GradModeExit, CapturedIter, LazyIter, \
-    check_own_iterator, contains_tensor, python_descriptor_setter
+    GeneratorContext, GeneratorContextExit, check_own_iterator, contains_tensor, \
+    python_descriptor_setter
 
 _MAX_INSTRUCTIONS = 5_000_000
 # (code, offset) pairs where capture breaks as if the instruction were unsupported: the
@@ -47,6 +48,75 @@ class _PyException(Exception):
     def __init__(self, exc: BaseException):
         super().__init__(repr(exc))
         self.exc = exc
+
+
+class _Suspend(Exception):
+    """YIELD_VALUE of a generator run step by step: the frame stops, resumable."""
+
+
+class GeneratorRun:
+    """A generator function's frame run one step at a time, as CPython runs a generator:
+    ``send`` resumes it at its ``yield`` (the value sent is the yield's result), ``throw``
+    raises an exception there. Used where the order of the generator's code and its
+    consumer's is visible (``@contextmanager``: before ``yield`` at enter, after it at
+    exit). Exceptions come out as Python's would (``StopIteration`` at the end)."""
+
+    def __init__(self, frame: "Frame"):
+        self.frame = frame
+        self.next_index = 0        # where to continue; None once finished
+        self.started = False
+
+    def send(self, value):
+        frame = self.frame
+        if self.next_index is None:
+            raise StopIteration
+        if self.started:
+            frame.push(value)
+        elif value is not None:
+            raise TypeError("can't send non-None value to a just-started generator")
+        self.started = True
+        return self._continue(self.next_index)
+
+    def throw(self, exc: BaseException):
+        if self.next_index is None or not self.started:
+            self.next_index = None
+            raise exc
+        frame = self.frame
+        try:
+            index = frame._raise(exc, frame.current)   # raised at the suspended yield
+        except _PyException:
+            index = None
+        if index is None:   # not handled in the generator: it comes back out, unchanged
+            self.next_index = None
+            raise exc
+        return self._continue(index)
+
+    def close(self):
+        if self.next_index is not None and self.started:
+            try:
+                self.throw(GeneratorExit())
+            except (GeneratorExit, StopIteration):
+                return
+            raise RuntimeError("generator ignored GeneratorExit")
+        self.next_index = None
+
+    def _continue(self, index: int):
+        frame = self.frame
+        failure = None
+        try:
+            frame.run(index)
+        except _PyException as e:
+            failure = e.exc
+        if failure is not None:   # raised here, outside the except: no added __context__
+            self.next_index = None
+            if isinstance(failure, StopIteration):   # PEP 479 (3.12+ does it in bytecode)
+                raise RuntimeError("generator raised StopIteration") from failure
+            raise failure
+        if frame.done:
+            self.next_index = None
+            raise StopIteration(frame.result)
+        self.next_index = frame.current.index + 1
+        return frame.suspended_value
 
 
 class Frame(DataOpcodes):
@@ -82,10 +152,12 @@ class Frame(DataOpcodes):
         self.executed = 0
         self.stop_before = stop_before
         self.stopped_at = None
+        self.step_by_step = False   # a GeneratorRun's frame: stop at each yield
+        self.suspended_value = None
 
     # -- the loop --------------------------------------------------------------------------
-    def run(self):
-        instrs, i, tracer = self.instrs, 0, self.tracer
+    def run(self, start: int = 0):
+        instrs, i, tracer = self.instrs, start, self.tracer
         while not self.done:
             ins = instrs[i]
             self.current = ins
@@ -101,6 +173,8 @@ class Frame(DataOpcodes):
                 if handler is None:
                     raise Unsupported("unsupported construct", f"opcode {ins.opname}")
                 nxt = handler(ins)
+            except _Suspend:
+                return None
             except Unsupported as u:
                 if self.parent is None and u.root_count is None:
                     u.root_count, u.root_offset = self.executed - 1, ins.offset
@@ -154,6 +228,9 @@ class Frame(DataOpcodes):
         if type(fn) is GradModeExit:
             fn.restore(self.tracer)
             return None
+        if type(fn) is GeneratorContextExit:
+            from . import stdlib
+            return stdlib.exit_generator_context(self, fn, *args)
         return self.tracer.call(self, fn, list(args), dict(kwargs))
 
     def truth(self, v) -> bool:
@@ -456,8 +533,11 @@ class Frame(DataOpcodes):
         self.push(None)
 
     def YIELD_VALUE(self, ins):
-        # Generators run to completion when first iterated (their consumers here, tuple(),
-        # all(), join(), take every item); each yield receives None.
+        if self.step_by_step:
+            self.suspended_value = self.pop()
+            raise _Suspend
+        # Other generators run to completion when first iterated (their consumers here,
+        # tuple(), all(), join(), take every item); each yield receives None.
         self.yielded.append(self.pop())
         self.push(None)
 
@@ -554,9 +634,16 @@ class Frame(DataOpcodes):
             self.push(exit_fn)
             self.push(value)
             return
+        if type(ctx) is GeneratorContext:
+            from . import stdlib
+            exit_fn, value = stdlib.enter_generator_context(self, ctx)
+            self.push(exit_fn)
+            self.push(value)
+            return
         import contextlib
         if isinstance(ctx, contextlib._GeneratorContextManager):
-            raise Unsupported("unsupported construct", "a @contextmanager context inside forward")
+            raise Unsupported("unsupported construct", "entering a @contextmanager object made "
+                              "outside the compiled call (its generator is outside state)")
         enter = getattr(type(ctx), "__enter__", None)
         exit_ = getattr(type(ctx), "__exit__", None)
         if not (isinstance(enter, types.FunctionType) and isinstance(exit_, types.FunctionType)):

@@ -18,8 +18,10 @@ Python code after the graph. Two rules keep that state as eager would have it:
 """
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
+import warnings
 from collections import OrderedDict
 
 from .breaks import Unsupported
@@ -236,6 +238,18 @@ class OutputPlan:
             sources = f"[{joined(value.sources)}]"
             return (f"{const(rebuild_lazy, 'F')}({const(value.kind, 'C')}, {sub(value.fn)}, "
                     f"{sources}, {sub(value.kwargs)})"), True
+        if t is collections.deque and self.is_internal(value):
+            return f"{const(t, 'C')}([{joined(value)}], {value.maxlen!r})", True
+        if t is collections.defaultdict and self.is_internal(value):
+            items = ", ".join(f"{sub(k)}: {sub(v)}" for k, v in value.items())
+            return f"{const(t, 'C')}({sub(value.default_factory)}, {{{items}}})", True
+        if t in (itertools.count, itertools.repeat) and self.is_internal(value):
+            # Endless, so not as items: built again from where it stands (count(5) after
+            # two next() from count(3)), through its pickling state (3.11 to 3.13).
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)   # 3.12+ deprecates it
+                maker, state = value.__reduce__()
+            return f"{const(maker, 'C')}(*{sub(state)})", True
         if self.is_internal(value) and (t is enumerate or hasattr(t, "__next__")):
             # An iterator of this capture (enumerate, iter(range)): the items it has left.
             left = list(itertools.islice(value, _MAX_ITEMS + 1))

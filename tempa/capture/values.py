@@ -70,6 +70,24 @@ class GradModeExit:
         self.context = context   # the CapturedContext it exits
 
 
+class GeneratorContext:
+    """A ``@contextlib.contextmanager`` object made during capture: its generator, run
+    step by step by the interpreter (``interpreter.GeneratorRun``)."""
+    __slots__ = ("run", "entered")
+
+    def __init__(self, run):
+        self.run = run
+        self.entered = False
+
+
+class GeneratorContextExit:
+    """The ``__exit__`` of an entered ``GeneratorContext`` (``stdlib.exit_generator_context``)."""
+    __slots__ = ("context",)
+
+    def __init__(self, context: GeneratorContext):
+        self.context = context
+
+
 class CapturedIter:
     """An iterator met during capture, materialised so a resume function can be handed
     the items it has not yet produced (a list_iterator cannot be inspected or rebuilt).
