@@ -31,6 +31,7 @@ import torch
 
 from . import context, stdlib
 from .breaks import Unsupported, UserError
+from .instructions import PY
 from .module_guards import _MODULE_CALL, _guard_module_class, guard_function, guard_module_call
 from .purity import _BUILTIN_FUNCTION, _IMPURE_BUILTINS, _PLAIN_TYPES, _PURE_C_CLASSES, \
     _PURE_C_MODULES, _PURE_C_TYPES, _check_pure_arguments, _check_pure_owner, _impure_reason, \
@@ -125,7 +126,9 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
             # C code that calls back into Python (torch._C._fx_map_arg, ...) is no tensor op:
             # on fake tensors it would hand fake results to the caller.
             raise Unsupported("unsupported call", f"torch.{name} calls a Python function")
-        if name in _TORCH_SIDE_EFFECTS or name.startswith("set_"):
+        if name in _TORCH_SIDE_EFFECTS or name.lstrip("_").startswith("set_") or \
+                name.endswith("_increment_nesting") or name.endswith("_decrement_nesting"):
+            # (torch.func's transforms enter a level with _vmap_increment_nesting, ...)
             raise Unsupported("unsupported call", f"torch.{name} changes global state")
         if fn in _PURE_TORCH_QUERIES:
             return fn(*args, **kwargs)   # type/state queries: no graph node needed
@@ -324,6 +327,8 @@ def call_class(tracer, frame, cls: type, args, kwargs):
     if issubclass(cls, torch.nn.Module):
         raise Unsupported("unsupported construct", f"creating a {cls.__name__} module in forward")
     mod = cls.__module__ or ""
+    if mod == "torch.return_types":
+        return stdlib.structseq(tracer, frame, cls, args, kwargs)
     if mod.startswith("torch") and not hasattr(cls, "__dataclass_fields__"):
         if contains_tensor(args) or contains_tensor(kwargs):
             raise Unsupported("unsupported call", f"{cls.__name__}(tensor)")
@@ -344,7 +349,7 @@ def call_class(tracer, frame, cls: type, args, kwargs):
                               "builds an object whose C code is not known to be pure")
         _check_pure_arguments(args, kwargs, f"{cls.__qualname__}()")
         if (contains_tensor(args) or contains_tensor(kwargs)) and not issubclass(
-                cls, (functools.partial, dict, list, tuple, set)):
+                cls, (functools.partial, dict, list, tuple, set, *stdlib.STORING_CLASSES)):
             raise Unsupported("unsupported call", f"{cls.__qualname__}(tensor)")
         return tracer.mark_internal(cls(*args, **kwargs))
     if isinstance(new, types.FunctionType) or isinstance(new, staticmethod):
@@ -412,8 +417,8 @@ def call_c(tracer, frame, fn, args, kwargs):
             raise Unsupported("unsupported call", f"{getattr(fn, '__qualname__', fn)} with "
                               "tensor arguments")
     result = fn(*args, **kwargs)
-    if getattr(fn, "__name__", "") == "__new__":
-        tracer.mark_internal(result)   # list.__new__(MyList): an object of this capture
+    if getattr(fn, "__name__", "") in ("__new__", "copy", "__copy__"):
+        tracer.mark_internal(result)   # list.__new__(MyList), deque.copy(): new objects
     return result
 
 
@@ -701,17 +706,24 @@ def _id(tracer, frame, args, kwargs):
 
 
 def _locals(tracer, frame, args, kwargs):
-    """``locals()``: a new dict of the frame's bound names, in CPython's order (arguments
-    and locals, then cells, then free variables). Python 3.13 returns a fresh snapshot per
-    call; 3.11/3.12 refresh one dict per frame: a second call here makes a new one."""
+    """``locals()``: the frame's bound names, in CPython's order (arguments and locals,
+    then cells, then free variables). 3.13 returns a new snapshot on each call; 3.11/3.12
+    return one dict per frame, brought up to date by each call (PyFrame_FastToLocals)."""
     if args or kwargs:
         raise UserError(TypeError(f"locals() takes no arguments ({len(args)} given)"))
-    out = {name: frame.locals[name] for name in frame.code.co_varnames if name in frame.locals}
-    for name in (*frame.code.co_cellvars, *frame.code.co_freevars):
+    code = frame.code
+    out = frame.locals_dict if frame.locals_dict is not None and PY < (3, 13) else {}
+    for name in code.co_varnames:
+        if name in frame.locals:
+            out[name] = frame.locals[name]
+        else:
+            out.pop(name, None)
+    for name in (*code.co_cellvars, *code.co_freevars):
         try:
             out[name] = frame.cells[name].cell_contents
         except (KeyError, ValueError):   # an empty cell is not listed, as in eager
-            pass
+            out.pop(name, None)
+    frame.locals_dict = out
     return tracer.mark_internal(out)
 
 

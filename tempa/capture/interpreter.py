@@ -153,6 +153,7 @@ class Frame(DataOpcodes):
         self.stop_before = stop_before
         self.stopped_at = None
         self.step_by_step = False   # a GeneratorRun's frame: stop at each yield
+        self.locals_dict = None     # what locals() returned (3.11/3.12 refresh that dict)
         self.suspended_value = None
 
     # -- the loop --------------------------------------------------------------------------

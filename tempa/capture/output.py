@@ -32,7 +32,7 @@ import torch
 
 from . import runtime
 from .values import TensorVar, NULL, TensorMethod, GradModeExit, CapturedIter, LazyIter, \
-    contains_tensor
+    GeneratorContext, GeneratorContextExit, contains_tensor
 
 
 _BUILTIN_METHOD = type([].append)
@@ -238,6 +238,10 @@ class OutputPlan:
             sources = f"[{joined(value.sources)}]"
             return (f"{const(rebuild_lazy, 'F')}({const(value.kind, 'C')}, {sub(value.fn)}, "
                     f"{sources}, {sub(value.kwargs)})"), True
+        if t is GeneratorContext or t is GeneratorContextExit:
+            raise Unsupported("unsupported construct", "a @contextmanager's generator, "
+                              "suspended at its yield, lives across the graph break or is "
+                              "returned (it cannot be handed to Python)")
         if t is collections.deque and self.is_internal(value):
             return f"{const(t, 'C')}([{joined(value)}], {value.maxlen!r})", True
         if t is collections.defaultdict and self.is_internal(value):

@@ -174,6 +174,14 @@ def _truth(negate: bool):
     return handler
 
 
+def _identity(negate: bool):
+    def handler(tracer, frame, args, kwargs):   # as IS_OP: a tensor is its TensorVar
+        if len(args) != 2 or kwargs:
+            raise _bad_call(f"expected 2 arguments, got {len(args)}")
+        return (args[0] is args[1]) is not negate
+    return handler
+
+
 def _getitem(tracer, frame, args, kwargs):
     if len(args) != 2 or kwargs:
         raise _bad_call(f"expected 2 arguments, got {len(args)}")
@@ -193,7 +201,8 @@ _OPERATOR.update({getattr(operator, name): _comparison(symbol) for name, symbol 
 _OPERATOR.update({operator.neg: _unary(operator.neg), operator.pos: _unary(operator.pos),
                   operator.invert: _unary(operator.invert), operator.inv: _unary(operator.inv),
                   operator.abs: _unary(operator.abs), operator.truth: _truth(False),
-                  operator.not_: _truth(True), operator.getitem: _getitem})
+                  operator.not_: _truth(True), operator.getitem: _getitem,
+                  operator.is_: _identity(False), operator.is_not: _identity(True)})
 
 
 def _itemgetter(tracer, frame, getter, args, kwargs):
@@ -261,6 +270,15 @@ DEQUE_STORING_METHODS = {"append", "appendleft", "extend", "extendleft", "pop", 
                          "__len__", "insert", "reverse", "__init__"}
 
 
+def structseq(tracer, frame, cls, args, kwargs):
+    """``torch.return_types.max((values, indices))``: a C struct sequence that stores the
+    items of its one iterable argument (a dict of extra fields is refused as eager's C code
+    would need one it can read)."""
+    if len(args) != 1 or kwargs:
+        raise _bad_call(f"{cls.__name__}() takes one sequence argument in captured code")
+    return _made(tracer, cls, list(frame.get_iter(args[0])))
+
+
 # -- contextlib.contextmanager -------------------------------------------------------------
 
 def _generator_context(tracer, frame, args, kwargs):
@@ -321,8 +339,12 @@ MODELS = {
     collections.deque: _deque,
     dict.fromkeys: _fromkeys(dict),
     collections.OrderedDict.fromkeys: _fromkeys(collections.OrderedDict),
+    collections.defaultdict.fromkeys: _fromkeys(collections.defaultdict),
     contextlib._GeneratorContextManager: _generator_context,
 }
+
+# C classes that only store their arguments (tensors included) for the models above.
+STORING_CLASSES = (operator.itemgetter, operator.attrgetter, operator.methodcaller)
 
 INSTANCE_MODELS = {
     operator.itemgetter: _itemgetter,
