@@ -110,8 +110,12 @@ class DataOpcodes:
             self.push(tuple(v))
         elif ins.arg == 5:    # INTRINSIC_UNARY_POSITIVE
             self.push(self.unary(operator.pos, v))
-        elif ins.arg == 3:    # INTRINSIC_STOPITERATION_ERROR
-            raise RuntimeError("generator raised StopIteration")
+        elif ins.arg == 3:    # INTRINSIC_STOPITERATION_ERROR: an exception leaving a generator
+            if isinstance(v, StopIteration):   # PEP 479; any other one goes on unchanged
+                error = RuntimeError("generator raised StopIteration")
+                error.__cause__ = v
+                v = error
+            self.push(v)
         else:
             raise Unsupported("unsupported construct", f"CALL_INTRINSIC_1 {ins.argval}")
 

@@ -18,6 +18,9 @@ does what the C code does with the interpreter's own services instead:
 (``interpreter.GeneratorRun``), its code before ``yield`` at ``__enter__``, after it at
 ``__exit__``, an exception of the body thrown in at the ``yield``, as contextlib does.
 
+``torch.no_grad()(fn)`` (a grad-mode context as a decorator) is a wrapper the interpreter
+inlines, entering a copy of the context around each call, as torch's decorator does.
+
 Handlers take ``(tracer, frame, args, kwargs)`` (``MODELS``, keyed by the callable) or
 ``(tracer, frame, obj, args, kwargs)`` for instances (``INSTANCE_MODELS``, keyed by type).
 """
@@ -25,12 +28,17 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import functools
 import itertools
 import operator
+import types
 
 from .breaks import Unsupported, UserError
+from .context import CapturedContext
 from .values import GeneratorContext, GeneratorContextExit, TensorVar
+
+_CO_GENERATOR = 0x20
 
 
 def _bad_call(what: str):
@@ -332,6 +340,31 @@ def exit_generator_context(frame, exit_fn: GeneratorContextExit, typ, value, tra
     raise UserError(RuntimeError("generator didn't stop after throw()"))
 
 
+# -- a grad-mode / autocast context as a decorator ---------------------------------------
+
+def _context_as_decorator(tracer, frame, ctx, args, kwargs):
+    """``torch.no_grad()(fn)`` (``@torch.no_grad()`` on a function defined in captured
+    code): as torch's ``_DecoratorContextManager``, a wrapper that runs ``fn`` inside a copy
+    of the context on each call. The wrapper is Python code the interpreter inlines."""
+    from .context import _AlreadyEntered
+    if len(args) != 1 or kwargs or not isinstance(args[0], types.FunctionType) or \
+            args[0].__code__.co_flags & _CO_GENERATOR or type(ctx) is _AlreadyEntered:
+        raise Unsupported("unsupported call", "a grad-mode/autocast context called on "
+                          "something other than a plain Python function")
+    decorated = _context_decorated(ctx, args[0])
+    for cell in decorated.__closure__:   # made here: no state of the caller's to guard
+        tracer.mark_internal(cell)
+    return tracer.mark_internal(decorated)
+
+
+def _context_decorated(ctx, fn):
+    @functools.wraps(fn)
+    def decorated(*args, **kwargs):
+        with copy.copy(ctx):
+            return fn(*args, **kwargs)
+    return decorated
+
+
 MODELS = {
     **_ITERTOOLS,
     **_OPERATOR,
@@ -347,6 +380,7 @@ MODELS = {
 STORING_CLASSES = (operator.itemgetter, operator.attrgetter, operator.methodcaller)
 
 INSTANCE_MODELS = {
+    CapturedContext: _context_as_decorator,
     operator.itemgetter: _itemgetter,
     operator.attrgetter: _attrgetter,
     operator.methodcaller: _methodcaller,
