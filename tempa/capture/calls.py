@@ -325,7 +325,7 @@ def call_class(tracer, frame, cls: type, args, kwargs):
     if issubclass(cls, torch.Tensor):
         raise Unsupported("unsupported call", f"constructing {cls.__name__} inside a graph")
     if issubclass(cls, torch.nn.Module):
-        raise Unsupported("unsupported construct", f"creating a {cls.__name__} module in forward")
+        return _new_module(tracer, frame, cls, args, kwargs)
     mod = cls.__module__ or ""
     if mod == "torch.return_types":
         return stdlib.structseq(tracer, frame, cls, args, kwargs)
@@ -352,6 +352,12 @@ def call_class(tracer, frame, cls: type, args, kwargs):
                 cls, (functools.partial, dict, list, tuple, set, *stdlib.STORING_CLASSES)):
             raise Unsupported("unsupported call", f"{cls.__qualname__}(tensor)")
         return tracer.mark_internal(cls(*args, **kwargs))
+    return _instantiate(tracer, frame, cls, args, kwargs)
+
+
+def _instantiate(tracer, frame, cls: type, args, kwargs):
+    """``cls(*args, **kwargs)`` for a class with Python ``__new__``/``__init__``: traced."""
+    new = cls.__new__
     if isinstance(new, types.FunctionType) or isinstance(new, staticmethod):
         obj = call(tracer, frame, new, [cls, *args], kwargs)
     else:
@@ -367,6 +373,17 @@ def call_class(tracer, frame, cls: type, args, kwargs):
         else:
             init(obj, *args, **kwargs)
     return obj
+
+
+def _new_module(tracer, frame, cls, args, kwargs):
+    """A module built in forward (``nn.Softmax(dim=-1)(x)``): built as Python builds it,
+    its ``__init__`` traced, then called like any module. One with parameters or buffers
+    is refused: eager makes new ones (new random weights) on every call."""
+    mod = _instantiate(tracer, frame, cls, args, kwargs)
+    if any(True for _ in mod.parameters()) or any(True for _ in mod.buffers()):
+        raise Unsupported("unsupported construct", f"creating a {cls.__name__} module with "
+                          "parameters or buffers in forward")
+    return mod
 
 
 def call_c(tracer, frame, fn, args, kwargs):
@@ -824,6 +841,7 @@ _SPECIAL = {
     torch.jit.is_scripting: _false,
     torch.jit.is_tracing: _false,
     torch._C._get_tracing_state: lambda *a: None,
+    torch._C._log_api_usage_once: lambda *a: None,   # usage telemetry of Module.__init__
     torch.is_grad_enabled: _grad_enabled,
     torch._C._fx_map_aggregate: _fx_map_aggregate,
     torch._C.is_grad_enabled: _grad_enabled,

@@ -260,13 +260,13 @@ def _deque(tracer, frame, args, kwargs):
 
 def _fromkeys(cls):
     def handler(tracer, frame, args, kwargs):
-        if kwargs or not 1 <= len(args) <= 2:
-            raise _bad_call(f"fromkeys expected 1 or 2 arguments, got {len(args)}")
+        if not args:
+            raise _bad_call("fromkeys expected at least 1 argument, got 0")
         keys = list(frame.get_iter(args[0]))
         for k in keys:
-            if isinstance(k, TensorVar):   # its hash would be the fake tensor's, not eager's
+            if isinstance(k, TensorVar):   # identity-keyed: left to eager (conservative)
                 raise Unsupported("unsupported call", f"{cls.__name__}.fromkeys with tensor keys")
-        return tracer.mark_internal(cls.fromkeys(keys, *args[1:]))
+        return _made(tracer, cls.fromkeys, keys, *args[1:], **kwargs)
     return handler
 
 

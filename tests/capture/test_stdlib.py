@@ -140,7 +140,8 @@ def ordered_dict_and_fromkeys(x, y):
     d = collections.OrderedDict(a=x, b=y)
     d.move_to_end("a")
     return list(d.values())[0], dict.fromkeys(["k", "l"], x), \
-        collections.defaultdict.fromkeys(["m"], y)
+        collections.defaultdict.fromkeys(iter(["m"]), y), \
+        collections.OrderedDict.fromkeys(("o",), value=x)
 
 
 def generator_consumed_inside(x, y):
@@ -269,6 +270,17 @@ def contextmanager_return_inside(x, y):
         return x * n, log
 
 
+class _Stateless(torch.nn.Module):
+    def forward(self, x, y):
+        out = torch.nn.ReLU()(torch.cat((x, y)))
+        return torch.nn.Softmax(dim=-1)(out)
+
+
+def modules_built_in_forward(x, y):
+    return functools.partial(lambda mod, a, b: mod(a, b), _Stateless())(x, y), \
+        torch.nn.Softmax(dim=0)(x + y * 2)
+
+
 CAPTURED_WHOLE = [
     chain, chain_from_iterable, product_and_permutations, combinations_and_pairwise, accumulate,
     zip_longest_and_islice, cycle_and_repeat, compress_and_takewhile, starmap_and_filterfalse,
@@ -276,6 +288,7 @@ CAPTURED_WHOLE = [
     generator_consumed_inside, locals_and_vars, builtins_over_values, match_sequence,
     match_mapping, match_class_and_dataclass, enum_, wraps_and_partial, contextmanager_order,
     contextmanager_suppresses, contextmanager_reraises, contextmanager_return_inside,
+    modules_built_in_forward,
 ]
 BEYOND_TORCH_COMPILE = [deque_, ordered_dict_and_fromkeys, structseq]
 
@@ -417,3 +430,11 @@ def test_grad_mode_context_as_a_decorator_of_a_function_defined_inside():
 
     y, grad_inside, name, grad_after = _captured_whole(f, torch.randn(3, requires_grad=True))
     assert (grad_inside, name, grad_after) == (False, "scaled", True)
+
+
+def test_a_module_with_parameters_built_in_forward_is_refused_by_name():
+    def f(x):
+        return torch.nn.Linear(2, 2)(x)      # new random weights on every eager call
+
+    with pytest.raises(tempa.GraphBreakError, match="Parameter"):
+        tempa.compile(f, fullgraph=True, backend="eager")(torch.ones(2))
