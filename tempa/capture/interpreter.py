@@ -50,6 +50,12 @@ class _PyException(Exception):
         self.exc = exc
 
 
+def _is_repetition(a, b) -> bool:
+    """``seq * n`` / ``n * seq`` of a list or tuple and an int."""
+    return isinstance(a, (list, tuple)) and type(b) in (int, bool) or \
+        isinstance(b, (list, tuple)) and type(a) in (int, bool)
+
+
 class _Suspend(Exception):
     """YIELD_VALUE of a generator run step by step: the frame stops, resumable."""
 
@@ -303,6 +309,8 @@ class Frame(DataOpcodes):
             raise Unsupported("mutation of outside state", f"{name} on a caller's {type(a).__name__}")
         if contains_tensor(a) or contains_tensor(b):
             if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+                return fn(a, b)
+            if key == "MULTIPLY" and _is_repetition(a, b):   # [x] * 4: references, repeated
                 return fn(a, b)
             raise Unsupported("unsupported construct", f"{key} on containers of tensors")
         return fn(a, b)

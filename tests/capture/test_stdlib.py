@@ -157,6 +157,13 @@ def locals_and_vars(x, y):
     return names["z"] * 2, sorted(vars()), len(names)
 
 
+def list_of_tensors_repeated(x, y):
+    tmp = [x + 1, y + 2]
+    doubled = tmp[slice(1, 2)] * 2
+    doubled *= 2
+    return sum(4 * [x]), doubled, (x,) * 2
+
+
 def builtins_over_values(x, y):
     n = max([x.shape[0], 2]) + min(3, 4)
     first = sorted([x, y[:2]], key=lambda t: t.shape[0])[0]
@@ -288,7 +295,7 @@ CAPTURED_WHOLE = [
     generator_consumed_inside, locals_and_vars, builtins_over_values, match_sequence,
     match_mapping, match_class_and_dataclass, enum_, wraps_and_partial, contextmanager_order,
     contextmanager_suppresses, contextmanager_reraises, contextmanager_return_inside,
-    modules_built_in_forward,
+    modules_built_in_forward, list_of_tensors_repeated,
 ]
 BEYOND_TORCH_COMPILE = [deque_, ordered_dict_and_fromkeys, structseq]
 
