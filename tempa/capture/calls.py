@@ -329,7 +329,8 @@ def call_class(tracer, frame, cls: type, args, kwargs):
     mod = cls.__module__ or ""
     if mod == "torch.return_types":
         return stdlib.structseq(tracer, frame, cls, args, kwargs)
-    if mod.startswith("torch") and not hasattr(cls, "__dataclass_fields__"):
+    if mod.startswith("torch") and not hasattr(cls, "__dataclass_fields__") and \
+            not mod.startswith("torch.distributions"):
         if contains_tensor(args) or contains_tensor(kwargs):
             raise Unsupported("unsupported call", f"{cls.__name__}(tensor)")
         return cls(*args, **kwargs)  # torch.Size, torch.device, torch.finfo, ...

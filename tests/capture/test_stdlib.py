@@ -288,6 +288,12 @@ def modules_built_in_forward(x, y):
         torch.nn.Softmax(dim=0)(x + y * 2)
 
 
+def distributions(x, y):
+    normal = torch.distributions.Normal(x, y.abs() + 1, validate_args=False)
+    categorical = torch.distributions.Categorical(logits=y, validate_args=False)
+    return normal.log_prob(x * 2), categorical.probs * 2   # probs: a lazy_property, traced
+
+
 CAPTURED_WHOLE = [
     chain, chain_from_iterable, product_and_permutations, combinations_and_pairwise, accumulate,
     zip_longest_and_islice, cycle_and_repeat, compress_and_takewhile, starmap_and_filterfalse,
@@ -295,7 +301,7 @@ CAPTURED_WHOLE = [
     generator_consumed_inside, locals_and_vars, builtins_over_values, match_sequence,
     match_mapping, match_class_and_dataclass, enum_, wraps_and_partial, contextmanager_order,
     contextmanager_suppresses, contextmanager_reraises, contextmanager_return_inside,
-    modules_built_in_forward, list_of_tensors_repeated,
+    modules_built_in_forward, list_of_tensors_repeated, distributions,
 ]
 BEYOND_TORCH_COMPILE = [deque_, ordered_dict_and_fromkeys, structseq]
 
@@ -445,3 +451,15 @@ def test_a_module_with_parameters_built_in_forward_is_refused_by_name():
 
     with pytest.raises(tempa.GraphBreakError, match="Parameter"):
         tempa.compile(f, fullgraph=True, backend="eager")(torch.ones(2))
+
+
+def test_distribution_validating_its_arguments_breaks_at_the_check_and_equals_eager():
+    def f(x):
+        normal = torch.distributions.Normal(x, torch.tensor(1.0))   # validate_args: a check
+        return torch.distributions.Independent(normal, 1).log_prob(x)   # of tensor values
+
+    x = torch.randn(3)
+    with pytest.raises(tempa.GraphBreakError, match="data-dependent"):
+        tempa.compile(f, fullgraph=True, backend="eager")(x)
+    tempa.reset()
+    torch.testing.assert_close(tempa.compile(f, backend="eager")(x), f(x))
