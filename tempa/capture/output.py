@@ -231,6 +231,10 @@ class OutputPlan:
                 return f"({closure}, {bound[1]})[-1]", False
             return (f"{const(rebuild_function, 'F')}({const(value, 'R')}, "
                     f"{sub(value.__defaults__)}, {sub(value.__kwdefaults__)}, {closure})"), True
+        if t is LazyIter and value.kind not in (map, filter, zip):
+            raise Unsupported("unsupported construct", f"a lazy itertools.{value.kind.__name__} "
+                              "whose items run Python code leaves the compiled code (taking "
+                              "them now would run that code before eager does)")
         if t is LazyIter:
             # Python's own lazy iterator over what its sources have left: items not yet
             # consumed are computed when the caller (or the code after a break) asks. Bound

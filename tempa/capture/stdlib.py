@@ -36,7 +36,7 @@ import types
 
 from .breaks import Unsupported, UserError
 from .context import CapturedContext
-from .values import GeneratorContext, GeneratorContextExit, TensorVar
+from .values import CapturedIter, GeneratorContext, GeneratorContextExit, LazyIter, TensorVar
 
 _CO_GENERATOR = 0x20
 
@@ -53,15 +53,32 @@ def _over_iterators(kind, n_iterables=None):
     def handler(tracer, frame, args, kwargs):
         n = len(args) if n_iterables is None else min(n_iterables, len(args))
         its = [frame.get_iter(a) for a in args[:n]]
-        return _made(tracer, kind, *its, *args[n:], **kwargs)
+        return _made(tracer, kind, *its, *args[n:], calls=_has_pending_calls(its), **kwargs)
     return handler
 
 
-def _made(tracer, kind, *args, **kwargs):
+def _made(tracer, kind, *args, calls: bool = False, **kwargs):
+    """``kind(*args, **kwargs)``, an object of this capture. With ``calls`` (taking its items
+    runs the program's Python code: a function given to it, a ``map`` below it) it is
+    wrapped as a ``LazyIter``: its items cannot be taken early when it leaves the capture
+    (``output.py`` refuses it there), as that would run the code at the wrong time."""
     try:
-        return tracer.mark_internal(kind(*args, **kwargs))
+        made = kind(*args, **kwargs)
     except (TypeError, ValueError) as e:   # a bad call: the user's error, as eager raises it
         raise UserError(e) from None
+    if calls:
+        made = LazyIter(type(made), None, [a for a in args if hasattr(a, "__next__")], kwargs, made)
+    return tracer.mark_internal(made)
+
+
+def _has_pending_calls(iterators) -> bool:
+    """Would taking the rest of these iterators run Python code of the program?"""
+    for it in iterators:
+        if type(it) is CapturedIter and it.source is not None and _has_pending_calls([it.source]):
+            return True
+        if type(it) is LazyIter and (it.kind is not zip or _has_pending_calls(it.sources)):
+            return True
+    return False
 
 
 def _chain_from_iterable(tracer, frame, args, kwargs):
@@ -69,7 +86,8 @@ def _chain_from_iterable(tracer, frame, args, kwargs):
         raise _bad_call("chain.from_iterable() takes exactly one argument")
     outer = frame.get_iter(args[0])
     # chain opens each inner iterable only when it reaches it, as eager does
-    return _made(tracer, itertools.chain.from_iterable, (frame.get_iter(v) for v in outer))
+    return _made(tracer, itertools.chain.from_iterable, (frame.get_iter(v) for v in outer),
+                 calls=True)   # opening an inner iterable may run its __iter__
 
 
 def _accumulate(tracer, frame, args, kwargs):
@@ -81,7 +99,8 @@ def _accumulate(tracer, frame, args, kwargs):
         step = lambda a, b: frame.binary_op("NB_ADD", a, b)   # noqa: E731
     else:
         step = lambda a, b: frame.call(func, [a, b], {})     # noqa: E731
-    return _made(tracer, itertools.accumulate, it, step, *args[2:], **kwargs)
+    return _made(tracer, itertools.accumulate, it, step, *args[2:],
+                 calls=func is not None or _has_pending_calls([it]), **kwargs)
 
 
 def _calling(kind, *, star: bool = False):
@@ -97,7 +116,7 @@ def _calling(kind, *, star: bool = False):
             step = frame.truth
         else:
             step = lambda v: frame.truth(frame.call(fn, [v], {}))   # noqa: E731
-        return _made(tracer, kind, step, it)
+        return _made(tracer, kind, step, it, calls=True)
     return handler
 
 
@@ -105,7 +124,8 @@ def _compress(tracer, frame, args, kwargs):
     if len(args) != 2 or kwargs:
         raise _bad_call("compress() takes exactly two arguments")
     data, selectors = frame.get_iter(args[0]), frame.get_iter(args[1])
-    return _made(tracer, itertools.compress, data, (frame.truth(s) for s in selectors))
+    return _made(tracer, itertools.compress, data, (frame.truth(s) for s in selectors),
+                 calls=True)
 
 
 _ITERTOOLS = {

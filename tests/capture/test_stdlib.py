@@ -463,3 +463,19 @@ def test_distribution_validating_its_arguments_breaks_at_the_check_and_equals_ea
         tempa.compile(f, fullgraph=True, backend="eager")(x)
     tempa.reset()
     torch.testing.assert_close(tempa.compile(f, backend="eager")(x), f(x))
+
+
+def test_a_lazy_tool_that_runs_python_code_is_not_drained_when_it_leaves_the_capture():
+    def f(x):
+        log = []
+        acc = itertools.accumulate([x, x], lambda a, b: log.append("step") or a + b)
+        chained = itertools.chain(map(lambda t: log.append("map") or t, [x]))
+        return acc, chained, log
+
+    x = torch.ones(2)
+    with pytest.raises(tempa.GraphBreakError, match="itertools.accumulate"):
+        tempa.compile(f, fullgraph=True, backend="eager")(x)
+    tempa.reset()
+    acc, chained, log = tempa.compile(f, backend="eager")(x)
+    assert log == [] and type(acc) is itertools.accumulate    # eager ran it, untouched
+    assert len(list(acc)) == 2 and log == ["step"]
