@@ -221,14 +221,14 @@ def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
     if tracer.depth >= _INLINE_DEPTH_LIMIT:
         raise Unsupported("unsupported construct", "calls nested too deeply (recursion?)")
     child = _child_frame(tracer, frame, fn, args, kwargs)
+    if child.is_generator:   # its body runs as it is iterated, one yield at a time
+        from .interpreter import GeneratorRun
+        return CapturedIter([], source=GeneratorRun(child))
     tracer.depth += 1
     try:
-        result = child.run()
+        return child.run()
     finally:
         tracer.depth -= 1
-    if child.is_generator:
-        return CapturedIter(child.yielded)
-    return result
 
 
 def _child_frame(tracer, frame, fn: types.FunctionType, args, kwargs):
@@ -251,9 +251,7 @@ def start_generator(tracer, frame, fn, args, kwargs):
                           f"{getattr(fn, '__qualname__', fn)!r}, which is not a Python generator")
     if fn.__code__ in DISABLED_CODES:
         raise Unsupported("disabled by tempa.disable", f"{fn.__qualname__} is marked @tempa.disable")
-    child = _child_frame(tracer, frame, fn, args, kwargs)
-    child.step_by_step = True
-    return GeneratorRun(child)
+    return GeneratorRun(_child_frame(tracer, frame, fn, args, kwargs))
 
 
 def _is_library_function(fn) -> bool:

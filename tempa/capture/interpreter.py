@@ -61,16 +61,25 @@ class _Suspend(Exception):
 
 
 class GeneratorRun:
-    """A generator function's frame run one step at a time, as CPython runs a generator:
-    ``send`` resumes it at its ``yield`` (the value sent is the yield's result), ``throw``
-    raises an exception there. Used where the order of the generator's code and its
-    consumer's is visible (``@contextmanager``: before ``yield`` at enter, after it at
-    exit). Exceptions come out as Python's would (``StopIteration`` at the end)."""
+    """A generator made in captured code: its frame run one step at a time, as CPython
+    runs a generator, so its code and its consumer's interleave as in eager (a generator
+    reading a list its consumer appends to sees each append). ``send`` resumes it at its
+    ``yield`` (the value sent is the yield's result), ``throw`` raises an exception there
+    (``@contextmanager``'s exit). Exceptions come out as Python's would (``StopIteration``
+    at the end). Its items are never taken early: one alive when the capture ends is
+    refused (``values.has_pending_calls``)."""
+    runs_code = True
 
     def __init__(self, frame: "Frame"):
         self.frame = frame
         self.next_index = 0        # where to continue; None once finished
         self.started = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.send(None)
 
     def send(self, value):
         frame = self.frame
@@ -109,10 +118,13 @@ class GeneratorRun:
     def _continue(self, index: int):
         frame = self.frame
         failure = None
+        frame.tracer.depth += 1   # (a generator that makes generators: recursion's limit)
         try:
             frame.run(index)
         except _PyException as e:
             failure = e.exc
+        finally:
+            frame.tracer.depth -= 1
         if failure is not None:   # raised here, outside the except: no added __context__
             self.next_index = None
             if isinstance(failure, StopIteration):   # PEP 479 (3.12+ does it in bytecode)
@@ -136,8 +148,7 @@ class Frame(DataOpcodes):
         self.f_globals = f_globals
         self.name = name
         self.parent = parent
-        self.is_generator = is_generator
-        self.yielded: list = []
+        self.is_generator = is_generator   # run by a GeneratorRun: it stops at each yield
         self.locals = dict(bound_locals)
         self.cells: dict[str, types.CellType] = {}
         for cname in code.co_cellvars:
@@ -158,7 +169,6 @@ class Frame(DataOpcodes):
         self.executed = 0
         self.stop_before = stop_before
         self.stopped_at = None
-        self.step_by_step = False   # a GeneratorRun's frame: stop at each yield
         self.locals_dict = None     # what locals() returned (3.11/3.12 refresh that dict)
         self.suspended_value = None
 
@@ -542,13 +552,8 @@ class Frame(DataOpcodes):
         self.push(None)
 
     def YIELD_VALUE(self, ins):
-        if self.step_by_step:
-            self.suspended_value = self.pop()
-            raise _Suspend
-        # Other generators run to completion when first iterated (their consumers here,
-        # tuple(), all(), join(), take every item); each yield receives None.
-        self.yielded.append(self.pop())
-        self.push(None)
+        self.suspended_value = self.pop()
+        raise _Suspend   # GeneratorRun.send resumes after it, with the value sent pushed
 
     def GET_YIELD_FROM_ITER(self, ins):
         self.push(self.get_iter(self.pop()))

@@ -32,7 +32,7 @@ import torch
 
 from . import runtime
 from .values import TensorVar, NULL, TensorMethod, GradModeExit, CapturedIter, LazyIter, \
-    GeneratorContext, GeneratorContextExit, contains_tensor
+    GeneratorContext, GeneratorContextExit, contains_tensor, has_pending_calls
 
 
 _BUILTIN_METHOD = type([].append)
@@ -200,6 +200,10 @@ class OutputPlan:
         if t is TensorMethod:
             return f"{self.slot(value.tensor)}.{value.name}", False
         if t is CapturedIter:
+            if has_pending_calls(value, lazy_builtins=False):
+                raise Unsupported("unsupported construct", "a generator (or a lazy tool over "
+                                  "one) suspended inside the compiled code leaves it: its "
+                                  "code cannot run early, nor be handed to Python")
             return f"{const(iter, 'F')}([{joined(value.remaining())}])", True
         if t is GradModeExit:
             ctx = value.context

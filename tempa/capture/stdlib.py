@@ -36,7 +36,8 @@ import types
 
 from .breaks import Unsupported, UserError
 from .context import CapturedContext
-from .values import CapturedIter, GeneratorContext, GeneratorContextExit, LazyIter, TensorVar
+from .values import GeneratorContext, GeneratorContextExit, LazyIter, TensorVar, \
+    has_pending_calls
 
 _CO_GENERATOR = 0x20
 
@@ -72,13 +73,7 @@ def _made(tracer, kind, *args, calls: bool = False, **kwargs):
 
 
 def _has_pending_calls(iterators) -> bool:
-    """Would taking the rest of these iterators run Python code of the program?"""
-    for it in iterators:
-        if type(it) is CapturedIter and it.source is not None and _has_pending_calls([it.source]):
-            return True
-        if type(it) is LazyIter and (it.kind is not zip or _has_pending_calls(it.sources)):
-            return True
-    return False
+    return any(has_pending_calls(it) for it in iterators)
 
 
 def _chain_from_iterable(tracer, frame, args, kwargs):

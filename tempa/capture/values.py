@@ -150,6 +150,20 @@ class LazyIter:
         return next(self.inner)
 
 
+def has_pending_calls(it, *, lazy_builtins: bool = True) -> bool:
+    """Would taking the rest of iterator ``it`` run the program's Python code (a
+    generator's body, a function given to an itertools tool; with ``lazy_builtins`` a
+    ``map``'s or ``filter``'s function too)?"""
+    if type(it) is CapturedIter:
+        return it.source is not None and has_pending_calls(it.source, lazy_builtins=lazy_builtins)
+    if type(it) is LazyIter:
+        if it.kind in (map, filter):
+            return lazy_builtins
+        return it.kind is not zip or any(has_pending_calls(s, lazy_builtins=lazy_builtins)
+                                         for s in it.sources)
+    return getattr(type(it), "runs_code", False) is True
+
+
 def check_own_iterator(tracer, it, what: str):
     """Advancing an iterator that lives outside the call (itertools.count(), a data
     iterator) changes it: that happens in Python on every call, never once at capture."""

@@ -479,3 +479,38 @@ def test_a_lazy_tool_that_runs_python_code_is_not_drained_when_it_leaves_the_cap
     acc, chained, log = tempa.compile(f, backend="eager")(x)
     assert log == [] and type(acc) is itertools.accumulate    # eager ran it, untouched
     assert len(list(acc)) == 2 and log == ["step"]
+
+
+def test_a_generator_and_its_consumer_interleave_as_in_eager():
+    def f(x):
+        items = [x]
+
+        def doubling():
+            for _ in range(3):
+                yield items[-1] * 2          # sees what the consumer appended
+        for v in doubling():
+            items.append(v)
+        return items
+
+    out = _captured_whole(f, torch.ones(2))
+    torch.testing.assert_close(out[-1], torch.full((2,), 8.0))
+
+
+def test_a_generator_left_suspended_at_the_end_is_refused_not_drained():
+    def f(x):
+        log = []
+
+        def numbers():
+            for i in range(3):
+                log.append(i)
+                yield x * i
+        g = numbers()
+        first = next(g)
+        return first, g, log
+
+    with pytest.raises(tempa.GraphBreakError, match="a generator .* suspended"):
+        tempa.compile(f, fullgraph=True, backend="eager")(torch.ones(2))
+    tempa.reset()
+    first, g, log = tempa.compile(f, backend="eager")(torch.ones(2))
+    assert log == [0]                          # eager's: one item taken, the rest pending
+    assert len(list(g)) == 2 and log == [0, 1, 2]
