@@ -105,13 +105,14 @@ def _calling(kind, *, star: bool = False):
         if len(args) != 2 or kwargs:
             raise _bad_call(f"{kind.__name__}() takes exactly two arguments")
         fn, it = args[0], frame.get_iter(args[1])
+        calls = True
         if star:
             step = lambda *items: frame.call(fn, list(items), {})   # noqa: E731
         elif fn is None and kind is itertools.filterfalse:   # the items' own truth
-            step = frame.truth
+            step, calls = frame.truth, _has_pending_calls([it])
         else:
             step = lambda v: frame.truth(frame.call(fn, [v], {}))   # noqa: E731
-        return _made(tracer, kind, step, it, calls=True)
+        return _made(tracer, kind, step, it, calls=calls)
     return handler
 
 
@@ -119,8 +120,9 @@ def _compress(tracer, frame, args, kwargs):
     if len(args) != 2 or kwargs:
         raise _bad_call("compress() takes exactly two arguments")
     data, selectors = frame.get_iter(args[0]), frame.get_iter(args[1])
+    # (truth of a selector runs no traced code: pending only if a source is)
     return _made(tracer, itertools.compress, data, (frame.truth(s) for s in selectors),
-                 calls=True)
+                 calls=_has_pending_calls([data, selectors]))
 
 
 _ITERTOOLS = {

@@ -514,3 +514,12 @@ def test_a_generator_left_suspended_at_the_end_is_refused_not_drained():
     first, g, log = tempa.compile(f, backend="eager")(torch.ones(2))
     assert log == [0]                          # eager's: one item taken, the rest pending
     assert len(list(g)) == 2 and log == [0, 1, 2]
+
+
+def test_a_returned_compress_over_values_is_rebuilt_with_its_items():
+    def f(x):
+        return itertools.compress([x, x + 1, x + 2], [1, 0, 1]), itertools.compress("ABC", [0, 1, 1])
+
+    picked, letters = tempa.compile(f, fullgraph=True, backend="eager")(torch.zeros(1))
+    torch.testing.assert_close(list(picked), [torch.zeros(1), torch.full((1,), 2.0)])
+    assert list(letters) == ["B", "C"]
