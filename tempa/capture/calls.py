@@ -19,6 +19,7 @@ The rules live in ``purity.py``; the guards a module call implies in ``module_gu
 from __future__ import annotations
 
 import builtins
+import collections
 import copy
 import functools
 import logging
@@ -28,8 +29,9 @@ import types
 
 import torch
 
-from . import context
-from .breaks import Unsupported
+from . import context, stdlib
+from .breaks import Unsupported, UserError
+from .instructions import PY
 from .module_guards import _MODULE_CALL, _guard_module_class, guard_function, guard_module_call
 from .purity import _BUILTIN_FUNCTION, _IMPURE_BUILTINS, _PLAIN_TYPES, _PURE_C_CLASSES, \
     _PURE_C_MODULES, _PURE_C_TYPES, _check_pure_arguments, _check_pure_owner, _impure_reason, \
@@ -68,7 +70,8 @@ _PURE_TORCH_QUERIES = {torch._C._has_torch_function, torch._C._has_torch_functio
 
 _MUTATING_METHODS = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
                      "update", "setdefault", "popitem", "__setitem__", "__delitem__", "add",
-                     "discard", "__iadd__", "__setattr__", "__delattr__"}
+                     "discard", "__iadd__", "__setattr__", "__delattr__", "appendleft",
+                     "extendleft", "popleft", "rotate", "move_to_end"}
 # Standard-library Python code that only reflects on objects: evaluated, not interpreted
 # (BERT calls inspect.signature on every forward; interpreting it costs ~30 functions).
 _EVALUATED_PY_MODULES = {"inspect", "typing", "dataclasses", "enum", "re", "posixpath",
@@ -123,7 +126,9 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
             # C code that calls back into Python (torch._C._fx_map_arg, ...) is no tensor op:
             # on fake tensors it would hand fake results to the caller.
             raise Unsupported("unsupported call", f"torch.{name} calls a Python function")
-        if name in _TORCH_SIDE_EFFECTS or name.startswith("set_"):
+        if name in _TORCH_SIDE_EFFECTS or name.lstrip("_").startswith("set_") or \
+                name.endswith("_increment_nesting") or name.endswith("_decrement_nesting"):
+            # (torch.func's transforms enter a level with _vmap_increment_nesting, ...)
             raise Unsupported("unsupported call", f"torch.{name} changes global state")
         if fn in _PURE_TORCH_QUERIES:
             return fn(*args, **kwargs)   # type/state queries: no graph node needed
@@ -215,20 +220,38 @@ def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
         raise Unsupported("unsupported construct", f"{fn.__qualname__} is a coroutine")
     if tracer.depth >= _INLINE_DEPTH_LIMIT:
         raise Unsupported("unsupported construct", "calls nested too deeply (recursion?)")
+    child = _child_frame(tracer, frame, fn, args, kwargs)
+    if child.is_generator:   # its body runs as it is iterated, one yield at a time
+        from .interpreter import GeneratorRun
+        return CapturedIter([], source=GeneratorRun(child))
+    tracer.depth += 1
+    try:
+        return child.run()
+    finally:
+        tracer.depth -= 1
+
+
+def _child_frame(tracer, frame, fn: types.FunctionType, args, kwargs):
+    """The frame of a call of ``fn`` (its arguments bound, its code guarded), not yet run."""
     from .interpreter import Frame  # the two modules call each other
     if not tracer.is_internal(fn) and not _is_library_function(fn):
         guard_function(tracer.guards, fn)
     bound = bind_arguments(fn, args, kwargs, tracer=None if tracer.is_internal(fn) else tracer)
-    child = Frame(tracer, code, fn.__globals__, bound, fn.__closure__, name=fn.__qualname__,
-                  parent=frame, is_generator=bool(code.co_flags & _CO_GENERATOR))
-    tracer.depth += 1
-    try:
-        result = child.run()
-    finally:
-        tracer.depth -= 1
-    if child.is_generator:
-        return CapturedIter(child.yielded)
-    return result
+    return Frame(tracer, fn.__code__, fn.__globals__, bound, fn.__closure__,
+                 name=fn.__qualname__, parent=frame,
+                 is_generator=bool(fn.__code__.co_flags & _CO_GENERATOR))
+
+
+def start_generator(tracer, frame, fn, args, kwargs):
+    """The generator ``fn(*args, **kwargs)`` returns, as a ``GeneratorRun`` whose code runs
+    one ``yield`` at a time when asked (``@contextmanager``'s generator)."""
+    from .interpreter import GeneratorRun
+    if not (isinstance(fn, types.FunctionType) and fn.__code__.co_flags & _CO_GENERATOR):
+        raise Unsupported("unsupported construct", f"@contextmanager over "
+                          f"{getattr(fn, '__qualname__', fn)!r}, which is not a Python generator")
+    if fn.__code__ in DISABLED_CODES:
+        raise Unsupported("disabled by tempa.disable", f"{fn.__qualname__} is marked @tempa.disable")
+    return GeneratorRun(_child_frame(tracer, frame, fn, args, kwargs))
 
 
 def _is_library_function(fn) -> bool:
@@ -300,9 +323,12 @@ def call_class(tracer, frame, cls: type, args, kwargs):
     if issubclass(cls, torch.Tensor):
         raise Unsupported("unsupported call", f"constructing {cls.__name__} inside a graph")
     if issubclass(cls, torch.nn.Module):
-        raise Unsupported("unsupported construct", f"creating a {cls.__name__} module in forward")
+        return _new_module(tracer, frame, cls, args, kwargs)
     mod = cls.__module__ or ""
-    if mod.startswith("torch") and not hasattr(cls, "__dataclass_fields__"):
+    if mod == "torch.return_types":
+        return stdlib.structseq(tracer, frame, cls, args, kwargs)
+    if mod.startswith("torch") and not hasattr(cls, "__dataclass_fields__") and \
+            not mod.startswith("torch.distributions"):
         if contains_tensor(args) or contains_tensor(kwargs):
             raise Unsupported("unsupported call", f"{cls.__name__}(tensor)")
         return cls(*args, **kwargs)  # torch.Size, torch.device, torch.finfo, ...
@@ -322,9 +348,15 @@ def call_class(tracer, frame, cls: type, args, kwargs):
                               "builds an object whose C code is not known to be pure")
         _check_pure_arguments(args, kwargs, f"{cls.__qualname__}()")
         if (contains_tensor(args) or contains_tensor(kwargs)) and not issubclass(
-                cls, (functools.partial, dict, list, tuple, set)):
+                cls, (functools.partial, dict, list, tuple, set, *stdlib.STORING_CLASSES)):
             raise Unsupported("unsupported call", f"{cls.__qualname__}(tensor)")
         return tracer.mark_internal(cls(*args, **kwargs))
+    return _instantiate(tracer, frame, cls, args, kwargs)
+
+
+def _instantiate(tracer, frame, cls: type, args, kwargs):
+    """``cls(*args, **kwargs)`` for a class with Python ``__new__``/``__init__``: traced."""
+    new = cls.__new__
     if isinstance(new, types.FunctionType) or isinstance(new, staticmethod):
         obj = call(tracer, frame, new, [cls, *args], kwargs)
     else:
@@ -342,8 +374,22 @@ def call_class(tracer, frame, cls: type, args, kwargs):
     return obj
 
 
+def _new_module(tracer, frame, cls, args, kwargs):
+    """A module built in forward (``nn.Softmax(dim=-1)(x)``): built as Python builds it,
+    its ``__init__`` traced, then called like any module. One with parameters or buffers
+    is refused: eager makes new ones (new random weights) on every call."""
+    mod = _instantiate(tracer, frame, cls, args, kwargs)
+    if any(True for _ in mod.parameters()) or any(True for _ in mod.buffers()):
+        raise Unsupported("unsupported construct", f"creating a {cls.__name__} module with "
+                          "parameters or buffers in forward")
+    return mod
+
+
 def call_c(tracer, frame, fn, args, kwargs):
     """A callable that is neither Python code nor a torch op."""
+    model = stdlib.INSTANCE_MODELS.get(type(fn))
+    if model is not None:   # operator.itemgetter(...) and the like
+        return model(tracer, frame, fn, args, kwargs)
     if fn in _IMPURE_BUILTINS if _key(fn) is not None else False:
         kind = "print / side effect" if fn is builtins.print else "unsupported call"
         raise Unsupported(kind, f"{getattr(fn, '__name__', fn)}() has effects outside the graph")
@@ -382,12 +428,13 @@ def call_c(tracer, frame, fn, args, kwargs):
             owner = args[0] if args else None
         name = getattr(fn, "__name__", "")
         if not (isinstance(owner, (list, dict, set, tuple)) and name in _STORING_METHODS or
+                isinstance(owner, collections.deque) and name in stdlib.DEQUE_STORING_METHODS or
                 tracer.is_internal(owner) and name in ("__setattr__", "__setitem__", "__init__")):
             raise Unsupported("unsupported call", f"{getattr(fn, '__qualname__', fn)} with "
                               "tensor arguments")
     result = fn(*args, **kwargs)
-    if getattr(fn, "__name__", "") == "__new__":
-        tracer.mark_internal(result)   # list.__new__(MyList): an object of this capture
+    if getattr(fn, "__name__", "") in ("__new__", "copy", "__copy__"):
+        tracer.mark_internal(result)   # list.__new__(MyList), deque.copy(): new objects
     return result
 
 
@@ -674,6 +721,41 @@ def _id(tracer, frame, args, kwargs):
     return id(args[0])
 
 
+def _locals(tracer, frame, args, kwargs):
+    """``locals()``: the frame's bound names, in CPython's order (arguments and locals,
+    then cells, then free variables). 3.13 returns a new snapshot on each call; 3.11/3.12
+    return one dict per frame, brought up to date by each call (PyFrame_FastToLocals)."""
+    if args or kwargs:
+        raise UserError(TypeError(f"locals() takes no arguments ({len(args)} given)"))
+    code = frame.code
+    out = frame.locals_dict if frame.locals_dict is not None and PY < (3, 13) else {}
+    for name in code.co_varnames:
+        if name in frame.locals:
+            out[name] = frame.locals[name]
+        else:
+            out.pop(name, None)
+    for name in (*code.co_cellvars, *code.co_freevars):
+        try:
+            out[name] = frame.cells[name].cell_contents
+        except (KeyError, ValueError):   # an empty cell is not listed, as in eager
+            out.pop(name, None)
+    frame.locals_dict = out
+    return tracer.mark_internal(out)
+
+
+def _vars(tracer, frame, args, kwargs):
+    """``vars()`` is ``locals()``; ``vars(obj)`` reads ``obj.__dict__`` as the attribute
+    read does (an outside object's dict is guarded and copied)."""
+    if not args and not kwargs:
+        return _locals(tracer, frame, args, kwargs)
+    if len(args) != 1 or kwargs:
+        raise UserError(TypeError(f"vars expected at most 1 argument, got {len(args)}"))
+    try:
+        return tracer.load_attr(args[0], "__dict__", frame)
+    except AttributeError:
+        raise UserError(TypeError("vars() argument must have __dict__ attribute")) from None
+
+
 def _is_compiling(tracer, frame, args, kwargs):
     return True
 
@@ -748,6 +830,8 @@ _SPECIAL = {
     builtins.all: _any_all(all),
     builtins.sorted: _sorted,
     builtins.callable: _callable,
+    builtins.locals: _locals,
+    builtins.vars: _vars,
     builtins.id: _id,
     builtins.round: _to_python_number(round),
     math.sqrt: _to_python_number(math.sqrt),
@@ -756,10 +840,12 @@ _SPECIAL = {
     torch.jit.is_scripting: _false,
     torch.jit.is_tracing: _false,
     torch._C._get_tracing_state: lambda *a: None,
+    torch._C._log_api_usage_once: lambda *a: None,   # usage telemetry of Module.__init__
     torch.is_grad_enabled: _grad_enabled,
     torch._C._fx_map_aggregate: _fx_map_aggregate,
     torch._C.is_grad_enabled: _grad_enabled,
 }
+_SPECIAL.update(stdlib.MODELS)
 for _name in ("is_exporting",):
     if hasattr(torch.compiler, _name):
         _SPECIAL[getattr(torch.compiler, _name)] = _false

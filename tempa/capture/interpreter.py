@@ -18,7 +18,8 @@ from .context import CapturedContext
 from .instructions import PY, NULL_BEFORE_CALLABLE, decode
 from .opcodes_data import DataOpcodes
 from .values import NULL, TensorVar, SuperProxy, GradModeExit, CapturedIter, LazyIter, \
-    check_own_iterator, contains_tensor, python_descriptor_setter
+    GeneratorContext, GeneratorContextExit, check_own_iterator, contains_tensor, \
+    python_descriptor_setter
 
 _MAX_INSTRUCTIONS = 5_000_000
 # (code, offset) pairs where capture breaks as if the instruction were unsupported: the
@@ -49,6 +50,93 @@ class _PyException(Exception):
         self.exc = exc
 
 
+def _is_repetition(a, b) -> bool:
+    """``seq * n`` / ``n * seq`` of a list or tuple and an int."""
+    return isinstance(a, (list, tuple)) and type(b) in (int, bool) or \
+        isinstance(b, (list, tuple)) and type(a) in (int, bool)
+
+
+class _Suspend(Exception):
+    """YIELD_VALUE of a generator run step by step: the frame stops, resumable."""
+
+
+class GeneratorRun:
+    """A generator made in captured code: its frame run one step at a time, as CPython
+    runs a generator, so its code and its consumer's interleave as in eager (a generator
+    reading a list its consumer appends to sees each append). ``send`` resumes it at its
+    ``yield`` (the value sent is the yield's result), ``throw`` raises an exception there
+    (``@contextmanager``'s exit). Exceptions come out as Python's would (``StopIteration``
+    at the end). Its items are never taken early: one alive when the capture ends is
+    refused (``values.has_pending_calls``)."""
+    runs_code = True
+
+    def __init__(self, frame: "Frame"):
+        self.frame = frame
+        self.next_index = 0        # where to continue; None once finished
+        self.started = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.send(None)
+
+    def send(self, value):
+        frame = self.frame
+        if self.next_index is None:
+            raise StopIteration
+        if self.started:
+            frame.push(value)
+        elif value is not None:
+            raise TypeError("can't send non-None value to a just-started generator")
+        self.started = True
+        return self._continue(self.next_index)
+
+    def throw(self, exc: BaseException):
+        if self.next_index is None or not self.started:
+            self.next_index = None
+            raise exc
+        frame = self.frame
+        try:
+            index = frame._raise(exc, frame.current)   # raised at the suspended yield
+        except _PyException:
+            index = None
+        if index is None:   # not handled in the generator: it comes back out, unchanged
+            self.next_index = None
+            raise exc
+        return self._continue(index)
+
+    def close(self):
+        if self.next_index is not None and self.started:
+            try:
+                self.throw(GeneratorExit())
+            except (GeneratorExit, StopIteration):
+                return
+            raise RuntimeError("generator ignored GeneratorExit")
+        self.next_index = None
+
+    def _continue(self, index: int):
+        frame = self.frame
+        failure = None
+        frame.tracer.depth += 1   # (a generator that makes generators: recursion's limit)
+        try:
+            frame.run(index)
+        except _PyException as e:
+            failure = e.exc
+        finally:
+            frame.tracer.depth -= 1
+        if failure is not None:   # raised here, outside the except: no added __context__
+            self.next_index = None
+            if isinstance(failure, StopIteration):   # PEP 479 (3.12+ does it in bytecode)
+                raise RuntimeError("generator raised StopIteration") from failure
+            raise failure
+        if frame.done:
+            self.next_index = None
+            raise StopIteration(frame.result)
+        self.next_index = frame.current.index + 1
+        return frame.suspended_value
+
+
 class Frame(DataOpcodes):
     def __init__(self, tracer, code: types.CodeType, f_globals: dict, bound_locals: dict,
                  closure, *, name: str, parent=None, is_generator: bool = False,
@@ -60,8 +148,7 @@ class Frame(DataOpcodes):
         self.f_globals = f_globals
         self.name = name
         self.parent = parent
-        self.is_generator = is_generator
-        self.yielded: list = []
+        self.is_generator = is_generator   # run by a GeneratorRun: it stops at each yield
         self.locals = dict(bound_locals)
         self.cells: dict[str, types.CellType] = {}
         for cname in code.co_cellvars:
@@ -82,10 +169,12 @@ class Frame(DataOpcodes):
         self.executed = 0
         self.stop_before = stop_before
         self.stopped_at = None
+        self.locals_dict = None     # what locals() returned (3.11/3.12 refresh that dict)
+        self.suspended_value = None
 
     # -- the loop --------------------------------------------------------------------------
-    def run(self):
-        instrs, i, tracer = self.instrs, 0, self.tracer
+    def run(self, start: int = 0):
+        instrs, i, tracer = self.instrs, start, self.tracer
         while not self.done:
             ins = instrs[i]
             self.current = ins
@@ -101,6 +190,8 @@ class Frame(DataOpcodes):
                 if handler is None:
                     raise Unsupported("unsupported construct", f"opcode {ins.opname}")
                 nxt = handler(ins)
+            except _Suspend:
+                return None
             except Unsupported as u:
                 if self.parent is None and u.root_count is None:
                     u.root_count, u.root_offset = self.executed - 1, ins.offset
@@ -154,6 +245,9 @@ class Frame(DataOpcodes):
         if type(fn) is GradModeExit:
             fn.restore(self.tracer)
             return None
+        if type(fn) is GeneratorContextExit:
+            from . import stdlib
+            return stdlib.exit_generator_context(self, fn, *args)
         return self.tracer.call(self, fn, list(args), dict(kwargs))
 
     def truth(self, v) -> bool:
@@ -225,6 +319,8 @@ class Frame(DataOpcodes):
             raise Unsupported("mutation of outside state", f"{name} on a caller's {type(a).__name__}")
         if contains_tensor(a) or contains_tensor(b):
             if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+                return fn(a, b)
+            if key == "MULTIPLY" and _is_repetition(a, b):   # [x] * 4: references, repeated
                 return fn(a, b)
             raise Unsupported("unsupported construct", f"{key} on containers of tensors")
         return fn(a, b)
@@ -456,10 +552,8 @@ class Frame(DataOpcodes):
         self.push(None)
 
     def YIELD_VALUE(self, ins):
-        # Generators run to completion when first iterated (their consumers here, tuple(),
-        # all(), join(), take every item); each yield receives None.
-        self.yielded.append(self.pop())
-        self.push(None)
+        self.suspended_value = self.pop()
+        raise _Suspend   # GeneratorRun.send resumes after it, with the value sent pushed
 
     def GET_YIELD_FROM_ITER(self, ins):
         self.push(self.get_iter(self.pop()))
@@ -554,9 +648,16 @@ class Frame(DataOpcodes):
             self.push(exit_fn)
             self.push(value)
             return
+        if type(ctx) is GeneratorContext:
+            from . import stdlib
+            exit_fn, value = stdlib.enter_generator_context(self, ctx)
+            self.push(exit_fn)
+            self.push(value)
+            return
         import contextlib
         if isinstance(ctx, contextlib._GeneratorContextManager):
-            raise Unsupported("unsupported construct", "a @contextmanager context inside forward")
+            raise Unsupported("unsupported construct", "entering a @contextmanager object made "
+                              "outside the compiled call (its generator is outside state)")
         enter = getattr(type(ctx), "__enter__", None)
         exit_ = getattr(type(ctx), "__exit__", None)
         if not (isinstance(enter, types.FunctionType) and isinstance(exit_, types.FunctionType)):

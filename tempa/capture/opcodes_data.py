@@ -11,6 +11,9 @@ import torch
 from .breaks import Unsupported
 from .values import NULL, TensorVar
 
+# Type flags MATCH_MAPPING / MATCH_SEQUENCE / MATCH_CLASS read (Include/object.h).
+_TPFLAGS_SEQUENCE, _TPFLAGS_MAPPING, _TPFLAGS_MATCH_SELF = 1 << 5, 1 << 6, 1 << 22
+
 _COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
             ">": operator.gt, ">=": operator.ge}
 
@@ -95,7 +98,7 @@ class DataOpcodes:
         if isinstance(d, dict):
             return d
         if hasattr(d, "keys"):
-            return {k: self._subscr(d, k) for k in self.call(self.tracer.load_attr(d, "keys", self), [], {})}
+            return {k: self.subscr(d, k) for k in self.call(self.tracer.load_attr(d, "keys", self), [], {})}
         raise TypeError(f"'{type(d).__name__}' object is not a mapping")
 
     def LIST_TO_TUPLE(self, ins):  # 3.11
@@ -106,9 +109,13 @@ class DataOpcodes:
         if ins.arg == 6:      # INTRINSIC_LIST_TO_TUPLE
             self.push(tuple(v))
         elif ins.arg == 5:    # INTRINSIC_UNARY_POSITIVE
-            self.push(self._unary(operator.pos, v))
-        elif ins.arg == 3:    # INTRINSIC_STOPITERATION_ERROR
-            raise RuntimeError("generator raised StopIteration")
+            self.push(self.unary(operator.pos, v))
+        elif ins.arg == 3:    # INTRINSIC_STOPITERATION_ERROR: an exception leaving a generator
+            if isinstance(v, StopIteration):   # PEP 479; any other one goes on unchanged
+                error = RuntimeError("generator raised StopIteration")
+                error.__cause__ = v
+                v = error
+            self.push(v)
         else:
             raise Unsupported("unsupported construct", f"CALL_INTRINSIC_1 {ins.argval}")
 
@@ -142,11 +149,14 @@ class DataOpcodes:
     def COMPARE_OP(self, ins):
         b = self.pop()
         a = self.pop()
-        fn = _COMPARE[ins.argval]
+        self.push(self.compare(ins.argval, a, b))
+
+    def compare(self, symbol: str, a, b):
+        """``a <symbol> b`` (``<``, ``==``, ...): a graph node when a tensor takes part."""
+        fn = _COMPARE[symbol]
         if isinstance(a, TensorVar) or isinstance(b, TensorVar):
-            self.push(self.tracer.builder.call("call_function", fn, (a, b), {}))
-        else:
-            self.push(fn(a, b))
+            return self.tracer.builder.call("call_function", fn, (a, b), {})
+        return fn(a, b)
 
     def IS_OP(self, ins):
         b = self.pop()
@@ -170,19 +180,19 @@ class DataOpcodes:
             r = item in container
         self.push((not r) if ins.arg else r)
 
-    def _unary(self, fn, v):
+    def unary(self, fn, v):
         if isinstance(v, TensorVar):
             return self.tracer.builder.call("call_function", fn, (v,), {})
         return fn(v)
 
     def UNARY_NEGATIVE(self, ins):
-        self.push(self._unary(operator.neg, self.pop()))
+        self.push(self.unary(operator.neg, self.pop()))
 
     def UNARY_INVERT(self, ins):
-        self.push(self._unary(operator.invert, self.pop()))
+        self.push(self.unary(operator.invert, self.pop()))
 
     def UNARY_POSITIVE(self, ins):
-        self.push(self._unary(operator.pos, self.pop()))
+        self.push(self.unary(operator.pos, self.pop()))
 
     def UNARY_NOT(self, ins):
         self.push(not self.truth(self.pop()))
@@ -193,9 +203,9 @@ class DataOpcodes:
     def BINARY_SUBSCR(self, ins):
         key = self.pop()
         container = self.pop()
-        self.push(self._subscr(container, key))
+        self.push(self.subscr(container, key))
 
-    def _subscr(self, container, key):
+    def subscr(self, container, key):
         tracer = self.tracer
         if isinstance(container, TensorVar):
             return tracer.builder.call("call_function", operator.getitem, (container, key), {})
@@ -246,6 +256,85 @@ class DataOpcodes:
         if id(container) in self.tracer.external_copies or not isinstance(container, (list, dict)):
             raise Unsupported("mutation of outside state", "del container[key]")
         del container[key]
+
+    # -- structural pattern matching (``match``; the same opcodes in 3.11 to 3.13) ----------
+    def GET_LEN(self, ins):
+        self.push(self.call(len, [self.stack[-1]], {}))
+
+    def MATCH_MAPPING(self, ins):
+        self.push(bool(self._type_flags(self.stack[-1]) & _TPFLAGS_MAPPING))
+
+    def MATCH_SEQUENCE(self, ins):
+        self.push(bool(self._type_flags(self.stack[-1]) & _TPFLAGS_SEQUENCE))
+
+    def _type_flags(self, v) -> int:
+        kind = self.call(type, [v], {})   # a tensor's type is Tensor or Parameter
+        return kind.__flags__
+
+    def MATCH_KEYS(self, ins):
+        # As CPython's match_keys: one ``subject.get(key, <missing>)`` per key, so a
+        # defaultdict does not grow; duplicate keys are the pattern's error.
+        keys, subject = self.stack[-1], self.stack[-2]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"mapping pattern checks duplicate key ({keys!r})")
+        get = self.tracer.load_attr(subject, "get", self)
+        missing = object()
+        values = []
+        for key in keys:
+            v = self.call(get, [key, missing], {})
+            if v is missing:
+                self.push(None)
+                return
+            values.append(v)
+        self.push(tuple(values))
+
+    def MATCH_CLASS(self, ins):
+        names = self.pop()
+        cls = self.pop()
+        subject = self.pop()
+        self.push(self._match_class(subject, cls, ins.arg, names))
+
+    def _match_class(self, subject, cls, npositional: int, names: tuple):
+        """The attributes ``case cls(p0, p1, name=p)`` matches against, or None: as
+        CPython's match_class (positional names from ``__match_args__``, the subject itself
+        for ``int(x)``, ``str(x)``... whose class matches itself)."""
+        if not isinstance(cls, type):
+            raise TypeError("called match pattern must be a class")
+        if not self.call(isinstance, [subject, cls], {}):
+            return None
+        wanted, match_self = [], False
+        if npositional:
+            try:
+                match_args = self.tracer.load_attr(cls, "__match_args__", self)
+            except AttributeError:
+                match_args = None
+            match_self = match_args is None and bool(cls.__flags__ & _TPFLAGS_MATCH_SELF)
+            if match_args is not None and not isinstance(match_args, tuple):
+                raise TypeError(f"{cls.__name__}.__match_args__ must be a tuple (got "
+                                f"{type(match_args).__name__})")
+            allowed = 1 if match_self else len(match_args or ())
+            if allowed < npositional:
+                plural = "" if allowed == 1 else "s"
+                raise TypeError(f"{cls.__name__}() accepts {allowed} positional sub-pattern"
+                                f"{plural} ({npositional} given)")
+            if not match_self:
+                for name in match_args[:npositional]:
+                    if not isinstance(name, str):
+                        raise TypeError("__match_args__ elements must be strings (got "
+                                        f"{type(name).__name__})")
+                    wanted.append(name)
+        seen = set()
+        for name in (*wanted, *names):
+            if name in seen:
+                raise TypeError(f"{cls.__name__}() got multiple sub-patterns for attribute {name!r}")
+            seen.add(name)
+        attrs = [subject] if match_self else []
+        for name in (*wanted, *names):
+            try:
+                attrs.append(self.tracer.load_attr(subject, name, self))
+            except AttributeError:
+                return None
+        return tuple(attrs)
 
     # -- formatting --------------------------------------------------------------------------
     def FORMAT_VALUE(self, ins):  # 3.11/3.12

@@ -18,8 +18,10 @@ Python code after the graph. Two rules keep that state as eager would have it:
 """
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
+import warnings
 from collections import OrderedDict
 
 from .breaks import Unsupported
@@ -30,7 +32,7 @@ import torch
 
 from . import runtime
 from .values import TensorVar, NULL, TensorMethod, GradModeExit, CapturedIter, LazyIter, \
-    contains_tensor
+    GeneratorContext, GeneratorContextExit, contains_tensor, has_pending_calls
 
 
 _BUILTIN_METHOD = type([].append)
@@ -198,6 +200,10 @@ class OutputPlan:
         if t is TensorMethod:
             return f"{self.slot(value.tensor)}.{value.name}", False
         if t is CapturedIter:
+            if has_pending_calls(value, lazy_builtins=False):
+                raise Unsupported("unsupported construct", "a generator (or a lazy tool over "
+                                  "one) suspended inside the compiled code leaves it: its "
+                                  "code cannot run early, nor be handed to Python")
             return f"{const(iter, 'F')}([{joined(value.remaining())}])", True
         if t is GradModeExit:
             ctx = value.context
@@ -229,6 +235,10 @@ class OutputPlan:
                 return f"({closure}, {bound[1]})[-1]", False
             return (f"{const(rebuild_function, 'F')}({const(value, 'R')}, "
                     f"{sub(value.__defaults__)}, {sub(value.__kwdefaults__)}, {closure})"), True
+        if t is LazyIter and value.kind not in (map, filter, zip):
+            raise Unsupported("unsupported construct", f"a lazy itertools.{value.kind.__name__} "
+                              "whose items run Python code leaves the compiled code (taking "
+                              "them now would run that code before eager does)")
         if t is LazyIter:
             # Python's own lazy iterator over what its sources have left: items not yet
             # consumed are computed when the caller (or the code after a break) asks. Bound
@@ -236,6 +246,22 @@ class OutputPlan:
             sources = f"[{joined(value.sources)}]"
             return (f"{const(rebuild_lazy, 'F')}({const(value.kind, 'C')}, {sub(value.fn)}, "
                     f"{sources}, {sub(value.kwargs)})"), True
+        if t is GeneratorContext or t is GeneratorContextExit:
+            raise Unsupported("unsupported construct", "a @contextmanager's generator, "
+                              "suspended at its yield, lives across the graph break or is "
+                              "returned (it cannot be handed to Python)")
+        if t is collections.deque and self.is_internal(value):
+            return f"{const(t, 'C')}([{joined(value)}], {value.maxlen!r})", True
+        if t is collections.defaultdict and self.is_internal(value):
+            items = ", ".join(f"{sub(k)}: {sub(v)}" for k, v in value.items())
+            return f"{const(t, 'C')}({sub(value.default_factory)}, {{{items}}})", True
+        if t in (itertools.count, itertools.repeat) and self.is_internal(value):
+            # Endless, so not as items: built again from where it stands (count(5) after
+            # two next() from count(3)), through its pickling state (3.11 to 3.13).
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)   # 3.12+ deprecates it
+                maker, state = value.__reduce__()
+            return f"{const(maker, 'C')}(*{sub(state)})", True
         if self.is_internal(value) and (t is enumerate or hasattr(t, "__next__")):
             # An iterator of this capture (enumerate, iter(range)): the items it has left.
             left = list(itertools.islice(value, _MAX_ITEMS + 1))

@@ -52,7 +52,7 @@ _IMPURE_MODULES = {"random", "_random", "os", "posix", "nt", "time", "datetime",
 
 _IMPURE_BUILTINS = {builtins.print, builtins.input, builtins.open, builtins.exec, builtins.eval,
                     builtins.compile, builtins.breakpoint, builtins.setattr, builtins.delattr,
-                    builtins.globals, builtins.locals, builtins.vars, builtins.__import__}
+                    builtins.globals, builtins.__import__}
 
 
 _BUILTIN_FUNCTION = type(len)

@@ -236,6 +236,9 @@ class Tracer:
         if isinstance(static, staticmethod):
             return static.__func__
         if not guard:
+            get = _python_descriptor_get(obj, name, static)
+            if get is not None:   # lazy_property and the like: their code runs traced
+                return frame.call(get, [static, obj, type(obj)], {})
             return getattr(obj, name)  # may raise AttributeError: the frame handles it
         value = getattr(obj, name) if inspect.isroutine(static) else None
         if value is not None and getattr(obj, name) is not value:
@@ -353,6 +356,21 @@ class _CapturedDefaultDict(collections.defaultdict):
 
     def __missing__(self, key):
         raise Unsupported("mutation of outside state", "a missing key of a caller's defaultdict")
+
+
+def _python_descriptor_get(obj, name: str, static):
+    """The Python ``__get__`` that ``obj.name`` runs (a class attribute whose type defines
+    it in Python, not shadowed by the instance dict unless it is a data descriptor), or None."""
+    if static is None or isinstance(obj, type):
+        return None
+    get = getattr(type(static), "__get__", None)
+    if not isinstance(get, types.FunctionType):
+        return None
+    is_data = hasattr(type(static), "__set__") or hasattr(type(static), "__delete__")
+    inst = getattr(obj, "__dict__", None)
+    if not is_data and isinstance(inst, dict) and name in inst:
+        return None
+    return get
 
 
 def _method_of_copy(tracer, obj) -> bool:

@@ -70,6 +70,24 @@ class GradModeExit:
         self.context = context   # the CapturedContext it exits
 
 
+class GeneratorContext:
+    """A ``@contextlib.contextmanager`` object made during capture: its generator, run
+    step by step by the interpreter (``interpreter.GeneratorRun``)."""
+    __slots__ = ("run", "entered")
+
+    def __init__(self, run):
+        self.run = run
+        self.entered = False
+
+
+class GeneratorContextExit:
+    """The ``__exit__`` of an entered ``GeneratorContext`` (``stdlib.exit_generator_context``)."""
+    __slots__ = ("context",)
+
+    def __init__(self, context: GeneratorContext):
+        self.context = context
+
+
 class CapturedIter:
     """An iterator met during capture, materialised so a resume function can be handed
     the items it has not yet produced (a list_iterator cannot be inspected or rebuilt).
@@ -130,6 +148,20 @@ class LazyIter:
 
     def __next__(self):
         return next(self.inner)
+
+
+def has_pending_calls(it, *, lazy_builtins: bool = True) -> bool:
+    """Would taking the rest of iterator ``it`` run the program's Python code (a
+    generator's body, a function given to an itertools tool; with ``lazy_builtins`` a
+    ``map``'s or ``filter``'s function too)?"""
+    if type(it) is CapturedIter:
+        return it.source is not None and has_pending_calls(it.source, lazy_builtins=lazy_builtins)
+    if type(it) is LazyIter:
+        if it.kind in (map, filter):
+            return lazy_builtins
+        return it.kind is not zip or any(has_pending_calls(s, lazy_builtins=lazy_builtins)
+                                         for s in it.sources)
+    return getattr(type(it), "runs_code", False) is True
 
 
 def check_own_iterator(tracer, it, what: str):
