@@ -9,7 +9,8 @@ import types
 import torch
 
 from .breaks import Unsupported
-from .values import NULL, TensorVar
+from . import numpy_values
+from .values import NULL, NdarrayVar, TensorVar
 
 _COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
             ">": operator.gt, ">=": operator.ge}
@@ -143,7 +144,9 @@ class DataOpcodes:
         b = self.pop()
         a = self.pop()
         fn = _COMPARE[ins.argval]
-        if isinstance(a, TensorVar) or isinstance(b, TensorVar):
+        if numpy_values.is_array(a) or numpy_values.is_array(b):
+            self.push(numpy_values.operator_call(self.tracer, fn, (a, b)))
+        elif isinstance(a, TensorVar) or isinstance(b, TensorVar):
             self.push(self.tracer.builder.call("call_function", fn, (a, b), {}))
         else:
             self.push(fn(a, b))
@@ -156,7 +159,8 @@ class DataOpcodes:
     def CONTAINS_OP(self, ins):
         container = self.pop()
         item = self.pop()
-        if isinstance(container, TensorVar) or isinstance(item, TensorVar) and \
+        if isinstance(container, (TensorVar, NdarrayVar)) or \
+                isinstance(item, (TensorVar, NdarrayVar)) and \
                 not isinstance(container, (list, tuple, dict, set)):
             raise Unsupported("data-dependent value", "`in` on a tensor")
         contains = getattr(type(container), "__contains__", None)
@@ -171,6 +175,8 @@ class DataOpcodes:
         self.push((not r) if ins.arg else r)
 
     def _unary(self, fn, v):
+        if numpy_values.is_array(v):
+            return numpy_values.operator_call(self.tracer, fn, (v,))
         if isinstance(v, TensorVar):
             return self.tracer.builder.call("call_function", fn, (v,), {})
         return fn(v)
@@ -199,7 +205,9 @@ class DataOpcodes:
         tracer = self.tracer
         if isinstance(container, TensorVar):
             return tracer.builder.call("call_function", operator.getitem, (container, key), {})
-        if isinstance(key, TensorVar):
+        if numpy_values.is_array(container):
+            return numpy_values.getitem(tracer, container, key)
+        if isinstance(key, (TensorVar, NdarrayVar)):
             raise Unsupported("data-dependent value", "indexing a Python container with a tensor")
         if isinstance(container, torch.nn.Module):
             tracer.guard_module_contents(container)
@@ -226,7 +234,12 @@ class DataOpcodes:
         value = self.pop()
         tracer = self.tracer
         if isinstance(container, TensorVar):
+            if numpy_values.holds_array(value):
+                raise Unsupported("non-torch library call", "a numpy array assigned into a tensor")
             tracer.builder.call("call_function", operator.setitem, (container, key, value), {})
+            return
+        if numpy_values.is_array(container):
+            numpy_values.setitem(tracer, container, key, value)
             return
         if id(container) in tracer.external_copies:
             raise Unsupported("mutation of outside state", "item assignment on a caller's "
@@ -266,7 +279,7 @@ class DataOpcodes:
         self.push(self._format(self.pop(), 0, spec))
 
     def _convert(self, v, conv):
-        if isinstance(v, TensorVar):
+        if isinstance(v, (TensorVar, NdarrayVar)):
             raise Unsupported("data-dependent value", "formatting a tensor into a string")
         return {0: lambda x: x, 1: str, 2: repr, 3: ascii}[conv](v)
 

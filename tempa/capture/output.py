@@ -29,7 +29,8 @@ import types
 import torch
 
 from . import runtime
-from .values import TensorVar, NULL, TensorMethod, GradModeExit, CapturedIter, LazyIter, \
+from . import numpy_values
+from .values import NdarrayVar, TensorVar, NULL, TensorMethod, GradModeExit, CapturedIter, LazyIter, \
     contains_tensor
 
 
@@ -147,6 +148,11 @@ class OutputPlan:
             raise Unsupported("unsupported construct", "return value nested too deeply")
         if isinstance(value, TensorVar):
             return self.slot(value)
+        if type(value) is NdarrayVar:
+            if value.source is not None:
+                return value.source   # an input array comes back as itself
+            return (f"{self.guards.const(numpy_values.to_numpy, 'F')}({self.slot(value.tensor)}, "
+                    f"{value.scalar})")
         if isinstance(value, torch.SymInt):
             return self._size_expr(value)
         if value is NULL:

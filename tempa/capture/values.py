@@ -49,6 +49,34 @@ class TensorVar:
         raise Unsupported("unsupported construct", "iterating a tensor outside the interpreter")
 
 
+class NdarrayVar:
+    """A numpy array (or numpy scalar, ``scalar``) whose data is ``tensor`` in the graph
+    (numpy_values.py); ``source`` is the guard expression of an input array, which a
+    returned one is (identity)."""
+    __slots__ = ("tensor", "scalar", "source", "__weakref__")
+
+    def __init__(self, tensor: TensorVar, scalar: bool = False, source: str | None = None):
+        self.tensor = tensor
+        self.scalar = scalar
+        self.source = source
+
+    def __repr__(self):
+        return f"NdarrayVar({self.tensor!r}{', scalar' if self.scalar else ''})"
+
+    __bool__ = TensorVar.__bool__
+    __index__ = __int__ = __float__ = TensorVar.__index__
+    __iter__ = TensorVar.__iter__
+
+
+class NdarrayMethod:
+    """``array.method`` before it is called."""
+    __slots__ = ("array", "name")
+
+    def __init__(self, array: NdarrayVar, name: str):
+        self.array = array
+        self.name = name
+
+
 class TensorMethod:
     """``tensor.method`` before it is called."""
     __slots__ = ("tensor", "name")
@@ -172,7 +200,7 @@ class SuperProxy:
 
 def contains_tensor(value, _depth=0) -> bool:
     """True if a TensorVar is anywhere inside ``value`` (tuples, lists, dicts, slices)."""
-    if isinstance(value, TensorVar):
+    if isinstance(value, (TensorVar, NdarrayVar)):
         return True
     if _depth > 6:
         return False
