@@ -53,7 +53,9 @@ _VALUE_METHODS = {"item", "tolist", "tobytes", "tostring", "tofile", "dump", "du
                   "__bool__", "__format__", "__repr__", "__str__", "setflags", "resize",
                   "itemset", "byteswap", "getfield", "setfield", "ctypes", "data", "base",
                   "flags", "strides", "flat", "__reduce__", "__deepcopy__", "__copy__"}
-_INPLACE_METHODS = {"fill", "sort"}
+_INPLACE_METHODS = {"fill", "sort", "put", "partition"}
+# Functions that write into an argument and return None.
+_INPLACE_FUNCTIONS = {"copyto", "put", "place", "putmask", "fill_diagonal", "put_along_axis"}
 
 
 def is_array(value) -> bool:
@@ -82,11 +84,12 @@ def _named(fn, name: str):
 
 
 @functools.cache
-def numpy_function(fn):
-    """The node target for the torch._numpy function ``fn``."""
+def numpy_function(fn, inplace: bool = False):
+    """The node target for the torch._numpy function ``fn``; an in-place one's name ends
+    in ``_``, which keeps the node (it returns nothing) and marks it as a mutation."""
     def run(*args, **kwargs):
         return _from_tnp(fn(*tree_map(_to_tnp, args), **tree_map(_to_tnp, kwargs)))
-    return _named(run, f"numpy_{fn.__name__}")
+    return _named(run, f"numpy_{fn.__name__}{'_' if inplace else ''}")
 
 
 @functools.cache
@@ -237,13 +240,15 @@ def _wrap(result, name: str, keep: NdarrayVar | None = None):
 
 
 def is_numpy_callable(fn) -> bool:
-    """A function of numpy's public namespaces (numpy's own Python helpers, such as the
-    ``iinfo.max`` property, are interpreted like any Python code)."""
-    if isinstance(fn, np.ufunc) or fn is np.finfo or fn is np.iinfo:
+    """A function of numpy's public namespaces, C or Python (``np.ones``: numpy's own
+    ``copyto`` inside it would be a write; numpy's private helpers, such as the ``iinfo.max``
+    property, are interpreted like any Python code)."""
+    if isinstance(fn, np.ufunc) or fn is np.finfo or fn is np.iinfo or \
+            isinstance(fn, type) and issubclass(fn, np.generic):   # np.float32(2.5)
         return True
     mod = getattr(fn, "__module__", None)
     return isinstance(mod, str) and (mod in _NAMESPACES or mod.startswith("numpy.random")) and \
-        callable(fn) and not isinstance(fn, (type, types.FunctionType))
+        callable(fn) and not isinstance(fn, type)
 
 
 def call_numpy(tracer, fn, args, kwargs):
@@ -268,7 +273,8 @@ def call_numpy(tracer, fn, args, kwargs):
                                      (_graph_args(list(args[0])), *_graph_args(tuple(args[1:]))),
                                      _graph_args(kwargs))
     else:
-        result = tracer.builder.call("call_function", numpy_function(target),
+        result = tracer.builder.call("call_function",
+                                     numpy_function(target, name in _INPLACE_FUNCTIONS),
                                      _graph_args(tuple(args)), _graph_args(kwargs))
     return _wrap(result, name)
 
