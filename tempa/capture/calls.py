@@ -29,17 +29,18 @@ import types
 
 import torch
 
-from . import context, numpy_values
+from . import context, numpy_values, scalars
 from .breaks import Unsupported
 from .module_guards import _MODULE_CALL, _guard_module_class, guard_function, guard_module_call
 from .purity import _BUILTIN_FUNCTION, _IMPURE_BUILTINS, _PLAIN_TYPES, _PURE_C_CLASSES, \
     _PURE_C_MODULES, _PURE_C_TYPES, _check_pure_arguments, _check_pure_owner, _impure_reason, \
     _read_environ, _reads_environ
-from .values import CapturedIter, LazyIter, NdarrayMethod, NdarrayVar, TensorVar, TensorMethod, \
+from .values import CapturedIter, LazyIter, NdarrayMethod, NdarrayVar, ScalarVar, TensorVar, \
+    TensorMethod, \
     SuperProxy, check_own_iterator, contains_tensor
 
 # Values whose content is only known when the graph runs: never turned into Python values.
-_SYMBOLIC = (TensorVar, NdarrayVar)
+_SYMBOLIC = (TensorVar, NdarrayVar, ScalarVar)
 
 # Code objects of functions marked @tempa.disable (filled by the api layer).
 DISABLED_CODES: set = set()
@@ -196,6 +197,8 @@ def tensor_method(tracer, m: TensorMethod, args, kwargs):
         return getattr(t.fake, name)(*args, **kwargs)
     if name == "numpy":
         return numpy_values.tensor_to_numpy(tracer, t, args, kwargs)
+    if name == "item" and not args and not kwargs:
+        return scalars.item(tracer, t)
     if name in _TENSOR_DATA_METHODS:
         raise Unsupported("data-dependent value", f"tensor.{name}() needs the tensor's value")
     if name in ("backward", "register_hook", "retain_grad", "record_stream", "share_memory_"):
@@ -727,6 +730,9 @@ def _builtin_type(tracer, frame, cls, args, kwargs):
         if args and isinstance(args[0], TensorVar):
             raise Unsupported("unsupported call", "dict(tensor)")
         return dict(*args, **kwargs)
+    if cls in (int, float, bool) and len(args) == 1 and not kwargs and \
+            isinstance(args[0], TensorVar):
+        return scalars.item(tracer, args[0], cls)
     if cls in (int, float, bool, complex) and args and isinstance(args[0], _SYMBOLIC):
         raise Unsupported("data-dependent value", f"{cls.__name__}(tensor) needs its value")
     if cls is bool and args:

@@ -16,7 +16,7 @@ import torch
 from .breaks import Unsupported, UserError
 from .context import CapturedContext
 from .instructions import PY, NULL_BEFORE_CALLABLE, decode
-from . import numpy_values
+from . import numpy_values, scalars
 from .opcodes_data import DataOpcodes
 from .values import NULL, TensorVar, SuperProxy, GradModeExit, CapturedIter, LazyIter, \
     check_own_iterator, contains_tensor, python_descriptor_setter
@@ -220,6 +220,8 @@ class Frame(DataOpcodes):
         inplace = name.startswith("NB_INPLACE_")
         key = name[len("NB_INPLACE_"):] if inplace else name[len("NB_"):]
         fn = (_INPLACE if inplace else _BINARY)[key]
+        if scalars.is_scalar(a) or scalars.is_scalar(b):
+            return scalars.operator_call(self.tracer, fn, (a, b))
         if numpy_values.is_array(a) or numpy_values.is_array(b):
             inplace = inplace and numpy_values.is_array(a)
             return numpy_values.operator_call(self.tracer, fn if inplace else _BINARY[key], (a, b),

@@ -9,8 +9,8 @@ import types
 import torch
 
 from .breaks import Unsupported
-from . import numpy_values
-from .values import NULL, NdarrayVar, TensorVar
+from . import numpy_values, scalars
+from .values import NULL, NdarrayVar, TensorVar, contains_tensor as contains_symbolic
 
 _COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
             ">": operator.gt, ">=": operator.ge}
@@ -144,7 +144,9 @@ class DataOpcodes:
         b = self.pop()
         a = self.pop()
         fn = _COMPARE[ins.argval]
-        if numpy_values.is_array(a) or numpy_values.is_array(b):
+        if scalars.is_scalar(a) or scalars.is_scalar(b):
+            self.push(scalars.operator_call(self.tracer, fn, (a, b)))
+        elif numpy_values.is_array(a) or numpy_values.is_array(b):
             self.push(numpy_values.operator_call(self.tracer, fn, (a, b)))
         elif isinstance(a, TensorVar) or isinstance(b, TensorVar):
             self.push(self.tracer.builder.call("call_function", fn, (a, b), {}))
@@ -175,6 +177,8 @@ class DataOpcodes:
         self.push((not r) if ins.arg else r)
 
     def _unary(self, fn, v):
+        if scalars.is_scalar(v):
+            return scalars.operator_call(self.tracer, fn, (v,))
         if numpy_values.is_array(v):
             return numpy_values.operator_call(self.tracer, fn, (v,))
         if isinstance(v, TensorVar):
@@ -207,7 +211,7 @@ class DataOpcodes:
             return tracer.builder.call("call_function", operator.getitem, (container, key), {})
         if numpy_values.is_array(container):
             return numpy_values.getitem(tracer, container, key)
-        if isinstance(key, (TensorVar, NdarrayVar)):
+        if contains_symbolic(key):
             raise Unsupported("data-dependent value", "indexing a Python container with a tensor")
         if isinstance(container, torch.nn.Module):
             tracer.guard_module_contents(container)
@@ -279,7 +283,7 @@ class DataOpcodes:
         self.push(self._format(self.pop(), 0, spec))
 
     def _convert(self, v, conv):
-        if isinstance(v, (TensorVar, NdarrayVar)):
+        if contains_symbolic(v):
             raise Unsupported("data-dependent value", "formatting a tensor into a string")
         return {0: lambda x: x, 1: str, 2: repr, 3: ascii}[conv](v)
 

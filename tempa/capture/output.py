@@ -30,7 +30,7 @@ import torch
 
 from . import runtime
 from . import numpy_values
-from .values import NdarrayVar, TensorVar, NULL, TensorMethod, GradModeExit, CapturedIter, LazyIter, \
+from .values import NdarrayVar, ScalarVar, TensorVar, NULL, TensorMethod, GradModeExit, CapturedIter, LazyIter, \
     contains_tensor
 
 
@@ -148,6 +148,8 @@ class OutputPlan:
             raise Unsupported("unsupported construct", "return value nested too deeply")
         if isinstance(value, TensorVar):
             return self.slot(value)
+        if type(value) is ScalarVar:
+            return f"{self.slot(value.tensor)}.item()"   # the number, as the graph computed it
         if type(value) is NdarrayVar:
             if value.source is not None:
                 return value.source   # an input array comes back as itself
@@ -201,6 +203,9 @@ class OutputPlan:
             return f"{const(torch.Size, 'C')}([{joined(value)}])", False
         if t.__module__.startswith("torch.return_types"):
             return f"{const(t, 'C')}(({joined(value)},))", False
+        if t is slice and contains_tensor(value):   # x[:n] with n computed by the graph
+            return (f"{const(slice, 'C')}({sub(value.start)}, {sub(value.stop)}, "
+                    f"{sub(value.step)})"), False
         if t is TensorMethod:
             return f"{self.slot(value.tensor)}.{value.name}", False
         if t is CapturedIter:
