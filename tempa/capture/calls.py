@@ -462,6 +462,8 @@ def _isinstance(tracer, frame, args, kwargs):
         return issubclass(_tensor_type(tracer, value), cls)
     if type(value) is NdarrayVar:
         return issubclass(numpy_values.python_type(value), cls)
+    if type(value) is ScalarVar:
+        return issubclass(type(value.example), cls)
     if type(value) is LazyIter:
         return issubclass(value.kind, cls)
     return isinstance(value, cls)
@@ -472,6 +474,8 @@ def _type(tracer, frame, args, kwargs):
         return _tensor_type(tracer, args[0])
     if len(args) == 1 and type(args[0]) is NdarrayVar:
         return numpy_values.python_type(args[0])
+    if len(args) == 1 and type(args[0]) is ScalarVar:
+        return type(args[0].example)
     if len(args) == 1:
         return args[0].kind if type(args[0]) is LazyIter else type(args[0])
     raise Unsupported("unsupported construct", "type() with three arguments")
@@ -614,6 +618,8 @@ def _abs(tracer, frame, args, kwargs):
         return tracer.builder.call("call_function", torch.abs, (args[0],), {})
     if type(args[0]) is NdarrayVar:
         return numpy_values.operator_call(tracer, operator.abs, (args[0],))
+    if type(args[0]) is ScalarVar:
+        return scalars.operator_call(tracer, operator.abs, (args[0],))
     return abs(args[0])
 
 
@@ -792,6 +798,7 @@ _SPECIAL = {
     torch.is_grad_enabled: _grad_enabled,
     torch._C._fx_map_aggregate: _fx_map_aggregate,
     torch._C.is_grad_enabled: _grad_enabled,
+    torch._check: scalars.check,
 }
 for _name in ("is_exporting",):
     if hasattr(torch.compiler, _name):

@@ -25,7 +25,8 @@ from .meta import MetaInfo, infer
 
 # Calls kept in the graph even though nothing reads their result (they change state).
 _SIDE_EFFECT_TARGETS = {torch._C._set_grad_enabled, torch.amp.autocast_mode._enter_autocast,
-                        torch.amp.autocast_mode._exit_autocast, operator.setitem}
+                        torch.amp.autocast_mode._exit_autocast, operator.setitem,
+                        torch._check}
 
 
 # Operations that symbolic captures shape with tempa's own rules (meta.py) instead of fake

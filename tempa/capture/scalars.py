@@ -66,6 +66,16 @@ def item(tracer, t: TensorVar, kind: type | None = None) -> ScalarVar:
     return sv
 
 
+def check(tracer, frame, args, kwargs):
+    """``torch._check(cond)``: on a captured condition, a graph node that raises eager's
+    RuntimeError when the graph runs with a value that fails it; else the Python code."""
+    if len(args) == 1 and not kwargs and is_scalar(args[0]):
+        tracer.builder.graph.call_function(torch._check, (args[0].node,))
+        return None
+    from .calls import inline
+    return inline(tracer, frame, torch._check, list(args), kwargs)
+
+
 def operator_call(tracer, op, operands: tuple):
     """A Python operator with a ScalarVar operand and numbers or tensors for the others."""
     if op not in _KEPT:

@@ -26,13 +26,19 @@ def _run(fn, values, **kw):
     fast = tempa.compile(fn, **kw)
     x = torch.arange(6.0)
     for v in values:
-        got, want = fast(x, v), fn(x, v)
-        assert type(got) is type(want)
-        if isinstance(want, torch.Tensor):
-            assert got.dtype == want.dtype
-            torch.testing.assert_close(got, want)
-        else:
-            assert got == want
+        _same(fast(x, v), fn(x, v))
+
+
+def _same(got, want):
+    assert type(got) is type(want)
+    if isinstance(want, tuple):
+        for g, w in zip(got, want, strict=True):
+            _same(g, w)
+    elif isinstance(want, torch.Tensor):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
+    else:
+        assert got == want
 
 
 FLOATS = [torch.tensor(2.0), torch.tensor(-3.5), torch.tensor(4.25)]
@@ -114,3 +120,28 @@ def test_item_of_a_tensor_with_several_elements_raises_eagers_error():
     fast = tempa.compile(lambda x: x * x.item())
     with pytest.raises(RuntimeError):
         fast(torch.ones(3))
+
+
+def test_a_captured_number_answers_type_questions_as_the_number():
+    def f(x, t):
+        v = t.item()
+        n = (t > 0).item()
+        return x * abs(v), isinstance(v, float), type(v) is float, isinstance(n, bool), \
+            isinstance(v, int)
+
+    _run(f, FLOATS, fullgraph=True)
+    assert _counts() == (1, 0, 0, 0)
+
+
+def test_torch_check_on_a_captured_value_is_checked_on_every_call():
+    def f(x, t):
+        v = t.item()
+        torch._check(v >= 0)
+        return x * v
+
+    fast = tempa.compile(f, fullgraph=True)
+    x = torch.arange(3.0)
+    torch.testing.assert_close(fast(x, torch.tensor(2.0)), f(x, torch.tensor(2.0)))
+    with pytest.raises(RuntimeError):
+        fast(x, torch.tensor(-1.0))
+    assert _counts() == (1, 0, 0, 0)
