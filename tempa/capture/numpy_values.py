@@ -348,6 +348,12 @@ def call_method(tracer, m: NdarrayMethod, args, kwargs):
 def operator_call(tracer, op, operands: tuple, inplace: bool = False):
     """A Python operator (binary, comparison, unary) with an array operand."""
     if any(isinstance(v, TensorVar) for v in operands):
+        if all(v.scalar for v in operands if is_array(v)):
+            # torch takes a numpy scalar as a Python number (tensor + np.float32(2))
+            from . import scalars
+            operands = tuple(scalars.item(tracer, v.tensor) if is_array(v) else v
+                             for v in operands)
+            return tracer.builder.call("call_function", op, operands, {})
         raise Unsupported("non-torch library call", "an operator between a tensor and a numpy "
                           "array (eager mixes the two libraries)")
     result = tracer.builder.call("call_function", numpy_operator(op), _graph_args(operands), {})

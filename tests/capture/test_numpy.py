@@ -187,3 +187,21 @@ def test_in_place_numpy_functions_and_methods_are_kept():
     x = torch.arange(3.0)
     _same(f(x), fast(x))
     assert _counts() == (1, 0, 0, 0)
+
+
+def test_a_module_attribute_array_is_a_graph_input_read_live():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+
+        def forward(self, x):
+            return x * torch.from_numpy(self.table) + np.tanh(x.numpy()).sum()
+
+    m = M()
+    fast = tempa.compile(m, fullgraph=True)
+    x = torch.ones(3)
+    torch.testing.assert_close(fast(x), m(x))
+    m.table[1] = 10.0
+    torch.testing.assert_close(fast(x), m(x))
+    assert _counts() == (1, 0, 0, 0)
