@@ -739,6 +739,8 @@ def _builtin_type(tracer, frame, cls, args, kwargs):
     if cls in (int, float, bool) and len(args) == 1 and not kwargs and \
             isinstance(args[0], TensorVar):
         return scalars.item(tracer, args[0], cls)
+    if cls in (int, float) and len(args) == 1 and not kwargs and type(args[0]) is NdarrayVar:
+        return numpy_values.as_number(tracer, args[0], cls)
     if cls in (int, float, bool, complex) and args and isinstance(args[0], _SYMBOLIC):
         raise Unsupported("data-dependent value", f"{cls.__name__}(tensor) needs its value")
     if cls is bool and args:

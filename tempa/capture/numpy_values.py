@@ -314,7 +314,7 @@ def array_attr(tracer, a: NdarrayVar, name: str):
     if name == "strides" and a.tensor.node.op == "placeholder":
         # an input's layout is guarded; a computed array's is the backend's choice
         return tuple(s * fake.element_size() for s in fake.stride())
-    if name in _VALUE_METHODS:
+    if name in _VALUE_METHODS and name != "item":   # item: a captured number (call_method)
         raise Unsupported("non-torch library call", f"ndarray.{name} has no torch equivalent")
     if name in ("T", "real", "imag", "mT"):
         result = tracer.builder.call("call_function", numpy_attribute(name), (a.tensor,), {})
@@ -335,6 +335,8 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
 
 def call_method(tracer, m: NdarrayMethod, args, kwargs):
     name, a = m.name, m.array
+    if name == "item" and not args and not kwargs and a.tensor.fake.numel() == 1:
+        return as_number(tracer, a)
     if name in _VALUE_METHODS:
         raise Unsupported("data-dependent value", f"ndarray.{name}() needs the array's values")
     if kwargs.get("out") is not None:
@@ -343,6 +345,15 @@ def call_method(tracer, m: NdarrayMethod, args, kwargs):
     result = tracer.builder.call("call_function", numpy_method(name, inplace),
                                  (a.tensor, *_graph_args(tuple(args))), _graph_args(kwargs))
     return None if inplace else _wrap(result, name)
+
+
+def as_number(tracer, a: NdarrayVar, kind: type | None = None):
+    """``a.item()`` / ``float(a)`` / ``int(a)`` of a one-element array: a captured Python
+    number (numpy's ``item`` gives the same Python type as torch's)."""
+    from . import scalars
+    if a.tensor.fake.numel() != 1:
+        raise Unsupported("data-dependent value", "a number from an array of several elements")
+    return scalars.item(tracer, a.tensor, kind)
 
 
 def operator_call(tracer, op, operands: tuple, inplace: bool = False):

@@ -205,3 +205,16 @@ def test_a_module_attribute_array_is_a_graph_input_read_live():
     m.table[1] = 10.0
     torch.testing.assert_close(fast(x), m(x))
     assert _counts() == (1, 0, 0, 0)
+
+
+def test_numbers_from_arrays_are_captured_values():
+    def f(x):
+        a = x.numpy()
+        s = a.sum()
+        return x * s.item() + float(a[0]), type(s.item()), type(float(s))
+
+    fast = tempa.compile(f, fullgraph=True, backend="eager")
+    for _ in range(2):
+        x = torch.randn(3)
+        _same(f(x), fast(x))
+    assert _counts() == (1, 0, 0, 0)
