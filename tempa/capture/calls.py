@@ -199,6 +199,8 @@ def tensor_method(tracer, m: TensorMethod, args, kwargs):
         return numpy_values.tensor_to_numpy(tracer, t, args, kwargs)
     if name == "item" and not args and not kwargs:
         return scalars.item(tracer, t)
+    if name == "tolist" and not args and not kwargs:
+        return scalars.tolist(tracer, t)
     if name in _TENSOR_DATA_METHODS:
         raise Unsupported("data-dependent value", f"tensor.{name}() needs the tensor's value")
     if name in ("backward", "register_hook", "retain_grad", "record_stream", "share_memory_"):

@@ -314,7 +314,7 @@ def array_attr(tracer, a: NdarrayVar, name: str):
     if name == "strides" and a.tensor.node.op == "placeholder":
         # an input's layout is guarded; a computed array's is the backend's choice
         return tuple(s * fake.element_size() for s in fake.stride())
-    if name in _VALUE_METHODS and name != "item":   # item: a captured number (call_method)
+    if name in _VALUE_METHODS and name not in ("item", "tolist"):   # captured numbers
         raise Unsupported("non-torch library call", f"ndarray.{name} has no torch equivalent")
     if name in ("T", "real", "imag", "mT"):
         result = tracer.builder.call("call_function", numpy_attribute(name), (a.tensor,), {})
@@ -337,6 +337,9 @@ def call_method(tracer, m: NdarrayMethod, args, kwargs):
     name, a = m.name, m.array
     if name == "item" and not args and not kwargs and a.tensor.fake.numel() == 1:
         return as_number(tracer, a)
+    if name == "tolist" and not args and not kwargs:
+        from . import scalars
+        return scalars.tolist(tracer, a.tensor)
     if name in _VALUE_METHODS:
         raise Unsupported("data-dependent value", f"ndarray.{name}() needs the array's values")
     if kwargs.get("out") is not None:

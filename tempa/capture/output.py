@@ -30,7 +30,7 @@ import torch
 
 from . import runtime
 from . import numpy_values
-from .values import NdarrayVar, ScalarVar, TensorVar, NULL, TensorMethod, GradModeExit, CapturedIter, LazyIter, \
+from .values import NdarrayMethod, NdarrayVar, ScalarVar, TensorVar, NULL, TensorMethod, GradModeExit, CapturedIter, LazyIter, \
     contains_tensor
 
 
@@ -150,11 +150,8 @@ class OutputPlan:
             return self.slot(value)
         if type(value) is ScalarVar:
             return f"{self.slot(value.tensor)}.item()"   # the number, as the graph computed it
-        if type(value) is NdarrayVar:
-            if value.source is not None:
-                return value.source   # an input array comes back as itself
-            return (f"{self.guards.const(numpy_values.to_numpy, 'F')}({self.slot(value.tensor)}, "
-                    f"{value.scalar})")
+        if type(value) is NdarrayVar and value.source is not None:
+            return value.source   # an input array comes back as itself
         if isinstance(value, torch.SymInt):
             return self._size_expr(value)
         if value is NULL:
@@ -206,6 +203,11 @@ class OutputPlan:
         if t is slice and contains_tensor(value):   # x[:n] with n computed by the graph
             return (f"{const(slice, 'C')}({sub(value.start)}, {sub(value.stop)}, "
                     f"{sub(value.step)})"), False
+        if t is NdarrayVar:   # one real array per call, shared by every reference to it
+            return (f"{const(numpy_values.to_numpy, 'F')}({self.slot(value.tensor)}, "
+                    f"{value.scalar})"), True
+        if t is NdarrayMethod:
+            return f"{sub(value.array)}.{value.name}", False
         if t is TensorMethod:
             return f"{self.slot(value.tensor)}.{value.name}", False
         if t is CapturedIter:

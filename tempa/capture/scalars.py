@@ -66,6 +66,22 @@ def item(tracer, t: TensorVar, kind: type | None = None) -> ScalarVar:
     return sv
 
 
+# tolist() of more elements than this is a graph break (each element is three nodes).
+_MAX_TOLIST = 64
+
+
+def tolist(tracer, t: TensorVar):
+    """``t.tolist()`` of a small tensor of static shape: nested lists of captured numbers."""
+    fake = t.fake
+    numel = fake.numel()
+    if type(numel) is not int or numel > _MAX_TOLIST or fake.dtype.is_complex:
+        raise Unsupported("data-dependent value", f"tensor.tolist() of {numel} elements")
+    if fake.dim() == 0:
+        return item(tracer, t)
+    rows = tracer.builder.call("call_method", "unbind", (t, 0), {})
+    return [tolist(tracer, r) for r in rows]
+
+
 def check(tracer, frame, args, kwargs):
     """``torch._check(cond)``: on a captured condition, a graph node that raises eager's
     RuntimeError when the graph runs with a value that fails it; else the Python code."""

@@ -140,12 +140,23 @@ def test_iterating_an_array_gives_numpy_scalars_and_rows():
     assert _counts() == (1, 0, 0, 0)
 
 
+def test_tolist_gives_captured_python_numbers():
+    def f(a, x):
+        return (a * 2).tolist(), x.tolist(), x[0].tolist()
+
+    fast = tempa.compile(f, fullgraph=True, backend="eager")
+    for k in range(2):
+        a, x = np.arange(3.0) + k, torch.arange(4).reshape(2, 2) * k
+        _same(f(a, x), fast(a, x))
+    assert _counts() == (1, 0, 0, 0)
+
+
 @pytest.mark.parametrize("name", ["random", "tolist", "tensor_plus_array", "branch"])
 def test_what_torch_cannot_trace_is_one_clean_break(name):
     def random(x):
         return x + torch.from_numpy(np.random.rand(3)).float() * 0
 
-    def tolist(a):
+    def tolist(a):   # more elements than tolist() captures
         return (a * 2).tolist()
 
     def tensor_plus_array(x):
@@ -156,7 +167,7 @@ def test_what_torch_cannot_trace_is_one_clean_break(name):
             return a + 1
         return a - 1
 
-    fn, arg = {"random": (random, torch.ones(3)), "tolist": (tolist, np.arange(3.0)),
+    fn, arg = {"random": (random, torch.ones(3)), "tolist": (tolist, np.arange(100.0)),
                "tensor_plus_array": (tensor_plus_array, torch.ones(3)),
                "branch": (branch, np.arange(3.0))}[name]
     fast = tempa.compile(fn, backend="eager")
@@ -218,3 +229,13 @@ def test_numbers_from_arrays_are_captured_values():
         x = torch.randn(3)
         _same(f(x), fast(x))
     assert _counts() == (1, 0, 0, 0)
+
+
+def test_one_array_returned_twice_is_one_object():
+    def f(x):
+        a = x.numpy() * 2
+        return a, [a], a.sum
+
+    fast = tempa.compile(f, fullgraph=True, backend="eager")
+    a, (b,), s = fast(torch.ones(3))
+    assert a is b and s.__self__ is a and s() == 6.0
