@@ -171,9 +171,12 @@ def external_array(tracer, value: np.ndarray, expr: str) -> NdarrayVar:
                           f"hold ({e})") from None
     g = tracer.guards
     g.add("identity", f"{expr}.__class__ is {g.const(np.ndarray, 'T')}", f"{expr} is an ndarray")
+    writeable = bool(value.flags.writeable)
+    g.add("identity", f"{expr}.flags.writeable is {writeable}",
+          f"{expr} is {'' if writeable else 'not '}writeable")
     texpr = f"{g.const(array_as_tensor, 'F')}({expr})"
     var = NdarrayVar(tracer.builder.user_input(tensor, texpr, tracer.dynamic_dims(tensor, texpr)),
-                     source=expr)
+                     source=expr, readonly=not writeable)
     tracer.ndarrays[id(value)] = (value, var)
     return var
 
@@ -273,6 +276,8 @@ def call_numpy(tracer, fn, args, kwargs):
                                      (_graph_args(list(args[0])), *_graph_args(tuple(args[1:]))),
                                      _graph_args(kwargs))
     else:
+        if name in _INPLACE_FUNCTIONS and args:
+            _check_writeable(args[0])
         result = tracer.builder.call("call_function",
                                      numpy_function(target, name in _INPLACE_FUNCTIONS),
                                      _graph_args(tuple(args)), _graph_args(kwargs))
@@ -345,6 +350,8 @@ def call_method(tracer, m: NdarrayMethod, args, kwargs):
     if kwargs.get("out") is not None:
         raise Unsupported("non-torch library call", f"ndarray.{name}(out=...) writes into an array")
     inplace = name in _INPLACE_METHODS
+    if inplace:
+        _check_writeable(a)
     result = tracer.builder.call("call_function", numpy_method(name, inplace),
                                  (a.tensor, *_graph_args(tuple(args))), _graph_args(kwargs))
     return None if inplace else _wrap(result, name)
@@ -359,8 +366,16 @@ def as_number(tracer, a: NdarrayVar, kind: type | None = None):
     return scalars.item(tracer, a.tensor, kind)
 
 
+def _check_writeable(a) -> None:
+    if is_array(a) and a.readonly:
+        # numpy raises "assignment destination is read-only": Python runs it
+        raise Unsupported("non-torch library call", "a write into a read-only array")
+
+
 def operator_call(tracer, op, operands: tuple, inplace: bool = False):
     """A Python operator (binary, comparison, unary) with an array operand."""
+    if inplace:
+        _check_writeable(operands[0])
     if any(isinstance(v, TensorVar) for v in operands):
         if all(v.scalar for v in operands if is_array(v)):
             # torch takes a numpy scalar as a Python number (tensor + np.float32(2))
@@ -384,6 +399,7 @@ def getitem(tracer, a: NdarrayVar, key):
 def setitem(tracer, a: NdarrayVar, key, value) -> None:
     if a.scalar:
         raise Unsupported("non-torch library call", "item assignment on a numpy scalar")
+    _check_writeable(a)
     tracer.builder.call("call_function", numpy_setitem_, (a.tensor, _graph_args(key),
                                                           _graph_args(value)), {})
 

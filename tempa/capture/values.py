@@ -72,12 +72,14 @@ class NdarrayVar:
     """A numpy array (or numpy scalar, ``scalar``) whose data is ``tensor`` in the graph
     (numpy_values.py); ``source`` is the guard expression of an input array, which a
     returned one is (identity)."""
-    __slots__ = ("tensor", "scalar", "source", "__weakref__")
+    __slots__ = ("tensor", "scalar", "source", "readonly", "__weakref__")
 
-    def __init__(self, tensor: TensorVar, scalar: bool = False, source: str | None = None):
+    def __init__(self, tensor: TensorVar, scalar: bool = False, source: str | None = None,
+                 readonly: bool = False):
         self.tensor = tensor
         self.scalar = scalar
         self.source = source
+        self.readonly = readonly   # an input array numpy refuses to write into
 
     def __repr__(self):
         return f"NdarrayVar({self.tensor!r}{', scalar' if self.scalar else ''})"

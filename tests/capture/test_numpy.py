@@ -239,3 +239,32 @@ def test_one_array_returned_twice_is_one_object():
     fast = tempa.compile(f, fullgraph=True, backend="eager")
     a, (b,), s = fast(torch.ones(3))
     assert a is b and s.__self__ is a and s() == 6.0
+
+
+def test_a_write_into_a_read_only_array_raises_numpys_error():
+    def f(a):
+        a += 1
+        return a
+
+    fast = tempa.compile(f, backend="eager")
+    a = np.ones(3)
+    a.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        fast(a)
+    np.testing.assert_array_equal(a, np.ones(3))
+    b = np.ones(3)
+    assert fast(b) is b and (b == 2).all()   # a writeable one: a graph of its own
+
+
+def test_writes_through_tensor_numpy_reach_the_tensor():
+    def f(x):
+        a = x.numpy()
+        a[0] = 5.0
+        a += 1
+        return x
+
+    fast = tempa.compile(f, fullgraph=True)
+    x = torch.zeros(3)
+    assert fast(x) is x
+    torch.testing.assert_close(x, torch.tensor([6.0, 1.0, 1.0]))
+    assert _counts() == (1, 0, 0, 0)
