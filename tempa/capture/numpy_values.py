@@ -28,16 +28,20 @@ import operator
 import types
 import warnings
 
-import numpy as np
 import torch
-import torch._numpy as tnp
 from torch.utils._pytree import tree_map
+
+try:
+    import numpy as np
+    import torch._numpy as tnp
+except ImportError:   # numpy is optional: without it no value is an ndarray
+    np = tnp = None
 
 from .breaks import Unsupported
 from .values import NdarrayVar, NdarrayMethod, TensorVar
 
 # numpy namespaces and their torch._numpy counterparts.
-_NAMESPACES = {"numpy": tnp, "numpy.linalg": tnp.linalg, "numpy.fft": tnp.fft}
+_NAMESPACES = {"numpy": tnp, "numpy.linalg": tnp.linalg, "numpy.fft": tnp.fft} if tnp else {}
 # Functions whose 0-d result is a 0-d array in eager (everything else gives a numpy scalar:
 # ufuncs, reductions, a[0]).
 _KEEPS_0D = {"array", "asarray", "asanyarray", "ascontiguousarray", "copy", "reshape", "zeros",
@@ -60,6 +64,11 @@ _INPLACE_FUNCTIONS = {"copyto", "put", "place", "putmask", "fill_diagonal", "put
 
 def is_array(value) -> bool:
     return type(value) is NdarrayVar
+
+
+def is_ndarray(value) -> bool:
+    """A real numpy array (read from outside the call)."""
+    return np is not None and type(value) is np.ndarray
 
 
 # -- graph node targets: torch._numpy code over tensors -------------------------------------
@@ -148,6 +157,8 @@ def external_dtype_info(tracer, value, expr: str) -> bool:
     """A numpy dtype, or the ``np.finfo``/``np.iinfo`` of one, read at ``expr``: guarded by
     equality (equal dtypes made in different ways are one graph), True; else False."""
     g, t = tracer.guards, type(value)
+    if np is None:
+        return False
     if t is np.dtype:
         g.add("constant", f"{expr}.__class__ is {g.const(t, 'T')} and {expr} == "
               f"{g.const(value, 'V')}", f"{expr} == {value!r}")
@@ -246,6 +257,8 @@ def is_numpy_callable(fn) -> bool:
     """A function of numpy's public namespaces, C or Python (``np.ones``: numpy's own
     ``copyto`` inside it would be a write; numpy's private helpers, such as the ``iinfo.max``
     property, are interpreted like any Python code)."""
+    if np is None:
+        return False
     if isinstance(fn, np.ufunc) or fn is np.finfo or fn is np.iinfo or \
             isinstance(fn, type) and issubclass(fn, np.generic):   # np.float32(2.5)
         return True

@@ -13,7 +13,6 @@ import inspect
 import sys
 import types
 
-import numpy as np
 import torch
 
 from . import calls, numpy_values
@@ -86,7 +85,7 @@ class Tracer:
         if is_constant_type(value):
             self.guards.constant(expr, value)
             return value
-        if type(value) is np.ndarray:
+        if numpy_values.is_ndarray(value):
             return numpy_values.external_array(self, value, expr)
         if numpy_values.external_dtype_info(self, value, expr):
             return value
