@@ -24,20 +24,25 @@ import copy
 import functools
 import logging
 import math
+import operator
 import sys
 import types
 
 import torch
 
-from . import context, stdlib
+from . import context, numpy_values, scalars, stdlib
 from .breaks import Unsupported, UserError
 from .instructions import PY
 from .module_guards import _MODULE_CALL, _guard_module_class, guard_function, guard_module_call
 from .purity import _BUILTIN_FUNCTION, _IMPURE_BUILTINS, _PLAIN_TYPES, _PURE_C_CLASSES, \
     _PURE_C_MODULES, _PURE_C_TYPES, _check_pure_arguments, _check_pure_owner, _impure_reason, \
     _read_environ, _reads_environ
-from .values import CapturedIter, LazyIter, TensorVar, TensorMethod, SuperProxy, \
-    check_own_iterator, contains_tensor
+from .values import CapturedIter, LazyIter, NdarrayMethod, NdarrayVar, ScalarVar, TensorVar, \
+    TensorMethod, \
+    SuperProxy, check_own_iterator, contains_tensor
+
+# Values whose content is only known when the graph runs: never turned into Python values.
+_SYMBOLIC = (TensorVar, NdarrayVar, ScalarVar)
 
 # Code objects of functions marked @tempa.disable (filled by the api layer).
 DISABLED_CODES: set = set()
@@ -89,6 +94,16 @@ _WRAPPER_DESCRIPTORS = (type(object.__init__), type(object().__str__), type(dict
 def call(tracer, frame, fn, args: list, kwargs: dict):
     if type(fn) is TensorMethod:
         return tensor_method(tracer, fn, args, kwargs)
+    if type(fn) is NdarrayMethod:
+        return numpy_values.call_method(tracer, fn, args, kwargs)
+    if numpy_values.is_numpy_callable(fn):
+        return numpy_values.call_numpy(tracer, fn, args, kwargs)
+    if numpy_values.holds_array((args, kwargs)):
+        if fn in numpy_values._FROM_NUMPY and numpy_values.is_array(args[0] if args else None):
+            return numpy_values.from_numpy(tracer, fn, args, kwargs)
+        if is_torch_op(fn):
+            raise Unsupported("non-torch library call", f"{getattr(fn, '__name__', fn)}() given "
+                              "a numpy array runs in Python")
     special = _SPECIAL.get(_key(fn))
     if special is not None:
         return special(tracer, frame, args, kwargs)
@@ -185,6 +200,12 @@ def tensor_method(tracer, m: TensorMethod, args, kwargs):
         if real is not None:   # fake tensors do not carry these flags; the guard checks them
             return getattr(real, name)()
         return getattr(t.fake, name)(*args, **kwargs)
+    if name == "numpy":
+        return numpy_values.tensor_to_numpy(tracer, t, args, kwargs)
+    if name == "item" and not args and not kwargs:
+        return scalars.item(tracer, t)
+    if name == "tolist" and not args and not kwargs:
+        return scalars.tolist(tracer, t)
     if name in _TENSOR_DATA_METHODS:
         raise Unsupported("data-dependent value", f"tensor.{name}() needs the tensor's value")
     if name in ("backward", "register_hook", "retain_grad", "record_stream", "share_memory_"):
@@ -488,6 +509,10 @@ def _isinstance(tracer, frame, args, kwargs):
     value, cls = args
     if isinstance(value, TensorVar):
         return issubclass(_tensor_type(tracer, value), cls)
+    if type(value) is NdarrayVar:
+        return issubclass(numpy_values.python_type(value), cls)
+    if type(value) is ScalarVar:
+        return issubclass(type(value.example), cls)
     if type(value) is LazyIter:
         return issubclass(value.kind, cls)
     return isinstance(value, cls)
@@ -496,6 +521,10 @@ def _isinstance(tracer, frame, args, kwargs):
 def _type(tracer, frame, args, kwargs):
     if len(args) == 1 and isinstance(args[0], TensorVar):
         return _tensor_type(tracer, args[0])
+    if len(args) == 1 and type(args[0]) is NdarrayVar:
+        return numpy_values.python_type(args[0])
+    if len(args) == 1 and type(args[0]) is ScalarVar:
+        return type(args[0].example)
     if len(args) == 1:
         return args[0].kind if type(args[0]) is LazyIter else type(args[0])
     raise Unsupported("unsupported construct", "type() with three arguments")
@@ -508,6 +537,11 @@ def _len(tracer, frame, args, kwargs):
             from .breaks import UserError
             raise UserError(TypeError("len() of a 0-d tensor"))
         return v.fake.shape[0]
+    if type(v) is NdarrayVar:
+        if v.tensor.fake.dim() == 0:
+            from .breaks import UserError
+            raise UserError(TypeError("len() of unsized object"))
+        return v.tensor.fake.shape[0]
     if isinstance(v, torch.nn.Module):
         tracer.guard_module_contents(v)
         return len(v)
@@ -617,7 +651,7 @@ def _sum(tracer, frame, args, kwargs):
 def _minmax(which):
     def handler(tracer, frame, args, kwargs):
         items = list(frame.get_iter(args[0])) if len(args) == 1 else list(args)
-        if any(isinstance(v, TensorVar) for v in items):
+        if any(isinstance(v, _SYMBOLIC) for v in items):
             raise Unsupported("data-dependent branch", f"{which}() over tensors compares values")
         if "key" in kwargs and isinstance(kwargs["key"], types.FunctionType):
             keys = [frame.call(kwargs["key"], [v], {}) for v in items]
@@ -631,12 +665,16 @@ def _minmax(which):
 def _abs(tracer, frame, args, kwargs):
     if isinstance(args[0], TensorVar):
         return tracer.builder.call("call_function", torch.abs, (args[0],), {})
+    if type(args[0]) is NdarrayVar:
+        return numpy_values.operator_call(tracer, operator.abs, (args[0],))
+    if type(args[0]) is ScalarVar:
+        return scalars.operator_call(tracer, operator.abs, (args[0],))
     return abs(args[0])
 
 
 def _to_python_number(kind):
     def handler(tracer, frame, args, kwargs):
-        if args and isinstance(args[0], TensorVar):
+        if args and isinstance(args[0], _SYMBOLIC):
             raise Unsupported("data-dependent value", f"{kind.__name__}(tensor) needs its value")
         return kind(*args, **kwargs)
     return handler
@@ -712,11 +750,11 @@ def _any_all(which):
 
 def _callable(tracer, frame, args, kwargs):
     v = args[0]
-    return isinstance(v, (TensorMethod,)) or (not isinstance(v, TensorVar) and callable(v))
+    return isinstance(v, (TensorMethod, NdarrayMethod)) or (not isinstance(v, _SYMBOLIC) and callable(v))
 
 
 def _id(tracer, frame, args, kwargs):
-    if isinstance(args[0], TensorVar):
+    if isinstance(args[0], _SYMBOLIC):
         raise Unsupported("unsupported call", "id() of a tensor")
     return id(args[0])
 
@@ -782,11 +820,16 @@ def _builtin_type(tracer, frame, cls, args, kwargs):
         if args and isinstance(args[0], TensorVar):
             raise Unsupported("unsupported call", "dict(tensor)")
         return dict(*args, **kwargs)
-    if cls in (int, float, bool, complex) and args and isinstance(args[0], TensorVar):
+    if cls in (int, float, bool) and len(args) == 1 and not kwargs and \
+            isinstance(args[0], TensorVar):
+        return scalars.item(tracer, args[0], cls)
+    if cls in (int, float) and len(args) == 1 and not kwargs and type(args[0]) is NdarrayVar:
+        return numpy_values.as_number(tracer, args[0], cls)
+    if cls in (int, float, bool, complex) and args and isinstance(args[0], _SYMBOLIC):
         raise Unsupported("data-dependent value", f"{cls.__name__}(tensor) needs its value")
     if cls is bool and args:
         return frame.truth(args[0])
-    if cls is str and args and isinstance(args[0], TensorVar):
+    if cls is str and args and isinstance(args[0], _SYMBOLIC):
         raise Unsupported("data-dependent value", "str(tensor) needs its value")
     handler = _ITERATING_TYPES.get(cls)
     if handler is not None:
@@ -844,6 +887,7 @@ _SPECIAL = {
     torch.is_grad_enabled: _grad_enabled,
     torch._C._fx_map_aggregate: _fx_map_aggregate,
     torch._C.is_grad_enabled: _grad_enabled,
+    torch._check: scalars.check,
 }
 _SPECIAL.update(stdlib.MODELS)
 for _name in ("is_exporting",):

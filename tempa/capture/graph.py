@@ -20,12 +20,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode, DataDependentOutputExc
 
 from .breaks import Unsupported, UserError
 from .guards import GuardSet, is_numpy_scalar
-from .values import TensorVar
+from .values import ScalarVar, TensorVar
 from .meta import MetaInfo, infer
 
 # Calls kept in the graph even though nothing reads their result (they change state).
 _SIDE_EFFECT_TARGETS = {torch._C._set_grad_enabled, torch.amp.autocast_mode._enter_autocast,
-                        torch.amp.autocast_mode._exit_autocast, operator.setitem}
+                        torch.amp.autocast_mode._exit_autocast, operator.setitem,
+                        torch._check}
 
 
 # Operations that symbolic captures shape with tempa's own rules (meta.py) instead of fake
@@ -165,6 +166,10 @@ class GraphBuilder:
         result's metadata (rules, else fake tensors) and return the result with TensorVars
         in place of tensors."""
         args, kwargs = self._lift_constants(args), self._lift_constants(kwargs)
+        if target not in _SCALAR_CONSUMERS and _has_scalar((args, kwargs)):
+            # its metadata could depend on the value (torch.arange(v), x[v], a size)
+            raise Unsupported("data-dependent value", f"{_name(target)} of a value computed "
+                              "from a tensor needs that value in Python")
         node_args = _map(args, self._to_node)
         node_kwargs = _map(kwargs, self._to_node)
         if self.sizes is None:
@@ -252,7 +257,7 @@ class GraphBuilder:
                           "operation runs in Python")
 
     def _to_node(self, v):
-        if isinstance(v, TensorVar):
+        if isinstance(v, (TensorVar, ScalarVar)):
             return v.node
         if isinstance(v, torch.SymInt):
             return self.sizes.node_for(v) if self.sizes is not None else int(v)
@@ -321,17 +326,39 @@ def _is_impure(node: fx.Node) -> bool:
 
 
 def _to_fake(v):
+    if isinstance(v, ScalarVar):
+        return v.example
     return v.fake if isinstance(v, TensorVar) else v
 
 
+# Operations a ScalarVar may feed: Python's operators (shape-free for a scalar operand) and
+# the 0-d tensor a scalar leaves the graph as.
+_SCALAR_CONSUMERS = {operator.add, operator.sub, operator.mul, operator.truediv,
+                     operator.floordiv, operator.mod, operator.lt, operator.le, operator.gt,
+                     operator.ge, operator.eq, operator.ne, operator.iadd, operator.isub,
+                     operator.imul, operator.itruediv, torch.scalar_tensor}
+
+
+def _has_scalar(value, depth=0) -> bool:
+    if isinstance(value, ScalarVar):
+        return True
+    if depth < 6 and isinstance(value, (list, tuple)):
+        return any(_has_scalar(v, depth + 1) for v in value)
+    if depth < 6 and isinstance(value, dict):
+        return any(_has_scalar(v, depth + 1) for v in value.values())
+    if isinstance(value, slice):
+        return any(_has_scalar(v, depth + 1) for v in (value.start, value.stop, value.step))
+    return False
+
+
 # Argument values FX writes into generated code as valid Python (besides containers).
-_FX_LITERALS = (TensorVar, type(None), bool, int, float, complex, str, range, torch.dtype,
+_FX_LITERALS = (TensorVar, ScalarVar, type(None), bool, int, float, complex, str, range, torch.dtype,
                 torch.device, torch.layout, torch.memory_format, type(Ellipsis), torch.SymInt,
                 torch.SymFloat, torch.SymBool, fx.Node)
 
 
 def _map(value, fn):
-    if isinstance(value, TensorVar):
+    if isinstance(value, (TensorVar, ScalarVar)):
         return fn(value)
     t = type(value)
     if t is tuple or t is list:

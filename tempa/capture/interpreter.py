@@ -16,6 +16,7 @@ import torch
 from .breaks import Unsupported, UserError
 from .context import CapturedContext
 from .instructions import PY, NULL_BEFORE_CALLABLE, decode
+from . import numpy_values, scalars
 from .opcodes_data import DataOpcodes
 from .values import NULL, TensorVar, SuperProxy, GradModeExit, CapturedIter, LazyIter, \
     GeneratorContext, GeneratorContextExit, check_own_iterator, contains_tensor, \
@@ -263,6 +264,8 @@ class Frame(DataOpcodes):
                 raise UserError(TypeError("iteration over a 0-d tensor"))
             parts = self.tracer.builder.call("call_method", "unbind", (v, 0), {})
             return CapturedIter(list(parts))
+        if numpy_values.is_array(v):
+            return CapturedIter(numpy_values.iterate(self.tracer, v))
         if isinstance(v, torch.nn.Module):
             self.tracer.guard_module_contents(v)
             items = list(iter(v))
@@ -311,6 +314,12 @@ class Frame(DataOpcodes):
         inplace = name.startswith("NB_INPLACE_")
         key = name[len("NB_INPLACE_"):] if inplace else name[len("NB_"):]
         fn = (_INPLACE if inplace else _BINARY)[key]
+        if scalars.is_scalar(a) or scalars.is_scalar(b):
+            return scalars.operator_call(self.tracer, fn, (a, b))
+        if numpy_values.is_array(a) or numpy_values.is_array(b):
+            inplace = inplace and numpy_values.is_array(a)
+            return numpy_values.operator_call(self.tracer, fn if inplace else _BINARY[key], (a, b),
+                                              inplace=inplace)
         if isinstance(a, TensorVar) or isinstance(b, TensorVar):
             if not inplace or not isinstance(a, TensorVar):
                 fn = _BINARY[key] if not isinstance(a, TensorVar) else fn

@@ -9,7 +9,8 @@ import types
 import torch
 
 from .breaks import Unsupported
-from .values import NULL, TensorVar
+from . import numpy_values, scalars
+from .values import NULL, NdarrayVar, TensorVar, contains_tensor as contains_symbolic
 
 # Type flags MATCH_MAPPING / MATCH_SEQUENCE / MATCH_CLASS read (Include/object.h).
 _TPFLAGS_SEQUENCE, _TPFLAGS_MAPPING, _TPFLAGS_MATCH_SELF = 1 << 5, 1 << 6, 1 << 22
@@ -152,8 +153,13 @@ class DataOpcodes:
         self.push(self.compare(ins.argval, a, b))
 
     def compare(self, symbol: str, a, b):
-        """``a <symbol> b`` (``<``, ``==``, ...): a graph node when a tensor takes part."""
+        """``a <symbol> b`` (``<``, ``==``, ...): a graph node when a tensor, a captured scalar
+        or a traced ndarray takes part."""
         fn = _COMPARE[symbol]
+        if scalars.is_scalar(a) or scalars.is_scalar(b):
+            return scalars.operator_call(self.tracer, fn, (a, b))
+        if numpy_values.is_array(a) or numpy_values.is_array(b):
+            return numpy_values.operator_call(self.tracer, fn, (a, b))
         if isinstance(a, TensorVar) or isinstance(b, TensorVar):
             return self.tracer.builder.call("call_function", fn, (a, b), {})
         return fn(a, b)
@@ -166,7 +172,8 @@ class DataOpcodes:
     def CONTAINS_OP(self, ins):
         container = self.pop()
         item = self.pop()
-        if isinstance(container, TensorVar) or isinstance(item, TensorVar) and \
+        if isinstance(container, (TensorVar, NdarrayVar)) or \
+                isinstance(item, (TensorVar, NdarrayVar)) and \
                 not isinstance(container, (list, tuple, dict, set)):
             raise Unsupported("data-dependent value", "`in` on a tensor")
         contains = getattr(type(container), "__contains__", None)
@@ -181,6 +188,10 @@ class DataOpcodes:
         self.push((not r) if ins.arg else r)
 
     def unary(self, fn, v):
+        if scalars.is_scalar(v):
+            return scalars.operator_call(self.tracer, fn, (v,))
+        if numpy_values.is_array(v):
+            return numpy_values.operator_call(self.tracer, fn, (v,))
         if isinstance(v, TensorVar):
             return self.tracer.builder.call("call_function", fn, (v,), {})
         return fn(v)
@@ -209,7 +220,9 @@ class DataOpcodes:
         tracer = self.tracer
         if isinstance(container, TensorVar):
             return tracer.builder.call("call_function", operator.getitem, (container, key), {})
-        if isinstance(key, TensorVar):
+        if numpy_values.is_array(container):
+            return numpy_values.getitem(tracer, container, key)
+        if contains_symbolic(key):
             raise Unsupported("data-dependent value", "indexing a Python container with a tensor")
         if isinstance(container, torch.nn.Module):
             tracer.guard_module_contents(container)
@@ -236,7 +249,12 @@ class DataOpcodes:
         value = self.pop()
         tracer = self.tracer
         if isinstance(container, TensorVar):
+            if numpy_values.holds_array(value):
+                raise Unsupported("non-torch library call", "a numpy array assigned into a tensor")
             tracer.builder.call("call_function", operator.setitem, (container, key, value), {})
+            return
+        if numpy_values.is_array(container):
+            numpy_values.setitem(tracer, container, key, value)
             return
         if id(container) in tracer.external_copies:
             raise Unsupported("mutation of outside state", "item assignment on a caller's "
@@ -355,7 +373,7 @@ class DataOpcodes:
         self.push(self._format(self.pop(), 0, spec))
 
     def _convert(self, v, conv):
-        if isinstance(v, TensorVar):
+        if contains_symbolic(v):
             raise Unsupported("data-dependent value", "formatting a tensor into a string")
         return {0: lambda x: x, 1: str, 2: repr, 3: ascii}[conv](v)
 

@@ -31,8 +31,9 @@ import types
 import torch
 
 from . import runtime
-from .values import TensorVar, NULL, TensorMethod, GradModeExit, CapturedIter, LazyIter, \
-    GeneratorContext, GeneratorContextExit, contains_tensor, has_pending_calls
+from . import numpy_values
+from .values import NdarrayMethod, NdarrayVar, ScalarVar, TensorVar, NULL, TensorMethod, GradModeExit, \
+    CapturedIter, LazyIter, GeneratorContext, GeneratorContextExit, contains_tensor, has_pending_calls
 
 
 _BUILTIN_METHOD = type([].append)
@@ -149,6 +150,10 @@ class OutputPlan:
             raise Unsupported("unsupported construct", "return value nested too deeply")
         if isinstance(value, TensorVar):
             return self.slot(value)
+        if type(value) is ScalarVar:
+            return f"{self.slot(value.tensor)}.item()"   # the number, as the graph computed it
+        if type(value) is NdarrayVar and value.source is not None:
+            return value.source   # an input array comes back as itself
         if isinstance(value, torch.SymInt):
             return self._size_expr(value)
         if value is NULL:
@@ -197,6 +202,14 @@ class OutputPlan:
             return f"{const(torch.Size, 'C')}([{joined(value)}])", False
         if t.__module__.startswith("torch.return_types"):
             return f"{const(t, 'C')}(({joined(value)},))", False
+        if t is slice and contains_tensor(value):   # x[:n] with n computed by the graph
+            return (f"{const(slice, 'C')}({sub(value.start)}, {sub(value.stop)}, "
+                    f"{sub(value.step)})"), False
+        if t is NdarrayVar:   # one real array per call, shared by every reference to it
+            return (f"{const(numpy_values.to_numpy, 'F')}({self.slot(value.tensor)}, "
+                    f"{value.scalar})"), True
+        if t is NdarrayMethod:
+            return f"{sub(value.array)}.{value.name}", False
         if t is TensorMethod:
             return f"{self.slot(value.tensor)}.{value.name}", False
         if t is CapturedIter:

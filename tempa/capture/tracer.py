@@ -15,11 +15,11 @@ import types
 
 import torch
 
-from . import calls
+from . import calls, numpy_values
 from .breaks import Unsupported
 from .graph import GraphBuilder
 from .guards import is_constant_type
-from .values import TensorVar, TensorMethod
+from .values import NdarrayVar, TensorVar, TensorMethod
 
 # Tensor attributes read from the fake tensor's metadata (static under static shapes).
 TENSOR_METADATA_ATTRS = {
@@ -63,6 +63,7 @@ class Tracer:
         self.instructions_run = 0
         self.attr_writes: dict[tuple[int, str], tuple] = {}  # (id, name) -> (obj, name, value)
         self.paths: dict[int, str] = {}   # id(module) -> "self.h.0.attn", for readable names
+        self.ndarrays: dict[int, tuple] = {}   # id(outside ndarray) -> (it, its NdarrayVar)
 
     # -- internal objects -------------------------------------------------------------
     def mark_internal(self, obj):
@@ -83,6 +84,10 @@ class Tracer:
             return self.builder.attr_input(value, expr)
         if is_constant_type(value):
             self.guards.constant(expr, value)
+            return value
+        if numpy_values.is_ndarray(value):
+            return numpy_values.external_array(self, value, expr)
+        if numpy_values.external_dtype_info(self, value, expr):
             return value
         if depth >= _MAX_GUARD_DEPTH and isinstance(value, (list, tuple, dict, set, frozenset)):
             raise Unsupported("unsupported construct", f"{expr[:60]}...: a container nested "
@@ -190,6 +195,8 @@ class Tracer:
                 return written[2]
         if isinstance(obj, TensorVar):
             return self.tensor_attr(obj, name)
+        if type(obj) is NdarrayVar:
+            return numpy_values.array_attr(self, obj, name)
         if self.is_internal(obj) or obj.__class__ in (list, tuple, dict) or \
                 id(obj) in self.external_copies or _method_of_copy(self, obj):
             return self._static_or_concrete(obj, name, frame, guard=False)

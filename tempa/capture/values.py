@@ -49,6 +49,55 @@ class TensorVar:
         raise Unsupported("unsupported construct", "iterating a tensor outside the interpreter")
 
 
+class ScalarVar:
+    """A Python number computed in the graph from tensor data (``t.item()``, ``float(t)``,
+    arithmetic on those): ``node`` yields it when the graph runs; ``example`` is a number of
+    its type, for working out the metadata of tensor operations it feeds (scalars.py);
+    ``tensor`` is a 0-d tensor holding it, the graph output it leaves the graph as."""
+    __slots__ = ("node", "example", "tensor", "__weakref__")
+
+    def __init__(self, node, example, tensor):
+        self.node = node
+        self.example = example
+        self.tensor = tensor
+
+    def __repr__(self):
+        return f"ScalarVar({self.node.name}, {type(self.example).__name__})"
+
+    __bool__ = TensorVar.__bool__
+    __index__ = __int__ = __float__ = TensorVar.__index__
+
+
+class NdarrayVar:
+    """A numpy array (or numpy scalar, ``scalar``) whose data is ``tensor`` in the graph
+    (numpy_values.py); ``source`` is the guard expression of an input array, which a
+    returned one is (identity)."""
+    __slots__ = ("tensor", "scalar", "source", "readonly", "__weakref__")
+
+    def __init__(self, tensor: TensorVar, scalar: bool = False, source: str | None = None,
+                 readonly: bool = False):
+        self.tensor = tensor
+        self.scalar = scalar
+        self.source = source
+        self.readonly = readonly   # an input array numpy refuses to write into
+
+    def __repr__(self):
+        return f"NdarrayVar({self.tensor!r}{', scalar' if self.scalar else ''})"
+
+    __bool__ = TensorVar.__bool__
+    __index__ = __int__ = __float__ = TensorVar.__index__
+    __iter__ = TensorVar.__iter__
+
+
+class NdarrayMethod:
+    """``array.method`` before it is called."""
+    __slots__ = ("array", "name")
+
+    def __init__(self, array: NdarrayVar, name: str):
+        self.array = array
+        self.name = name
+
+
 class TensorMethod:
     """``tensor.method`` before it is called."""
     __slots__ = ("tensor", "name")
@@ -204,7 +253,7 @@ class SuperProxy:
 
 def contains_tensor(value, _depth=0) -> bool:
     """True if a TensorVar is anywhere inside ``value`` (tuples, lists, dicts, slices)."""
-    if isinstance(value, TensorVar):
+    if isinstance(value, (TensorVar, NdarrayVar, ScalarVar)):
         return True
     if _depth > 6:
         return False

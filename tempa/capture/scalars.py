@@ -1,0 +1,120 @@
+"""Python numbers that depend on tensor values, kept in the graph (torch.compile's
+``capture_scalar_outputs``).
+
+``t.item()``, ``float(t)``, ``int(t)`` and ``bool(t)`` of a one-element tensor give a
+``ScalarVar``: an FX node that produces the real Python number when the graph runs. Python
+arithmetic on it (``v * 2 + 1``, comparisons) is more nodes running Python's own operators,
+so the semantics are Python's exactly; passed to a tensor operator (``x * v``) the node is
+the operand, so type promotion is a Python scalar's. Only operations whose result *type*
+does not depend on the value are kept (``**`` is not: ``(-1.0) ** 0.5`` is complex). The
+graph never assumes the value, so a new one needs no recompile.
+
+Where Python itself must see the number (a branch, ``range(v)``, a size, an index, a call
+into C code), ``ScalarVar`` raises ``Unsupported``: one graph break, the graph computes the
+value and hands it over as a 0-d tensor's ``.item()`` (``output.py``).
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from .breaks import Unsupported, UserError
+from .values import ScalarVar, TensorVar
+
+# An example of each kind, for metadata only: not 0 or 1, which rules might special-case.
+_EXAMPLES = {float: 1.5, int: 3, bool: True}
+_DTYPES = {float: torch.float64, int: torch.int64, bool: torch.bool}
+# Python operators whose result type is fixed by the operand types.
+_KEPT = {operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv,
+         operator.mod, operator.neg, operator.pos, operator.abs, operator.lt, operator.le,
+         operator.gt, operator.ge, operator.eq, operator.ne, operator.iadd, operator.isub,
+         operator.imul, operator.itruediv, operator.ifloordiv, operator.imod}
+
+
+def is_scalar(value) -> bool:
+    return type(value) is ScalarVar
+
+
+def _make(builder, node, kind: type) -> ScalarVar:
+    example = _EXAMPLES[kind]
+    node.meta["example_value"] = example
+    sv = ScalarVar(node, example, None)
+    sv.tensor = builder.call("call_function", torch.scalar_tensor, (sv,), {"dtype": _DTYPES[kind]})
+    return sv
+
+
+def item(tracer, t: TensorVar, kind: type | None = None) -> ScalarVar:
+    """``t.item()`` (``kind`` None: the tensor's own kind) or ``float(t)``/``int(t)``/``bool(t)``."""
+    fake = t.fake
+    numel = fake.numel()
+    if type(numel) is not int or fake.dtype.is_complex or fake.device.type == "meta":
+        raise Unsupported("data-dependent value", f"tensor.item() of a {fake.dtype} tensor "
+                          "of symbolic size")
+    if numel != 1:   # eager's error (RuntimeError for .item(), ValueError for float(t))
+        example = torch.zeros(tuple(fake.shape), dtype=fake.dtype)
+        try:
+            example.item() if kind is None else kind(example)
+        except Exception as e:
+            raise UserError(e) from None
+    own = bool if fake.dtype is torch.bool else float if fake.dtype.is_floating_point else int
+    builder = tracer.builder
+    node = builder.graph.call_method("item", (t.node,))
+    sv = _make(builder, node, own)
+    if kind is not None and kind is not own:
+        sv = _make(builder, builder.graph.call_function(kind, (node,)), kind)
+    return sv
+
+
+# tolist() of more elements than this is a graph break (each element is three nodes).
+_MAX_TOLIST = 64
+
+
+def tolist(tracer, t: TensorVar):
+    """``t.tolist()`` of a small tensor of static shape: nested lists of captured numbers."""
+    fake = t.fake
+    numel = fake.numel()
+    if type(numel) is not int or numel > _MAX_TOLIST or fake.dtype.is_complex:
+        raise Unsupported("data-dependent value", f"tensor.tolist() of {numel} elements")
+    if fake.dim() == 0:
+        return item(tracer, t)
+    rows = tracer.builder.call("call_method", "unbind", (t, 0), {})
+    return [tolist(tracer, r) for r in rows]
+
+
+def check(tracer, frame, args, kwargs):
+    """``torch._check(cond)``: on a captured condition, a graph node that raises eager's
+    RuntimeError when the graph runs with a value that fails it; else the Python code."""
+    if len(args) == 1 and not kwargs and is_scalar(args[0]):
+        tracer.builder.graph.call_function(torch._check, (args[0].node,))
+        return None
+    from .calls import inline
+    return inline(tracer, frame, torch._check, list(args), kwargs)
+
+
+def operator_call(tracer, op, operands: tuple):
+    """A Python operator with a ScalarVar operand and numbers or tensors for the others."""
+    if op not in _KEPT:
+        raise Unsupported("data-dependent value", f"{op.__name__} of a value computed from a "
+                          "tensor needs that value in Python")
+    if any(isinstance(v, TensorVar) for v in operands):
+        return tracer.builder.call("call_function", op, operands, {})
+    examples = []
+    for v in operands:
+        if is_scalar(v):
+            examples.append(v.example)
+        elif type(v) in (int, float, bool):
+            examples.append(v)
+        else:
+            raise Unsupported("data-dependent value", f"{op.__name__} of a value computed from "
+                              f"a tensor and a {type(v).__name__}")
+    try:
+        kind = type(op(*examples))
+    except ArithmeticError:
+        raise Unsupported("data-dependent value", f"{op.__name__} of a value computed from a "
+                          "tensor") from None
+    if kind not in _EXAMPLES:
+        raise Unsupported("data-dependent value", f"{op.__name__} gives a {kind.__name__}")
+    node = tracer.builder.graph.call_function(
+        op, tuple(v.node if is_scalar(v) else v for v in operands))
+    return _make(tracer.builder, node, kind)
