@@ -3,12 +3,14 @@ and string formatting. Mixed into ``interpreter.Frame``, whose services (``push`
 ``truth``, ``get_iter``, ``call``, ``binary_op``) they use."""
 from __future__ import annotations
 
+import collections
 import operator
 import types
 
 import torch
 
 from .breaks import Unsupported
+from .side_effects import defaultdict_missing
 from .values import NULL, TensorVar
 
 _COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
@@ -218,6 +220,9 @@ class DataOpcodes:
             return self.call(getitem, [container, key], {})
         if isinstance(container, type):  # typing generics: Tuple[int], list[str]
             return container[key]
+        if isinstance(container, collections.defaultdict) and key not in container and \
+                id(container) in tracer.external_copies:
+            return defaultdict_missing(self, container, key)
         return container[key]
 
     def STORE_SUBSCR(self, ins):
@@ -229,8 +234,10 @@ class DataOpcodes:
             tracer.builder.call("call_function", operator.setitem, (container, key, value), {})
             return
         if id(container) in tracer.external_copies:
-            raise Unsupported("mutation of outside state", "item assignment on a caller's "
-                              f"{type(container).__name__}")
+            # our copy of the caller's list/dict: written back after the graph (side_effects.py)
+            tracer.side_effects.mutated_copy(container)
+            container[key] = value
+            return
         setitem = getattr(type(container), "__setitem__", None)
         if isinstance(setitem, types.FunctionType):
             self.call(setitem, [container, key, value], {})
@@ -243,9 +250,11 @@ class DataOpcodes:
     def DELETE_SUBSCR(self, ins):
         key = self.pop()
         container = self.pop()
-        if id(container) in self.tracer.external_copies or not isinstance(container, (list, dict)):
+        if not isinstance(container, (list, dict)):
             raise Unsupported("mutation of outside state", "del container[key]")
-        del container[key]
+        del container[key]   # raises as eager does before anything is marked
+        if id(container) in self.tracer.external_copies:
+            self.tracer.side_effects.mutated_copy(container)
 
     # -- formatting --------------------------------------------------------------------------
     def FORMAT_VALUE(self, ins):  # 3.11/3.12

@@ -19,6 +19,7 @@ from . import calls
 from .breaks import Unsupported
 from .graph import GraphBuilder
 from .guards import is_constant_type
+from .side_effects import SideEffects, DELETED, MISSING
 from .values import TensorVar, TensorMethod
 
 # Tensor attributes read from the fake tensor's metadata (static under static shapes).
@@ -61,7 +62,7 @@ class Tracer:
         self.param_ids: set[int] = set()
         self.depth = 0
         self.instructions_run = 0
-        self.attr_writes: dict[tuple[int, str], tuple] = {}  # (id, name) -> (obj, name, value)
+        self.side_effects = SideEffects()   # writes to outside objects, replayed after the graph
         self.paths: dict[int, str] = {}   # id(module) -> "self.h.0.attn", for readable names
 
     # -- internal objects -------------------------------------------------------------
@@ -184,10 +185,12 @@ class Tracer:
 
     # -- attributes ------------------------------------------------------------------
     def load_attr(self, obj, name: str, frame):
-        if self.attr_writes:
-            written = self.attr_writes.get((id(obj), name))
-            if written is not None and written[0] is obj:
-                return written[2]
+        if self.side_effects:
+            written = self.side_effects.pending_attr(obj, name)
+            if written is DELETED:
+                raise AttributeError(f"'{type(obj).__name__}' object has no attribute '{name}'")
+            if written is not MISSING:
+                return written
         if isinstance(obj, TensorVar):
             return self.tensor_attr(obj, name)
         if self.is_internal(obj) or obj.__class__ in (list, tuple, dict) or \
@@ -213,7 +216,15 @@ class Tracer:
             self.guards.add("constant", f"not {self.guards.const(hasattr, 'F')}({self.expr_of(obj)}, "
                             f"{name!r})", f"{expr} does not exist")
             raise
-        return self.external(value, expr, user=False)
+        # A tensor held by a plain object (a KV cache's layer, an optimizer's state) is
+        # data, not a weight: a graph input read through its source on every call and
+        # guarded on its metadata, so the object may hold a new tensor on the next call.
+        # A module object's tensors (a library's constant) keep their identity guard.
+        data = not isinstance(obj, (types.ModuleType, torch.nn.Module, type))
+        result = self.external(value, expr, user=data)
+        if name == "__dict__" and id(result) in self.external_copies:
+            self.side_effects.refuse_writes(result)
+        return result
 
     def _static_or_concrete(self, obj, name, frame, *, guard: bool):
         # Properties and Python-level descriptors run their Python code in the interpreter
@@ -348,11 +359,13 @@ class Tracer:
 
 
 class _CapturedDefaultDict(collections.defaultdict):
-    """Capture's copy of a caller's defaultdict: reading a missing key would insert into
-    the caller's dict, a write capture cannot replay, so it breaks the graph instead."""
+    """Capture's copy of a caller's defaultdict. Reading a missing key inserts the factory's
+    value (``side_effects.defaultdict_missing``, called by the subscript opcode, which has
+    the frame to run the factory in); C code reaching ``__missing__`` directly cannot."""
 
     def __missing__(self, key):
-        raise Unsupported("mutation of outside state", "a missing key of a caller's defaultdict")
+        raise Unsupported("mutation of outside state", "a missing key of a caller's defaultdict "
+                          "read outside the interpreter")
 
 
 def _method_of_copy(tracer, obj) -> bool:
