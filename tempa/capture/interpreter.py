@@ -409,8 +409,25 @@ class Frame(DataOpcodes):
             delattr(obj, name)
             return
         check_outside_attr_write(obj, name, DELETED, "deleting")
-        self.tracer.load_attr(obj, name, self)   # AttributeError as eager, if it is not there
-        self.tracer.side_effects.store_attr(obj, name, DELETED)
+        tracer = self.tracer
+        tracer.load_attr(obj, name, self)   # AttributeError as eager, if it is not there
+        if tracer.side_effects.pending_attr(obj, name) is MISSING:
+            self._guard_instance_attribute(obj, name)
+        tracer.side_effects.store_attr(obj, name, DELETED)
+
+    def _guard_instance_attribute(self, obj, name: str):
+        """``del obj.name`` deletes an instance attribute (one of a class raises): guard
+        that ``name`` is one, where the deletion finds it."""
+        g = self.tracer.guards
+        tables = ("_parameters", "_buffers", "_modules") if isinstance(obj, torch.nn.Module) else ()
+        for table in ("__dict__",) + tables:
+            entries = obj.__dict__ if table == "__dict__" else obj.__dict__.get(table, {})
+            if name in entries:
+                g.add("constant", f"{name!r} in {g.const(entries, 'ID')}",
+                      f"{type(obj).__name__}.{name} is an instance attribute")
+                return
+        raise Unsupported("mutation of outside state", f"deleting {name!r}, which is not an "
+                          f"instance attribute of the {type(obj).__name__}")
 
     # -- calls -------------------------------------------------------------------------------
     def CALL(self, ins):

@@ -118,20 +118,33 @@ class SideEffects:
 
 
 def _apply(kind, target, name, temp, plan, const) -> str:
+    # A deletion is of what existed at the call's start, or of what the code itself made
+    # (written, then deleted: nothing to undo), so it is a delete-if-present.
     if kind == "attr":
         obj = const(target, "SE")
-        return f"delattr({obj}, {name!r})" if temp is None else f"___setattr({obj}, {name!r}, {temp})"
+        if temp is None:
+            return f"{const(delete_attr_if_present, 'F')}({obj}, {name!r})"
+        return f"___setattr({obj}, {name!r}, {temp})"
     if kind == "global":
         g = const(target, "G")
-        return f"del {g}[{name!r}]" if temp is None else f"{g}[{name!r}] = {temp}"
+        return f"{g}.pop({name!r}, None)" if temp is None else f"{g}[{name!r}] = {temp}"
     if kind == "cell":
         cell = const(target, "CELL")
-        return f"del {cell}.cell_contents" if temp is None else f"{cell}.cell_contents = {temp}"
+        if temp is None:
+            return f"{const(delete_attr_if_present, 'F')}({cell}, 'cell_contents')"
+        return f"{cell}.cell_contents = {temp}"
     # A caller's container: its final contents, into the same object.
     original = plan.external_copies[id(target)][1]
     if isinstance(target, list):
         return f"{original}[:] = {temp}"
     return f"{original}.clear(); {original}.update({temp})"
+
+
+def delete_attr_if_present(obj, name: str) -> None:
+    try:
+        delattr(obj, name)
+    except (AttributeError, ValueError):   # ValueError: an empty cell
+        pass
 
 
 def _contents_expr(plan, copy) -> str:

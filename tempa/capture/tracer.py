@@ -36,6 +36,8 @@ _LIBRARY_PACKAGES = frozenset({
     "torch", "math", "cmath", "operator", "builtins", "functools", "itertools", "collections",
     "typing", "transformers", "numpy", "warnings", "logging", "inspect", "dataclasses",
     "contextlib", "enum", "copy", "abc", "types", "re", "einops", "sys"})
+# The caller's containers that capture works on a copy of (one copy per object).
+_COPIED_TYPES = (list, dict, collections.OrderedDict, collections.defaultdict, set)
 # Containers deeper than this are not guarded item by item: capture gives up on the frame
 # (it runs eagerly, and says so) instead of recursing towards the interpreter's limit.
 _MAX_GUARD_DEPTH = 32
@@ -90,7 +92,7 @@ class Tracer:
                               f"more than {_MAX_GUARD_DEPTH} deep")
         t = type(value)
         guards = self.guards
-        if t is list or t is dict:
+        if t in _COPIED_TYPES:
             copied = self._copy_of.get(id(value))
             if copied is not None and copied[0] is value:
                 # The same list/dict reached twice (`out` and `out.append.__self__`): one
