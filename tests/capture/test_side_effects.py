@@ -297,3 +297,17 @@ def test_deleting_a_class_attribute_through_an_instance_raises_as_eager():
     with pytest.raises(AttributeError):
         fast(torch.zeros(1), WithDefault())
     assert WithDefault.a == 1
+
+
+def test_outside_namedtuple_subclass_gets_the_attribute_and_is_returned_as_itself():
+    class Pair(collections.namedtuple("Pair", "a b")):
+        pass
+
+    def f(tup):
+        tup.c = tup.a + 1
+        return tup
+
+    p = Pair(torch.ones(1), torch.zeros(1))
+    out = tempa.compile(f, fullgraph=True, backend="eager")(p)
+    assert out is p and torch.equal(p.c, torch.full((1,), 2.0))
+    assert _counts() == (1, 0, 0)
