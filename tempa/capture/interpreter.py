@@ -411,7 +411,8 @@ class Frame(DataOpcodes):
         check_outside_attr_write(obj, name, DELETED, "deleting")
         tracer = self.tracer
         tracer.load_attr(obj, name, self)   # AttributeError as eager, if it is not there
-        if tracer.side_effects.pending_attr(obj, name) is MISSING:
+        own = tracer.side_effects.instance_dict(obj)
+        if tracer.side_effects.pending_attr(obj, name) is MISSING and not (own and name in own):
             self._guard_instance_attribute(obj, name)
         tracer.side_effects.store_attr(obj, name, DELETED)
 

@@ -50,12 +50,17 @@ class SideEffects:
         # (a later write to the same target keeps that position: dicts keep insertion order).
         self.writes: dict[tuple, tuple] = {}
         self.read_only: dict[int, object] = {}   # id(copy) -> copy that must not be written
+        self.instance_dicts: dict[int, tuple] = {}   # id(obj) -> (obj, copy of obj.__dict__)
 
     def __bool__(self):
         return bool(self.writes)
 
     # -- recording ----------------------------------------------------------------------
     def store_attr(self, obj, name: str, value) -> None:
+        copy = self.instance_dict(obj)
+        if copy is not None and not is_data_descriptor(type(obj), name):
+            self.store_instance_attr(copy, name, value)
+            return
         self.writes[("attr", id(obj), name)] = ("attr", obj, name, value)
 
     def store_global(self, namespace: dict, name: str, value) -> None:
@@ -72,9 +77,35 @@ class SideEffects:
         self.writes.setdefault(("copy", id(copy)), ("copy", copy, None, None))
 
     def refuse_writes(self, copy) -> None:
-        """``copy`` is our copy of an outside object's ``__dict__``: the object's attribute
-        reads would not see a write to it, so a write breaks the graph."""
+        """``copy`` is our copy of an outside module's ``__dict__`` (its attributes live in
+        ``_parameters``/``_buffers``/``_modules`` too): a write to it breaks the graph."""
         self.read_only[id(copy)] = copy
+
+    # -- an outside object's __dict__, read as a copy --------------------------------------
+    def track_instance_dict(self, obj, copy) -> None:
+        """``copy`` is our copy of ``obj.__dict__``: from now on the object's plain attributes
+        live in it (``obj.x = v`` writes it, ``obj.x`` reads it), so that ``obj.__dict__[k]``
+        and ``obj.k`` agree; it is written back whole. Attribute writes recorded before
+        move into it."""
+        if self.instance_dicts.get(id(obj), (None, None))[1] is copy:
+            return
+        self.instance_dicts[id(obj)] = (obj, copy)
+        for key, (kind, target, name, value) in list(self.writes.items()):
+            if kind == "attr" and target is obj and not is_data_descriptor(type(obj), name):
+                del self.writes[key]
+                self.store_instance_attr(copy, name, value)
+
+    def instance_dict(self, obj):
+        """Our copy of ``obj.__dict__`` if the code read it, else None."""
+        entry = self.instance_dicts.get(id(obj))
+        return entry[1] if entry is not None and entry[0] is obj else None
+
+    def store_instance_attr(self, copy, name: str, value) -> None:
+        self.mutated_copy(copy)
+        if value is DELETED:
+            dict.pop(copy, name, None)
+        else:
+            copy[name] = value
 
     # -- reads that must see pending writes -----------------------------------------------
     def pending_attr(self, obj, name: str):
@@ -138,6 +169,17 @@ def _apply(kind, target, name, temp, plan, const) -> str:
     if isinstance(target, list):
         return f"{original}[:] = {temp}"
     return f"{original}.clear(); {original}.update({temp})"
+
+
+def is_data_descriptor(cls, name: str, *, read: bool = False) -> bool:
+    """``cls.name`` takes precedence over the instance dict (a slot, a property): for a
+    write, any ``__set__``; for a read, ``__get__`` and ``__set__`` (one with ``__set__``
+    alone leaves reads to the instance dict)."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            kind = type(klass.__dict__[name])
+            return hasattr(kind, "__set__") and (not read or hasattr(kind, "__get__"))
+    return False
 
 
 def delete_attr_if_present(obj, name: str) -> None:

@@ -19,7 +19,7 @@ from . import calls
 from .breaks import Unsupported
 from .graph import GraphBuilder
 from .guards import is_constant_type
-from .side_effects import SideEffects, DELETED, MISSING
+from .side_effects import SideEffects, DELETED, MISSING, is_data_descriptor
 from .values import TensorVar, TensorMethod
 
 # Tensor attributes read from the fake tensor's metadata (static under static shapes).
@@ -193,6 +193,13 @@ class Tracer:
                 raise AttributeError(f"'{type(obj).__name__}' object has no attribute '{name}'")
             if written is not MISSING:
                 return written
+            own = self.side_effects.instance_dict(obj)
+            if own is not None and not is_data_descriptor(type(obj), name, read=True):
+                if name in own:
+                    return own[name]   # obj.__dict__ was read (and maybe written) as our copy
+                if name in obj.__dict__:
+                    raise Unsupported("mutation of outside state", f"reading {name!r} after "
+                                      "deleting it from the object's __dict__")
         if isinstance(obj, TensorVar):
             return self.tensor_attr(obj, name)
         if self.is_internal(obj) or obj.__class__ in (list, tuple, dict) or \
@@ -225,7 +232,10 @@ class Tracer:
         data = not isinstance(obj, (types.ModuleType, torch.nn.Module, type))
         result = self.external(value, expr, user=data)
         if name == "__dict__" and id(result) in self.external_copies:
-            self.side_effects.refuse_writes(result)
+            if isinstance(obj, torch.nn.Module):
+                self.side_effects.refuse_writes(result)
+            else:
+                self.side_effects.track_instance_dict(obj, result)
         return result
 
     def _static_or_concrete(self, obj, name, frame, *, guard: bool):

@@ -266,8 +266,8 @@ def test_no_write_when_the_graph_raises():
     assert not hasattr(box, "done")
 
 
-def test_write_to_an_objects_dict_through_a_descriptor_still_breaks():
-    # obj.__dict__ is read as a copy, which the object's attribute reads would not see
+def test_write_to_an_objects_dict_through_a_set_only_descriptor_is_read_back():
+    # obj.__dict__ is read as a copy; the attribute read must see what was written to it
     class Field:
         def __set__(self, obj, value):
             obj.__dict__["field"] += value * 2
@@ -282,7 +282,9 @@ def test_write_to_an_objects_dict_through_a_descriptor_still_breaks():
         foo.field = 10
         return x + foo.field
 
-    assert tempa.compile(f, backend="eager")(torch.zeros(1), Foo()).item() == 20.0
+    foo = Foo()
+    assert tempa.compile(f, fullgraph=True, backend="eager")(torch.zeros(1), foo).item() == 20.0
+    assert foo.__dict__ == {"field": 20}
 
 
 def test_deleting_a_class_attribute_through_an_instance_raises_as_eager():
@@ -310,4 +312,23 @@ def test_outside_namedtuple_subclass_gets_the_attribute_and_is_returned_as_itsel
     p = Pair(torch.ones(1), torch.zeros(1))
     out = tempa.compile(f, fullgraph=True, backend="eager")(p)
     assert out is p and torch.equal(p.c, torch.full((1,), 2.0))
+    assert _counts() == (1, 0, 0)
+
+
+def test_instance_dict_writes_and_attribute_reads_agree():
+    box = Box()
+    box.a = 1
+
+    def f(x, obj):
+        obj.b = 2
+        obj.__dict__["c"] = obj.a + obj.__dict__["b"]
+        if "tracker" not in obj.__dict__:
+            obj.__dict__["tracker"] = []
+        obj.tracker.append(obj.c)
+        del obj.a
+        return x + obj.c
+
+    fast = tempa.compile(f, fullgraph=True, backend="eager")
+    assert torch.equal(fast(torch.zeros(1), box), torch.full((1,), 3.0))
+    assert vars(box) == {"b": 2, "c": 3, "tracker": [3]}
     assert _counts() == (1, 0, 0)
