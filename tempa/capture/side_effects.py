@@ -95,6 +95,12 @@ class SideEffects:
                 del self.writes[key]
                 self.store_instance_attr(copy, name, value)
 
+    def has_writes_to(self, obj) -> bool:
+        """Has this capture written attributes of ``obj`` (code reading the real object
+        would not see them)?"""
+        return self.instance_dict(obj) is not None or any(
+            kind == "attr" and target is obj for kind, target, _, _ in self.writes.values())
+
     def instance_dict(self, obj):
         """Our copy of ``obj.__dict__`` if the code read it, else None."""
         entry = self.instance_dicts.get(id(obj))

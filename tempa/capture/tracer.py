@@ -254,6 +254,11 @@ class Tracer:
                 if guard:
                     self._guard_class_method(obj, name, static, inst_dict)
                 return types.MethodType(static, obj)
+        get = getattr(type(static), "__get__", None)
+        if isinstance(get, types.FunctionType) and self.side_effects.has_writes_to(obj):
+            # a Python descriptor over an object this capture wrote: its code must see the
+            # pending writes, so it runs in the interpreter
+            return frame.call(get, [static, obj, type(obj)], {})
         if isinstance(static, (classmethod,)) and isinstance(static.__func__, types.FunctionType):
             return types.MethodType(static.__func__, obj if isinstance(obj, type) else type(obj))
         if isinstance(static, staticmethod):

@@ -332,3 +332,25 @@ def test_instance_dict_writes_and_attribute_reads_agree():
     assert torch.equal(fast(torch.zeros(1), box), torch.full((1,), 3.0))
     assert vars(box) == {"b": 2, "c": 3, "tracker": [3]}
     assert _counts() == (1, 0, 0)
+
+
+def test_python_descriptor_read_sees_the_pending_writes():
+    class Desc:
+        def __get__(self, obj, objtype=None):
+            return self if obj is None else obj.__dict__.get("_v", "default")
+
+        def __set__(self, obj, value):
+            obj.__dict__["_v"] = f"set_{value}"
+
+    class C:
+        d = Desc()
+
+    def f(x, obj):
+        obj.d = "hello"
+        first = obj.d
+        obj.__dict__["_v"] = "direct"
+        return x + len(first), obj.d
+
+    c = C()
+    out, text = tempa.compile(f, fullgraph=True, backend="eager")(torch.zeros(1), c)
+    assert text == "direct" and out.item() == len("set_hello") and c.__dict__ == {"_v": "direct"}
