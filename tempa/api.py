@@ -288,9 +288,12 @@ class CompileContext:
             scope = bind_arguments(fn, args, kwargs)
         except Exception:
             return cache.dynamic_inputs or None
+        # an input read through an outside object (``___O3.keys``, a cache's tensor) names
+        # that object by the last capture's constants
+        consts = dict(cache.entries[0].captured.guards.consts) if cache.entries else {}
         for expr, shape in cache.last_shapes.items():
             try:
-                value = eval(expr, {}, scope)  # noqa: S307 - expressions tempa generated
+                value = eval(expr, consts, scope)  # noqa: S307 - expressions tempa generated
             except Exception:
                 continue
             if isinstance(value, torch.Tensor) and value.dim() == len(shape) and \

@@ -477,8 +477,9 @@ def _has_tensor_attrs(obj) -> bool:
 
 def _check_method_owner(tracer, owner, name):
     if id(owner) in tracer.external_copies and name in _MUTATING_METHODS:
-        raise Unsupported("mutation of outside state", f"{type(owner).__name__}.{name} on an "
-                          "object passed in by the caller")
+        # our copy of the caller's list/dict/set changes: written back after the graph
+        tracer.side_effects.mutated_copy(owner)
+        return
     if not (isinstance(owner, _PLAIN_TYPES) or tracer.is_internal(owner)):
         if name in _MUTATING_METHODS:
             raise Unsupported("mutation of outside state", f"{type(owner).__name__}.{name}")
@@ -576,9 +577,7 @@ def _setattr(tracer, frame, args, kwargs):
 
 def _delattr(tracer, frame, args, kwargs):
     obj, name = args
-    if not tracer.is_internal(obj):
-        raise Unsupported("mutation of outside state", f"delattr({type(obj).__name__}, {name!r})")
-    delattr(obj, name)
+    frame.delete_attr(obj, name)
     return None
 
 

@@ -104,8 +104,7 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         else:
             plan = OutputPlan(guards, tracer.is_internal, tracer.external_copies, builder.sizes,
                               inputs=input_exprs(builder))
-            body = [f"___setattr({guards.const(obj)}, {name!r}, {plan.expr(value)})"
-                    for obj, name, value in tracer.attr_writes.values()]
+            body = tracer.side_effects.replay_lines(plan)
             break_plan = None
             if frame.stopped_at is not None:
                 if frame.stopped_at.offset != _stop.root_offset:

@@ -18,6 +18,7 @@ from .context import CapturedContext
 from .instructions import PY, NULL_BEFORE_CALLABLE, decode
 from . import numpy_values, scalars
 from .opcodes_data import DataOpcodes
+from .side_effects import DELETED, MISSING, check_outside_attr_write
 from .values import NULL, TensorVar, SuperProxy, GradModeExit, CapturedIter, LazyIter, \
     GeneratorContext, GeneratorContextExit, check_own_iterator, contains_tensor, \
     python_descriptor_setter
@@ -324,8 +325,8 @@ class Frame(DataOpcodes):
             if not inplace or not isinstance(a, TensorVar):
                 fn = _BINARY[key] if not isinstance(a, TensorVar) else fn
             return self.tracer.builder.call("call_function", fn, (a, b), {})
-        if inplace and id(a) in self.tracer.external_copies:
-            raise Unsupported("mutation of outside state", f"{name} on a caller's {type(a).__name__}")
+        if inplace and id(a) in self.tracer.external_copies and isinstance(a, (list, set, dict)):
+            self.tracer.side_effects.mutated_copy(a)   # `out += [...]`: written back after the call
         if contains_tensor(a) or contains_tensor(b):
             if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
                 return fn(a, b)
@@ -349,19 +350,11 @@ class Frame(DataOpcodes):
             else:
                 setattr(obj, name, value)
             return
-        if isinstance(value, TensorVar) or isinstance(obj, (type, types.ModuleType)):
-            raise Unsupported("mutation of outside state",
-                              f"setting attribute {name!r} on a {type(obj).__name__} that lives "
-                              "outside the compiled call")
-        # An attribute write on an outside object (a module counter, a library's global
-        # flag): later reads in this capture see the new value, and the entry replays the
-        # final value after each call, so the object ends up as eager leaves it.
-        setter = getattr(type(obj), "__setattr__", object.__setattr__)
-        if setter not in (object.__setattr__, torch.nn.Module.__setattr__):
-            raise Unsupported("mutation of outside state",
-                              f"setting attribute {name!r} on a {type(obj).__name__} with a "
-                              "custom __setattr__")
-        tracer.attr_writes[(id(obj), name)] = (obj, name, value)
+        check_outside_attr_write(obj, name, value, "setting")
+        # An attribute write on an outside object (a module counter, a cache's tensor):
+        # later reads in this capture see the new value, and the entry applies it after the
+        # graph (side_effects.py), so the object ends up as eager leaves it.
+        tracer.side_effects.store_attr(obj, name, value)
 
     # -- opcodes: loads and stores ---------------------------------------------------------
     def NOP(self, ins):
@@ -390,9 +383,19 @@ class Frame(DataOpcodes):
         del self.locals[ins.argval]
 
     def LOAD_GLOBAL(self, ins):
-        name = ins.argval
+        value = self._global_value(ins.argval)
+        if ins.push_null:
+            self.push_callable(value)
+        else:
+            self.push(value)
+
+    def _global_value(self, name: str):
         g = self.f_globals
-        if name in g:
+        written = self.tracer.side_effects.pending_global(g, name) if self.tracer.side_effects \
+            else MISSING
+        if written is not MISSING and written is not DELETED:
+            return written   # assigned earlier in this capture
+        if name in g and written is not DELETED:
             tracer = self.tracer
             value = tracer.external(g[name], f"{tracer.expr_of(g)}[{name!r}]", user=False)
         else:
@@ -402,19 +405,35 @@ class Frame(DataOpcodes):
                 raise NameError(f"name '{name}' is not defined")
             value = b[name]
             tracer = self.tracer
-            if not tracer.is_library_globals(g):   # a global defined later shadows it
+            if not tracer.is_library_globals(g) and written is not DELETED:
+                # a global defined later shadows it
                 tracer.guards.add("global", f"{name!r} not in {tracer.expr_of(g)}",
                                   f"global {name} is not defined (the builtin is used)")
-        if ins.push_null:
-            self.push_callable(value)
-        else:
-            self.push(value)
+        return value
 
     def STORE_GLOBAL(self, ins):
-        raise Unsupported("mutation of outside state", f"assigning global {ins.argval}")
+        self.tracer.side_effects.store_global(self.f_globals, ins.argval, self.pop())
+
+    def DELETE_GLOBAL(self, ins):
+        name, g = ins.argval, self.f_globals
+        written = self.tracer.side_effects.pending_global(g, name)
+        if written is DELETED or written is MISSING and name not in g:
+            self.tracer.guards.add("global", f"{name!r} not in {self.tracer.expr_of(g)}",
+                                   f"global {name} is not defined")
+            raise NameError(f"name '{name}' is not defined")
+        if written is MISSING:
+            self._global_value(name)   # guards that it exists
+        self.tracer.side_effects.store_global(g, name, DELETED)
 
     def LOAD_DEREF(self, ins):
         cell = self.cells[ins.argval]
+        written = self.tracer.side_effects.pending_cell(cell) if self.tracer.side_effects \
+            else MISSING
+        if written is DELETED:
+            raise NameError(f"free variable '{ins.argval}' referenced before assignment")
+        if written is not MISSING:
+            self.push(written)   # assigned earlier in this capture (`nonlocal n; n += 1`)
+            return
         try:
             value = cell.cell_contents
         except ValueError:
@@ -427,8 +446,16 @@ class Frame(DataOpcodes):
     def STORE_DEREF(self, ins):
         cell = self.cells[ins.argval]
         if not self.tracer.is_internal(cell):
-            raise Unsupported("mutation of outside state", f"assigning nonlocal {ins.argval}")
+            self.tracer.side_effects.store_cell(cell, self.pop())   # replayed after the graph
+            return
         cell.cell_contents = self.pop()
+
+    def DELETE_DEREF(self, ins):
+        cell = self.cells[ins.argval]
+        if not self.tracer.is_internal(cell):
+            self.tracer.side_effects.store_cell(cell, DELETED)
+            return
+        del cell.cell_contents
 
     def LOAD_CLOSURE(self, ins):
         self.push(self.cells[ins.argval])
@@ -480,10 +507,33 @@ class Frame(DataOpcodes):
         self.store_attr(obj, ins.argval, value)
 
     def DELETE_ATTR(self, ins):
-        obj = self.pop()
-        if not self.tracer.is_internal(obj):
-            raise Unsupported("mutation of outside state", f"deleting attribute {ins.argval}")
-        delattr(obj, ins.argval)
+        self.delete_attr(self.pop(), ins.argval)
+
+    def delete_attr(self, obj, name: str):
+        if self.tracer.is_internal(obj):
+            delattr(obj, name)
+            return
+        check_outside_attr_write(obj, name, DELETED, "deleting")
+        tracer = self.tracer
+        tracer.load_attr(obj, name, self)   # AttributeError as eager, if it is not there
+        own = tracer.side_effects.instance_dict(obj)
+        if tracer.side_effects.pending_attr(obj, name) is MISSING and not (own and name in own):
+            self._guard_instance_attribute(obj, name)
+        tracer.side_effects.store_attr(obj, name, DELETED)
+
+    def _guard_instance_attribute(self, obj, name: str):
+        """``del obj.name`` deletes an instance attribute (one of a class raises): guard
+        that ``name`` is one, where the deletion finds it."""
+        g = self.tracer.guards
+        tables = ("_parameters", "_buffers", "_modules") if isinstance(obj, torch.nn.Module) else ()
+        for table in ("__dict__",) + tables:
+            entries = obj.__dict__ if table == "__dict__" else obj.__dict__.get(table, {})
+            if name in entries:
+                g.add("constant", f"{name!r} in {g.const(entries, 'ID')}",
+                      f"{type(obj).__name__}.{name} is an instance attribute")
+                return
+        raise Unsupported("mutation of outside state", f"deleting {name!r}, which is not an "
+                          f"instance attribute of the {type(obj).__name__}")
 
     # -- calls -------------------------------------------------------------------------------
     def CALL(self, ins):

@@ -3,6 +3,7 @@ and string formatting. Mixed into ``interpreter.Frame``, whose services (``push`
 ``truth``, ``get_iter``, ``call``, ``binary_op``) they use."""
 from __future__ import annotations
 
+import collections
 import operator
 import types
 
@@ -10,6 +11,7 @@ import torch
 
 from .breaks import Unsupported
 from . import numpy_values, scalars
+from .side_effects import defaultdict_missing
 from .values import NULL, NdarrayVar, TensorVar, contains_tensor as contains_symbolic
 
 # Type flags MATCH_MAPPING / MATCH_SEQUENCE / MATCH_CLASS read (Include/object.h).
@@ -241,6 +243,9 @@ class DataOpcodes:
             return self.call(getitem, [container, key], {})
         if isinstance(container, type):  # typing generics: Tuple[int], list[str]
             return container[key]
+        if isinstance(container, collections.defaultdict) and key not in container and \
+                id(container) in tracer.external_copies:
+            return defaultdict_missing(self, container, key)
         return container[key]
 
     def STORE_SUBSCR(self, ins):
@@ -257,8 +262,10 @@ class DataOpcodes:
             numpy_values.setitem(tracer, container, key, value)
             return
         if id(container) in tracer.external_copies:
-            raise Unsupported("mutation of outside state", "item assignment on a caller's "
-                              f"{type(container).__name__}")
+            # our copy of the caller's list/dict: written back after the graph (side_effects.py)
+            tracer.side_effects.mutated_copy(container)
+            container[key] = value
+            return
         setitem = getattr(type(container), "__setitem__", None)
         if isinstance(setitem, types.FunctionType):
             self.call(setitem, [container, key, value], {})
@@ -271,9 +278,11 @@ class DataOpcodes:
     def DELETE_SUBSCR(self, ins):
         key = self.pop()
         container = self.pop()
-        if id(container) in self.tracer.external_copies or not isinstance(container, (list, dict)):
+        if not isinstance(container, (list, dict)):
             raise Unsupported("mutation of outside state", "del container[key]")
-        del container[key]
+        del container[key]   # raises as eager does before anything is marked
+        if id(container) in self.tracer.external_copies:
+            self.tracer.side_effects.mutated_copy(container)
 
     # -- structural pattern matching (``match``; the same opcodes in 3.11 to 3.13) ----------
     def GET_LEN(self, ins):

@@ -196,7 +196,9 @@ class OutputPlan:
             return "{" + ", ".join(f"{sub(k)}: {sub(v)}" for k, v in value.items()) + "}", True
         if t is set or t is frozenset and contains_tensor(list(value)):
             return f"{const(t, 'C')}([{joined(value)}])", t is set
-        if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
+        if isinstance(value, tuple) and hasattr(value, "_fields") and not self._guarded(value):
+            # a namedtuple made here (one passed in is returned as itself, with the
+            # attributes the call may have set on it)
             return f"{const(t, 'C')}({joined(value)})", False
         if t is torch.Size and any(isinstance(v, torch.SymInt) for v in value):
             return f"{const(torch.Size, 'C')}([{joined(value)}])", False

@@ -19,6 +19,7 @@ from . import calls, numpy_values
 from .breaks import Unsupported
 from .graph import GraphBuilder
 from .guards import is_constant_type
+from .side_effects import SideEffects, DELETED, MISSING, is_data_descriptor
 from .values import NdarrayVar, TensorVar, TensorMethod
 
 # Tensor attributes read from the fake tensor's metadata (static under static shapes).
@@ -35,6 +36,8 @@ _LIBRARY_PACKAGES = frozenset({
     "torch", "math", "cmath", "operator", "builtins", "functools", "itertools", "collections",
     "typing", "transformers", "numpy", "warnings", "logging", "inspect", "dataclasses",
     "contextlib", "enum", "copy", "abc", "types", "re", "einops", "sys"})
+# The caller's containers that capture works on a copy of (one copy per object).
+_COPIED_TYPES = (list, dict, collections.OrderedDict, collections.defaultdict, set)
 # Containers deeper than this are not guarded item by item: capture gives up on the frame
 # (it runs eagerly, and says so) instead of recursing towards the interpreter's limit.
 _MAX_GUARD_DEPTH = 32
@@ -61,7 +64,7 @@ class Tracer:
         self.param_ids: set[int] = set()
         self.depth = 0
         self.instructions_run = 0
-        self.attr_writes: dict[tuple[int, str], tuple] = {}  # (id, name) -> (obj, name, value)
+        self.side_effects = SideEffects()   # writes to outside objects, replayed after the graph
         self.paths: dict[int, str] = {}   # id(module) -> "self.h.0.attn", for readable names
         self.ndarrays: dict[int, tuple] = {}   # id(outside ndarray) -> (it, its NdarrayVar)
 
@@ -94,7 +97,7 @@ class Tracer:
                               f"more than {_MAX_GUARD_DEPTH} deep")
         t = type(value)
         guards = self.guards
-        if t is list or t is dict:
+        if t in _COPIED_TYPES:
             copied = self._copy_of.get(id(value))
             if copied is not None and copied[0] is value:
                 # The same list/dict reached twice (`out` and `out.append.__self__`): one
@@ -189,10 +192,19 @@ class Tracer:
 
     # -- attributes ------------------------------------------------------------------
     def load_attr(self, obj, name: str, frame):
-        if self.attr_writes:
-            written = self.attr_writes.get((id(obj), name))
-            if written is not None and written[0] is obj:
-                return written[2]
+        if self.side_effects:
+            written = self.side_effects.pending_attr(obj, name)
+            if written is DELETED:
+                raise AttributeError(f"'{type(obj).__name__}' object has no attribute '{name}'")
+            if written is not MISSING:
+                return written
+            own = self.side_effects.instance_dict(obj)
+            if own is not None and not is_data_descriptor(type(obj), name, read=True):
+                if name in own:
+                    return own[name]   # obj.__dict__ was read (and maybe written) as our copy
+                if name in obj.__dict__:
+                    raise Unsupported("mutation of outside state", f"reading {name!r} after "
+                                      "deleting it from the object's __dict__")
         if isinstance(obj, TensorVar):
             return self.tensor_attr(obj, name)
         if type(obj) is NdarrayVar:
@@ -220,7 +232,18 @@ class Tracer:
             self.guards.add("constant", f"not {self.guards.const(hasattr, 'F')}({self.expr_of(obj)}, "
                             f"{name!r})", f"{expr} does not exist")
             raise
-        return self.external(value, expr, user=False)
+        # A tensor held by a plain object (a KV cache's layer, an optimizer's state) is
+        # data, not a weight: a graph input read through its source on every call and
+        # guarded on its metadata, so the object may hold a new tensor on the next call.
+        # A module object's tensors (a library's constant) keep their identity guard.
+        data = not isinstance(obj, (types.ModuleType, torch.nn.Module, type))
+        result = self.external(value, expr, user=data)
+        if name == "__dict__" and id(result) in self.external_copies:
+            if isinstance(obj, torch.nn.Module):
+                self.side_effects.refuse_writes(result)
+            else:
+                self.side_effects.track_instance_dict(obj, result)
+        return result
 
     def _static_or_concrete(self, obj, name, frame, *, guard: bool):
         # Properties and Python-level descriptors run their Python code in the interpreter
@@ -238,6 +261,11 @@ class Tracer:
                 if guard:
                     self._guard_class_method(obj, name, static, inst_dict)
                 return types.MethodType(static, obj)
+        get = getattr(type(static), "__get__", None)
+        if isinstance(get, types.FunctionType) and self.side_effects.has_writes_to(obj):
+            # a Python descriptor over an object this capture wrote: its code must see the
+            # pending writes, so it runs in the interpreter
+            return frame.call(get, [static, obj, type(obj)], {})
         if isinstance(static, (classmethod,)) and isinstance(static.__func__, types.FunctionType):
             return types.MethodType(static.__func__, obj if isinstance(obj, type) else type(obj))
         if isinstance(static, staticmethod):
@@ -358,11 +386,13 @@ class Tracer:
 
 
 class _CapturedDefaultDict(collections.defaultdict):
-    """Capture's copy of a caller's defaultdict: reading a missing key would insert into
-    the caller's dict, a write capture cannot replay, so it breaks the graph instead."""
+    """Capture's copy of a caller's defaultdict. Reading a missing key inserts the factory's
+    value (``side_effects.defaultdict_missing``, called by the subscript opcode, which has
+    the frame to run the factory in); C code reaching ``__missing__`` directly cannot."""
 
     def __missing__(self, key):
-        raise Unsupported("mutation of outside state", "a missing key of a caller's defaultdict")
+        raise Unsupported("mutation of outside state", "a missing key of a caller's defaultdict "
+                          "read outside the interpreter")
 
 
 def _python_descriptor_get(obj, name: str, static):

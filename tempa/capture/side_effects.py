@@ -1,0 +1,256 @@
+"""Writes to objects that live outside the compiled call, recorded as data (Dynamo's
+``SideEffects``).
+
+Capture never changes an outside object. Each write the code makes to one is recorded
+here instead, later reads in the same capture see the written value, and the entry applies
+the writes after its graph has run:
+
+- ``obj.name = value`` / ``del obj.name`` on an outside object: recorded per (object,
+  name); ``Tracer.load_attr`` answers later reads from the record.
+- a caller's list, dict or set: capture already works on a copy of it
+  (``Tracer.external_copies``), so later reads see every write; a write marks the copy,
+  and the entry puts the copy's final contents back into the caller's object (which keeps
+  its identity).
+- ``global name`` and ``nonlocal name`` assignment and deletion: recorded per namespace
+  and name / per cell; ``LOAD_GLOBAL``/``LOAD_DEREF`` answer from the record.
+
+Replay (``replay_lines``) runs after the graph returned, in three steps, so that no write
+changes what another one reads: (1) the caller's state the writes and the return value
+read by source (input tensors such as ``d['a']``, the caller's containers) is bound to
+names as it was at the call's start; (2) every new value is built, tensors taken from the
+graph's outputs; (3) the writes are applied in the order the code first made them. The
+final state of each target is what eager leaves. If the graph raises, nothing is written.
+The next call's guards then read the state after the writes, as they would after eager.
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+
+from .breaks import Unsupported
+from .values import TensorVar
+
+
+class _Deleted:
+    """The value of a deleted attribute, global or cell."""
+    __slots__ = ()
+
+    def __repr__(self):
+        return "DELETED"
+
+
+DELETED = _Deleted()
+MISSING = object()   # no pending write
+
+
+class SideEffects:
+    def __init__(self):
+        # key -> (kind, target, name, value), in the order of the first write to each target
+        # (a later write to the same target keeps that position: dicts keep insertion order).
+        self.writes: dict[tuple, tuple] = {}
+        self.read_only: dict[int, object] = {}   # id(copy) -> copy that must not be written
+        self.instance_dicts: dict[int, tuple] = {}   # id(obj) -> (obj, copy of obj.__dict__)
+
+    def __bool__(self):
+        return bool(self.writes)
+
+    # -- recording ----------------------------------------------------------------------
+    def store_attr(self, obj, name: str, value) -> None:
+        copy = self.instance_dict(obj)
+        if copy is not None and not is_data_descriptor(type(obj), name):
+            self.store_instance_attr(copy, name, value)
+            return
+        self.writes[("attr", id(obj), name)] = ("attr", obj, name, value)
+
+    def store_global(self, namespace: dict, name: str, value) -> None:
+        self.writes[("global", id(namespace), name)] = ("global", namespace, name, value)
+
+    def store_cell(self, cell: types.CellType, value) -> None:
+        self.writes[("cell", id(cell))] = ("cell", cell, None, value)
+
+    def mutated_copy(self, copy) -> None:
+        """``copy`` (our copy of a caller's list/dict/set) was written: write it back."""
+        if id(copy) in self.read_only:
+            raise Unsupported("mutation of outside state", "writing the __dict__ of an object "
+                              "that lives outside the compiled call")
+        self.writes.setdefault(("copy", id(copy)), ("copy", copy, None, None))
+
+    def refuse_writes(self, copy) -> None:
+        """``copy`` is our copy of an outside module's ``__dict__`` (its attributes live in
+        ``_parameters``/``_buffers``/``_modules`` too): a write to it breaks the graph."""
+        self.read_only[id(copy)] = copy
+
+    # -- an outside object's __dict__, read as a copy --------------------------------------
+    def track_instance_dict(self, obj, copy) -> None:
+        """``copy`` is our copy of ``obj.__dict__``: from now on the object's plain attributes
+        live in it (``obj.x = v`` writes it, ``obj.x`` reads it), so that ``obj.__dict__[k]``
+        and ``obj.k`` agree; it is written back whole. Attribute writes recorded before
+        move into it."""
+        if self.instance_dicts.get(id(obj), (None, None))[1] is copy:
+            return
+        self.instance_dicts[id(obj)] = (obj, copy)
+        for key, (kind, target, name, value) in list(self.writes.items()):
+            if kind == "attr" and target is obj and not is_data_descriptor(type(obj), name):
+                del self.writes[key]
+                self.store_instance_attr(copy, name, value)
+
+    def has_writes_to(self, obj) -> bool:
+        """Has this capture written attributes of ``obj`` (code reading the real object
+        would not see them)?"""
+        return self.instance_dict(obj) is not None or any(
+            kind == "attr" and target is obj for kind, target, _, _ in self.writes.values())
+
+    def instance_dict(self, obj):
+        """Our copy of ``obj.__dict__`` if the code read it, else None."""
+        entry = self.instance_dicts.get(id(obj))
+        return entry[1] if entry is not None and entry[0] is obj else None
+
+    def store_instance_attr(self, copy, name: str, value) -> None:
+        self.mutated_copy(copy)
+        if value is DELETED:
+            dict.pop(copy, name, None)
+        else:
+            copy[name] = value
+
+    # -- reads that must see pending writes -----------------------------------------------
+    def pending_attr(self, obj, name: str):
+        return self._pending(("attr", id(obj), name), obj)
+
+    def pending_global(self, namespace: dict, name: str):
+        return self._pending(("global", id(namespace), name), namespace)
+
+    def pending_cell(self, cell):
+        return self._pending(("cell", id(cell)), cell)
+
+    def _pending(self, key, target):
+        write = self.writes.get(key)
+        if write is None or write[1] is not target:
+            return MISSING
+        return write[3]
+
+    # -- replay ---------------------------------------------------------------------------
+    def replay_lines(self, plan) -> list[str]:
+        """Statements for the entry, after the graph call, that apply the writes."""
+        if not self.writes:
+            return []
+        const = plan.guards.const
+        lines = _pin_entry_reads(plan)
+        values = []
+        for kind, target, name, value in self.writes.values():
+            if kind == "copy":
+                values.append(_contents_expr(plan, target))
+            elif value is DELETED:
+                values.append(None)
+            else:
+                values.append(plan.expr(value))
+        temps = []
+        for i, expr in enumerate(values):
+            temps.append(None if expr is None else f"___se{i}")
+            if expr is not None:
+                lines.append(f"___se{i} = {expr}")
+        for (kind, target, name, value), temp in zip(self.writes.values(), temps):
+            lines.append(_apply(kind, target, name, temp, plan, const))
+        return lines
+
+
+def _apply(kind, target, name, temp, plan, const) -> str:
+    # A deletion is of what existed at the call's start, or of what the code itself made
+    # (written, then deleted: nothing to undo), so it is a delete-if-present.
+    if kind == "attr":
+        obj = const(target, "SE")
+        if temp is None:
+            return f"{const(delete_attr_if_present, 'F')}({obj}, {name!r})"
+        return f"___setattr({obj}, {name!r}, {temp})"
+    if kind == "global":
+        g = const(target, "G")
+        return f"{g}.pop({name!r}, None)" if temp is None else f"{g}[{name!r}] = {temp}"
+    if kind == "cell":
+        cell = const(target, "CELL")
+        if temp is None:
+            return f"{const(delete_attr_if_present, 'F')}({cell}, 'cell_contents')"
+        return f"{cell}.cell_contents = {temp}"
+    # A caller's container: its final contents, into the same object.
+    original = plan.external_copies[id(target)][1]
+    if isinstance(target, list):
+        return f"{original}[:] = {temp}"
+    return f"{original}.clear(); {original}.update({temp})"
+
+
+def is_data_descriptor(cls, name: str, *, read: bool = False) -> bool:
+    """``cls.name`` takes precedence over the instance dict (a slot, a property): for a
+    write, any ``__set__``; for a read, ``__get__`` and ``__set__`` (one with ``__set__``
+    alone leaves reads to the instance dict)."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            kind = type(klass.__dict__[name])
+            return hasattr(kind, "__set__") and (not read or hasattr(kind, "__get__"))
+    return False
+
+
+def delete_attr_if_present(obj, name: str) -> None:
+    try:
+        delattr(obj, name)
+    except (AttributeError, ValueError):   # ValueError: an empty cell
+        pass
+
+
+def _contents_expr(plan, copy) -> str:
+    """The final contents of our copy of a caller's container, as an expression."""
+    if any(v is copy for v in (dict.values(copy) if isinstance(copy, dict) else copy)):
+        raise Unsupported("mutation of outside state", "a caller's container that holds itself")
+    if isinstance(copy, dict):
+        return "[" + ", ".join(f"({plan.expr(k)}, {plan.expr(v)})" for k, v in dict.items(copy)) + "]"
+    return "[" + ", ".join(plan.expr(v) for v in copy) + "]"
+
+
+def _pin_entry_reads(plan) -> list[str]:
+    """Bind the caller's state read by source (``d['a']``, ``self.cache``) to names at the
+    call's start, so that the writes (to ``d``) do not change what the replay and the
+    return value read."""
+    lines = []
+    for key, expr in list(plan.inputs.items()):
+        if not expr.isidentifier():
+            name = f"___pin{len(lines)}"
+            lines.append(f"{name} = {expr}")
+            plan.inputs[key] = name
+    copies = {}
+    for key, (copy, expr) in plan.external_copies.items():
+        if not expr.isidentifier():
+            name = f"___pin{len(lines)}"
+            lines.append(f"{name} = {expr}")
+            expr = name
+        copies[key] = (copy, expr)
+    plan.external_copies = copies
+    return lines
+
+
+def check_outside_attr_write(obj, name: str, value, what: str) -> None:
+    """Refuse the attribute writes on an outside object that a recorded plain store would
+    get wrong: a class's or a module object's attributes (read unguarded by other code),
+    a custom ``__setattr__``/``__delattr__`` (its code would run at replay, not at the
+    write), a plain tensor assigned to a registered parameter (eager raises)."""
+    if isinstance(obj, (type, types.ModuleType)):
+        raise Unsupported("mutation of outside state", f"{what} attribute {name!r} on a "
+                          f"{type(obj).__name__} that lives outside the compiled call")
+    hook = "__delattr__" if value is DELETED else "__setattr__"
+    plain = (getattr(object, hook), getattr(torch.nn.Module, hook))
+    if getattr(type(obj), hook, None) not in plain:
+        raise Unsupported("mutation of outside state", f"{what} attribute {name!r} on a "
+                          f"{type(obj).__name__} with a custom {hook}")
+    if isinstance(obj, torch.nn.Module) and isinstance(value, TensorVar) and \
+            name in obj.__dict__.get("_parameters", ()):
+        raise Unsupported("mutation of outside state", f"assigning a tensor to parameter "
+                          f"{name!r} of a {type(obj).__name__}")
+
+
+def defaultdict_missing(frame, copy, key):
+    """``d[key]`` of a missing key on our copy of a caller's defaultdict: the factory's value
+    is inserted (into the copy, written back after the call) and returned, as eager does."""
+    factory = copy.default_factory
+    if factory is None:
+        raise KeyError(key)
+    value = frame.call(factory, [], {})
+    dict.__setitem__(copy, key, value)
+    frame.tracer.side_effects.mutated_copy(copy)
+    return value
