@@ -19,6 +19,7 @@ The rules live in ``purity.py``; the guards a module call implies in ``module_gu
 from __future__ import annotations
 
 import builtins
+import collections
 import copy
 import functools
 import logging
@@ -302,6 +303,9 @@ def call_class(tracer, frame, cls: type, args, kwargs):
     if issubclass(cls, torch.nn.Module):
         raise Unsupported("unsupported construct", f"creating a {cls.__name__} module in forward")
     mod = cls.__module__ or ""
+    if mod == "torch.return_types" and len(args) == 1 and not kwargs:
+        # torch.return_types.max((values, indices)): a structseq only stores its items
+        return cls(list(frame.get_iter(args[0])))
     if mod.startswith("torch") and not hasattr(cls, "__dataclass_fields__"):
         if contains_tensor(args) or contains_tensor(kwargs):
             raise Unsupported("unsupported call", f"{cls.__name__}(tensor)")
@@ -539,6 +543,35 @@ def _fx_map_aggregate(tracer, frame, args, kwargs):
     return walk(a)
 
 
+def _tuple_new(tracer, frame, args, kwargs):
+    """``tuple.__new__(cls, iterable)``, which every namedtuple's ``__new__`` and ``_make``
+    call: the tuple only stores its items (tensors included), iterated as the frame iterates;
+    a subclass instance is an object of this capture (its attributes are tracked)."""
+    if kwargs or not 1 <= len(args) <= 2 or not (isinstance(args[0], type) and
+                                                 issubclass(args[0], tuple)):
+        return _user_error(tuple.__new__, *args, **kwargs)
+    items = list(frame.get_iter(args[1])) if len(args) == 2 else []
+    result = tuple.__new__(args[0], items)
+    return result if args[0] is tuple else tracer.mark_internal(result)
+
+
+def _namedtuple(tracer, frame, args, kwargs):
+    """``collections.namedtuple(...)`` run in compiled code: made now from its constant
+    arguments (its code uses eval and sys._getframe, which capture does not interpret). It
+    is a new class on every eager call: where it, or an instance of it, leaves the capture
+    the entry makes it again (``tracer.recipes``), so no class is shared between calls."""
+    if contains_tensor(args) or contains_tensor(kwargs):
+        raise Unsupported("unsupported call", "collections.namedtuple with tensor arguments")
+    kwargs = dict(kwargs)
+    if kwargs.get("module") is None:   # what sys._getframe(1) would have found
+        kwargs["module"] = frame.f_globals.get("__name__", "__main__")
+    cls = _user_error(collections.namedtuple, *args, **kwargs)
+    tracer.mark_internal(cls)
+    tracer.mark_internal(cls.__new__)
+    tracer.recipes[id(cls)] = (cls, collections.namedtuple, tuple(args), kwargs)
+    return cls
+
+
 def _super(tracer, frame, args, kwargs):
     if args:
         return SuperProxy(args[0], args[1])
@@ -758,6 +791,8 @@ _SPECIAL = {
     torch._C._get_tracing_state: lambda *a: None,
     torch.is_grad_enabled: _grad_enabled,
     torch._C._fx_map_aggregate: _fx_map_aggregate,
+    tuple.__new__: _tuple_new,
+    collections.namedtuple: _namedtuple,
     torch._C.is_grad_enabled: _grad_enabled,
 }
 for _name in ("is_exporting",):

@@ -13,6 +13,7 @@ import types
 
 import torch
 
+from . import operators
 from .breaks import Unsupported, UserError
 from .context import CapturedContext
 from .instructions import PY, NULL_BEFORE_CALLABLE, decode
@@ -161,7 +162,8 @@ class Frame(DataOpcodes):
             raise Unsupported("data-dependent branch", "a condition on a tensor's value")
         if v is NULL:
             raise Unsupported("unsupported construct", "truth of NULL")
-        return bool(v)
+        result = operators.truth(self, v)
+        return bool(v) if result is operators.NATIVE else result
 
     def get_iter(self, v):
         if isinstance(v, TensorVar):
@@ -223,6 +225,9 @@ class Frame(DataOpcodes):
             return self.tracer.builder.call("call_function", fn, (a, b), {})
         if inplace and id(a) in self.tracer.external_copies:
             raise Unsupported("mutation of outside state", f"{name} on a caller's {type(a).__name__}")
+        result = operators.binary(self, key, inplace, a, b)
+        if result is not operators.NATIVE:
+            return result
         if contains_tensor(a) or contains_tensor(b):
             if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
                 return fn(a, b)
@@ -244,7 +249,8 @@ class Frame(DataOpcodes):
             else:
                 setattr(obj, name, value)
             return
-        if isinstance(value, TensorVar) or isinstance(obj, (type, types.ModuleType)):
+        if isinstance(value, TensorVar) or isinstance(obj, (type, types.ModuleType)) or \
+                id(obj) in tracer.external_copies:
             raise Unsupported("mutation of outside state",
                               f"setting attribute {name!r} on a {type(obj).__name__} that lives "
                               "outside the compiled call")

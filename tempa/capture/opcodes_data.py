@@ -8,6 +8,7 @@ import types
 
 import torch
 
+from . import operators
 from .breaks import Unsupported
 from .values import NULL, TensorVar
 
@@ -145,8 +146,9 @@ class DataOpcodes:
         fn = _COMPARE[ins.argval]
         if isinstance(a, TensorVar) or isinstance(b, TensorVar):
             self.push(self.tracer.builder.call("call_function", fn, (a, b), {}))
-        else:
-            self.push(fn(a, b))
+            return
+        result = operators.compare(self, ins.argval, a, b)
+        self.push(fn(a, b) if result is operators.NATIVE else result)
 
     def IS_OP(self, ins):
         b = self.pop()
@@ -173,7 +175,8 @@ class DataOpcodes:
     def _unary(self, fn, v):
         if isinstance(v, TensorVar):
             return self.tracer.builder.call("call_function", fn, (v,), {})
-        return fn(v)
+        result = operators.unary(self, fn.__name__, v)
+        return fn(v) if result is operators.NATIVE else result
 
     def UNARY_NEGATIVE(self, ins):
         self.push(self._unary(operator.neg, self.pop()))

@@ -52,6 +52,16 @@ def rebuild_object(cls, attrs: dict, items):
     return obj
 
 
+def rebuild_tuple(cls, items: tuple, attrs: dict):
+    """A ``cls`` (a namedtuple or other tuple subclass) holding ``items``, made as its
+    ``__new__`` made it (``tuple.__new__``, without running a user ``__new__`` again), with
+    the attributes set on it (``tup.c = ...``)."""
+    obj = tuple.__new__(cls, items)
+    if attrs:
+        obj.__dict__.update(attrs)
+    return obj
+
+
 def rebuild_exception(cls, args: tuple, attrs: dict):
     """An exception built in the compiled code: its ``args`` (what ``str`` shows) and
     attributes."""
@@ -113,8 +123,9 @@ def input_exprs(builder) -> dict:
 
 class OutputPlan:
     def __init__(self, guards: GuardSet, is_internal, external_copies=None, sizes=None,
-                 inputs=None):
+                 inputs=None, recipes=None):
         self.guards = guards
+        self.recipes = recipes or {}   # id -> (object, fn, args, kwargs): rebuilt as fn(...)
         self.sizes = sizes
         self.is_internal = is_internal
         self.external_copies = external_copies or {}
@@ -189,14 +200,25 @@ class OutputPlan:
             return "{" + ", ".join(f"{sub(k)}: {sub(v)}" for k, v in value.items()) + "}", True
         if t is set or t is frozenset and contains_tensor(list(value)):
             return f"{const(t, 'C')}([{joined(value)}])", t is set
-        if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
-            return f"{const(t, 'C')}({joined(value)})", False
         if t is torch.Size and any(isinstance(v, torch.SymInt) for v in value):
             return f"{const(torch.Size, 'C')}([{joined(value)}])", False
         if t.__module__.startswith("torch.return_types"):
             return f"{const(t, 'C')}(({joined(value)},))", False
         if t is TensorMethod:
             return f"{self.slot(value.tensor)}.{value.name}", False
+        recipe = self.recipes.get(id(value))
+        if recipe is not None and recipe[0] is value:
+            _, fn, args, kwargs = recipe
+            return f"{const(fn, 'F')}(*{const(args, 'A')}, **{const(kwargs, 'A')})", True
+        if isinstance(value, tuple) and t is not torch.Size and (
+                self.is_internal(value) or contains_tensor(list(value))):
+            # A namedtuple (or tuple subclass) made in the compiled code: its items and the
+            # attributes set on it; its class made again when the class is this capture's.
+            attrs = "{" + ", ".join(f"{k!r}: {sub(v)}" for k, v in
+                                    getattr(value, "__dict__", {}).items()) + "}"
+            items = f"({sub(value[0])},)" if len(value) == 1 else f"({joined(value)})"
+            return f"{const(rebuild_tuple, 'F')}({sub(t)}, {items}, {attrs})", bool(
+                getattr(value, "__dict__", None) is not None)
         if t is CapturedIter:
             return f"{const(iter, 'F')}([{joined(value.remaining())}])", True
         if t is GradModeExit:

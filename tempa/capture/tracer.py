@@ -63,6 +63,10 @@ class Tracer:
         self.instructions_run = 0
         self.attr_writes: dict[tuple[int, str], tuple] = {}  # (id, name) -> (obj, name, value)
         self.paths: dict[int, str] = {}   # id(module) -> "self.h.0.attn", for readable names
+        # Objects made at capture by a library call that eager makes anew on every call
+        # (a collections.namedtuple class): id -> (object, fn, args, kwargs), so the entry
+        # calls fn again where the object leaves the capture.
+        self.recipes: dict[int, tuple] = {}
 
     # -- internal objects -------------------------------------------------------------
     def mark_internal(self, obj):
@@ -89,7 +93,8 @@ class Tracer:
                               f"more than {_MAX_GUARD_DEPTH} deep")
         t = type(value)
         guards = self.guards
-        if t is list or t is dict:
+        plain_subclass = _is_plain_tuple_subclass(t)
+        if t is list or t is dict or plain_subclass:
             copied = self._copy_of.get(id(value))
             if copied is not None and copied[0] is value:
                 # The same list/dict reached twice (`out` and `out.append.__self__`): one
@@ -107,6 +112,8 @@ class Tracer:
             self.external_copies[id(items)] = (items, expr)
             self._copy_of[id(value)] = (value, items, expr)
             return items
+        if plain_subclass:
+            return self._external_tuple_subclass(value, expr, user, depth)
         if t in (dict, collections.OrderedDict, collections.defaultdict):
             return self._external_dict(value, expr, user, depth)
         if (t is set or t is frozenset) and all(is_constant_type(v) for v in value):
@@ -156,6 +163,29 @@ class Tracer:
             copy = _CapturedDefaultDict(value.default_factory, items)
         else:
             copy = t(items)
+        self.external_copies[id(copy)] = (copy, expr)
+        self._copy_of[id(value)] = (value, copy, expr)
+        return copy
+
+    def _external_tuple_subclass(self, value: tuple, expr: str, user: bool, depth: int):
+        """A caller's namedtuple (or other plain tuple subclass), also one a resume function
+        is handed: guarded like a tuple (class, length, each item by its source) plus the
+        attributes set on it, never by identity (a new one on every call would recompile
+        every call). Capture works on a copy; it stands for the caller's object, which a
+        return or a break hands on as itself."""
+        guards, t = self.guards, type(value)
+        guards.add("length", f"{expr}.__class__ is {guards.const(t, 'T')} and len({expr}) == "
+                   f"{len(value)}", f"{expr} is a {t.__name__} of length {len(value)}")
+        items = [self.external(v, f"{expr}[{i}]", user=user, depth=depth + 1)
+                 for i, v in enumerate(value)]
+        copy = t(items) if t.__module__ == "torch.return_types" else tuple.__new__(t, items)
+        attrs = getattr(value, "__dict__", None)
+        if attrs is not None:
+            names = tuple(attrs)
+            guards.add("length", f"tuple({expr}.__dict__) == {guards.const(names, 'K')}",
+                       f"{expr} has the attributes {names}")
+            copy.__dict__.update({k: self.external(v, f"{expr}.__dict__[{k!r}]", user=user,
+                                                   depth=depth + 1) for k, v in attrs.items()})
         self.external_copies[id(copy)] = (copy, expr)
         self._copy_of[id(value)] = (value, copy, expr)
         return copy
@@ -353,6 +383,13 @@ class _CapturedDefaultDict(collections.defaultdict):
 
     def __missing__(self, key):
         raise Unsupported("mutation of outside state", "a missing key of a caller's defaultdict")
+
+
+def _is_plain_tuple_subclass(t: type) -> bool:
+    """A tuple subclass whose items are read as a tuple's (a namedtuple, ``class P(tuple)``,
+    a ``torch.return_types`` structseq): ``x[i]`` in a guard runs no user code."""
+    return issubclass(t, tuple) and t is not tuple and t is not torch.Size and \
+        all(getattr(t, m) is getattr(tuple, m) for m in ("__getitem__", "__len__", "__iter__"))
 
 
 def _method_of_copy(tracer, obj) -> bool:
