@@ -232,10 +232,8 @@ class OutputPlan:
             return (f"{const(runtime.bound_method, 'F')}({sub(value.__func__)}, "
                     f"{sub(value.__self__)})"), False
         if t is functools.partial and self.is_internal(value):
-            if contains_tensor(list(value.args)) or contains_tensor(value.keywords):
-                # A later capture reads a partial's arguments without guards (peer D2).
-                raise Unsupported("unsupported construct", "a functools.partial over tensors "
-                                  "lives across the graph break")
+            # A partial made in the compiled code, over this call's values (a resume function
+            # handed it guards its func, args and keywords by source).
             return (f"{const(functools.partial, 'C')}({sub(value.func)}, *{sub(value.args)}, "
                     f"**{sub(value.keywords)})"), True
         if t is types.FunctionType and self.is_internal(value):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import functools
 import inspect
 import sys
 import types
@@ -94,7 +95,7 @@ class Tracer:
         t = type(value)
         guards = self.guards
         plain_subclass = _is_plain_tuple_subclass(t)
-        if t is list or t is dict or plain_subclass:
+        if t is list or t is dict or t is functools.partial or plain_subclass:
             copied = self._copy_of.get(id(value))
             if copied is not None and copied[0] is value:
                 # The same list/dict reached twice (`out` and `out.append.__self__`): one
@@ -114,6 +115,8 @@ class Tracer:
             return items
         if plain_subclass:
             return self._external_tuple_subclass(value, expr, user, depth)
+        if t is functools.partial and not value.__dict__:
+            return self._external_partial(value, expr, user, depth)
         if t in (dict, collections.OrderedDict, collections.defaultdict):
             return self._external_dict(value, expr, user, depth)
         if (t is set or t is frozenset) and all(is_constant_type(v) for v in value):
@@ -186,6 +189,23 @@ class Tracer:
                        f"{expr} has the attributes {names}")
             copy.__dict__.update({k: self.external(v, f"{expr}.__dict__[{k!r}]", user=user,
                                                    depth=depth + 1) for k, v in attrs.items()})
+        self.external_copies[id(copy)] = (copy, expr)
+        self._copy_of[id(value)] = (value, copy, expr)
+        return copy
+
+    def _external_partial(self, value: functools.partial, expr: str, user: bool, depth: int):
+        """A caller's ``functools.partial`` (also one a resume function is handed): guarded by
+        what calling it uses, its ``func``, ``args`` and ``keywords``, each by its source (a
+        tensor argument is an input of the graph), not by identity: a new partial per call
+        with the same function would recompile every call. Capture calls a copy standing
+        for the caller's partial."""
+        guards = self.guards
+        guards.add("length", f"{expr}.__class__ is {guards.const(functools.partial, 'T')} and "
+                   f"not {expr}.__dict__", f"{expr} is a functools.partial")
+        func = self.external(value.func, f"{expr}.func", user=user, depth=depth + 1)
+        args = self.external(value.args, f"{expr}.args", user=user, depth=depth + 1)
+        keywords = self.external(value.keywords, f"{expr}.keywords", user=user, depth=depth + 1)
+        copy = functools.partial(func, *args, **keywords)
         self.external_copies[id(copy)] = (copy, expr)
         self._copy_of[id(value)] = (value, copy, expr)
         return copy

@@ -2,6 +2,7 @@
 operators): each test compares compiled calls with eager, over calls whose inputs change,
 and checks which path ran (tempa.stats(): captures, graph_breaks, eager_fallbacks)."""
 import collections
+import functools
 import typing
 
 import pytest
@@ -215,3 +216,41 @@ def test_graph_with_no_operation_is_not_handed_to_the_backend():
     fast = tempa.compile(f, backend=counting)
     assert torch.equal(fast(torch.ones(2)), torch.full((2,), 2.0))
     assert len(graphs) == 1 and tempa.stats().captures == 2
+
+
+# -- functools.partial --------------------------------------------------------------------
+
+def _mul(x, y):
+    return x * y
+
+
+def test_partial_over_tensors_made_inside_crosses_a_break():
+    def f(x):
+        by_keyword = functools.partial(_mul, y=x + 1)
+        by_position = functools.partial(_mul, x * 2)
+        print(end="")                    # graph break: both partials are handed on
+        return by_keyword(x) * by_position(y=x), by_keyword
+
+    fast = tempa.compile(f, backend="eager")
+    for x in _inputs():
+        (r, p), (e, ep) = fast(x), f(x)
+        assert torch.equal(r, e) and torch.equal(p.keywords["y"], ep.keywords["y"])
+    s = tempa.stats()
+    # captured on both sides of the break (it ran eagerly: a partial over tensors was refused)
+    assert (s.captures, s.recompiles, s.eager_fallbacks) == (2, 0, 0)
+
+
+def test_partial_arguments_are_guarded_by_func_and_arguments_not_identity():
+    def f(f0, f1, x):
+        return f0(x) * f1(x)
+
+    fast = tempa.compile(f, backend="eager", fullgraph=True)
+    a, b = functools.partial(_mul, y=torch.ones(2)), functools.partial(_mul, y=torch.full((2,), 3.0))
+    x = torch.ones(2)
+    assert torch.equal(fast(a, b, x), f(a, b, x)) and torch.equal(fast(b, a, x), f(b, a, x))
+    assert tempa.stats().captures == 1       # swapped partials: same functions, same shapes
+    b.keywords["y"] = torch.full((2,), 5.0)  # a partial's keywords are a dict the caller may change
+    assert torch.equal(fast(a, b, x), f(a, b, x))
+    c = functools.partial(lambda x, y: x - y, y=torch.ones(2))
+    assert torch.equal(fast(c, c, x), f(c, c, x))
+    assert tempa.stats().captures == 2       # another function: a new capture
