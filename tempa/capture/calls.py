@@ -36,7 +36,7 @@ from .purity import _BUILTIN_FUNCTION, _IMPURE_BUILTINS, _PLAIN_TYPES, _PURE_C_C
     _PURE_C_MODULES, _PURE_C_TYPES, _check_pure_arguments, _check_pure_owner, _impure_reason, \
     _read_environ, _reads_environ
 from .values import CapturedIter, LazyIter, TensorVar, TensorMethod, SuperProxy, \
-    check_own_iterator, contains_tensor
+    bound_self, check_own_iterator, contains_tensor
 
 # Code objects of functions marked @tempa.disable (filled by the api layer).
 DISABLED_CODES: set = set()
@@ -87,6 +87,10 @@ _WRAPPER_DESCRIPTORS = (type(object.__init__), type(object().__str__), type(dict
 def call(tracer, frame, fn, args: list, kwargs: dict):
     if type(fn) is TensorMethod:
         return tensor_method(tracer, fn, args, kwargs)
+    if type(fn) is context.CapturedContext:
+        return context.decorate(tracer, fn, args, kwargs)
+    if type(fn) is context.DecoratedFunction:
+        return context.call_decorated(tracer, frame, fn, args, kwargs)
     special = _SPECIAL.get(_key(fn))
     if special is not None:
         return special(tracer, frame, args, kwargs)
@@ -143,6 +147,8 @@ def _key(fn):
 def is_torch_op(fn) -> bool:
     """Is ``fn`` an operation to record in the graph (rather than code to inline)?"""
     t = type(fn)
+    if t is torch._ops.OpOverload or t is torch._ops.OpOverloadPacket:
+        return True   # torch.ops.aten.add.Tensor, a torch.library.custom_op's overload
     if t is _BUILTIN_FUNCTION:
         mod = getattr(fn, "__module__", None) or ""
         if mod.startswith("torch"):
@@ -351,7 +357,7 @@ def call_c(tracer, frame, fn, args, kwargs):
     if fn in _IMPURE_BUILTINS if _key(fn) is not None else False:
         kind = "print / side effect" if fn is builtins.print else "unsupported call"
         raise Unsupported(kind, f"{getattr(fn, '__name__', fn)}() has effects outside the graph")
-    owner = getattr(fn, "__self__", None)
+    owner = bound_self(fn)
     if isinstance(owner, logging.Logger):
         return _logger_call(owner, fn, args)
     if isinstance(fn, functools._lru_cache_wrapper):
@@ -381,7 +387,7 @@ def call_c(tracer, frame, fn, args, kwargs):
                           f"{getattr(fn, '__qualname__', fn)!r}")
     if contains_tensor(args) or contains_tensor(kwargs):
         # Containers may store tensors as opaque values; anything else would compute on them.
-        owner = getattr(fn, "__self__", None)
+        owner = bound_self(fn)
         if owner is None or isinstance(owner, types.ModuleType):
             owner = args[0] if args else None
         name = getattr(fn, "__name__", "")

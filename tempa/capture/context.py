@@ -101,3 +101,31 @@ class _AlreadyEntered(CapturedContext):
     def enter(self, tracer):
         self.exited = False
         return GradModeExit(self._exit, self), None
+
+
+class DecoratedFunction:
+    """``@torch.no_grad()`` (or an autocast object) applied to a function in captured code:
+    each call runs the function inside the context, as the decorator's wrapper does."""
+    __slots__ = ("context", "fn")
+
+    def __init__(self, context: CapturedContext, fn):
+        self.context = context
+        self.fn = fn
+
+
+def decorate(tracer, ctx: CapturedContext, args, kwargs):
+    """Calling a context object: its decorator form, over a plain function."""
+    import types
+    if kwargs or len(args) != 1 or not isinstance(args[0], types.FunctionType) or \
+            args[0].__code__.co_flags & 0x2A0:   # generator, coroutine, async generator
+        raise Unsupported("unsupported construct", "a grad-mode/autocast context used as a "
+                          "decorator of something other than a plain function")
+    return tracer.mark_internal(DecoratedFunction(ctx, args[0]))
+
+
+def call_decorated(tracer, frame, decorated: DecoratedFunction, args, kwargs):
+    restore, _ = decorated.context.enter(tracer)
+    try:
+        return frame.call(decorated.fn, args, kwargs)
+    finally:
+        restore.restore(tracer)

@@ -30,7 +30,7 @@ import torch
 
 from . import runtime
 from .values import TensorVar, NULL, TensorMethod, GradModeExit, CapturedIter, LazyIter, \
-    contains_tensor
+    bound_self, contains_tensor
 
 
 _BUILTIN_METHOD = type([].append)
@@ -189,7 +189,7 @@ class OutputPlan:
             return ", ".join(sub(v) for v in values)
 
         t = type(value)
-        owner = getattr(value, "__self__", None)
+        owner = bound_self(value)
         if t is _BUILTIN_METHOD and type(owner) in (list, dict, set):
             return f"{sub(owner)}.{value.__name__}", False   # out.append: on this call's `out`
         if t is tuple:

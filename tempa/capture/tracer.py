@@ -20,7 +20,7 @@ from . import calls
 from .breaks import Unsupported
 from .graph import GraphBuilder
 from .guards import is_constant_type
-from .values import TensorVar, TensorMethod
+from .values import TensorVar, TensorMethod, bound_self
 
 # Tensor attributes read from the fake tensor's metadata (static under static shapes).
 TENSOR_METADATA_ATTRS = {
@@ -42,8 +42,10 @@ _MAX_GUARD_DEPTH = 32
 
 
 def is_library_module(value) -> bool:
+    if not isinstance(value, types.ModuleType):
+        return False   # (before reading __name__: a user __getattr__ may raise anything)
     name = getattr(value, "__name__", None)
-    return isinstance(value, types.ModuleType) and isinstance(name, str) and \
+    return isinstance(name, str) and \
         name.partition(".")[0] in _LIBRARY_PACKAGES and sys.modules.get(name) is value
 
 
@@ -127,7 +129,7 @@ class Tracer:
                 self.external_copies[id(copy)] = (copy, expr)
                 self._copy_of[id(value)] = (value, copy, expr)
             return copy
-        owner = getattr(value, "__self__", None)
+        owner = bound_self(value)
         if t is _BUILTIN_METHOD and type(owner) in (list, dict):
             # `out.append` passed in (a resume function's argument): a new bound method on
             # every call, so guard its list instead, and call it on our copy of that list

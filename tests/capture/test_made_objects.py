@@ -254,3 +254,62 @@ def test_partial_arguments_are_guarded_by_func_and_arguments_not_identity():
     c = functools.partial(lambda x, y: x - y, y=torch.ones(2))
     assert torch.equal(fast(c, c, x), f(c, c, x))
     assert tempa.stats().captures == 2       # another function: a new capture
+
+
+# -- internal errors met by the Dynamo tests ----------------------------------------------
+
+def test_argument_whose_getattr_raises_key_error_is_captured():
+    class Config(dict):
+        def __getattr__(self, name):      # every missing attribute, __self__ too: KeyError
+            return self[name]
+
+    def f(cfg, x):
+        return x + cfg.offset
+
+    fast = tempa.compile(f, backend="eager")
+    cfg, x = Config(offset=5), torch.ones(2)
+    assert torch.equal(fast(cfg, x), x + 5)
+    cfg["offset"] = 7                    # the value read is guarded
+    assert torch.equal(fast(cfg, x), x + 7)
+    s = tempa.stats()
+    assert (s.captures, s.eager_fallbacks) == (2, 0)
+
+
+def test_python_scalar_types_as_dtypes():
+    def f(x):
+        return (x * 5).to(bool).to(float).to(int) + 8, torch.zeros(2, dtype=float), x.to(complex)
+
+    fast = tempa.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(5)
+    for r, e in zip(fast(x), f(x)):
+        assert r.dtype == e.dtype and torch.equal(r, e)
+
+
+def test_op_overloads_are_graph_operations():
+    @torch.library.custom_op("tempa_test::twice", mutates_args={})
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    twice.register_fake(lambda x: torch.empty_like(x))
+
+    def f(x):
+        torch.ops.aten.add_.Tensor(x, 1)    # in place, result unused: kept in the graph
+        return twice._opoverload(x) + twice(x)
+
+    fast = tempa.compile(f, backend="eager", fullgraph=True)
+    x, y = torch.zeros(2), torch.zeros(2)
+    assert torch.equal(fast(x), f(y)) and torch.equal(x, y)
+    assert tempa.stats().graph_breaks == 0
+
+
+def test_grad_mode_context_as_a_decorator_inside_the_compiled_code():
+    def f(x):
+        @torch.no_grad()
+        def augment(x):
+            return (x + 1) * 2
+        return augment(x), x * 3, torch.is_grad_enabled()
+
+    fast = tempa.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3, requires_grad=True)
+    (a, b, grad), (ea, eb, egrad) = fast(x), f(x)
+    assert torch.equal(a, ea) and not a.requires_grad and b.requires_grad and grad is egrad is True
