@@ -223,7 +223,8 @@ def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
     if tracer.depth >= _INLINE_DEPTH_LIMIT:
         raise Unsupported("unsupported construct", "calls nested too deeply (recursion?)")
     from .interpreter import Frame  # the two modules call each other
-    if not tracer.is_internal(fn) and not _is_library_function(fn):
+    if not tracer.is_internal(fn) and not _is_library_function(fn) and \
+            id(fn) not in tracer.external_copies:   # a copy's code is guarded at its source
         guard_function(tracer.guards, fn)
     bound = bind_arguments(fn, args, kwargs, tracer=None if tracer.is_internal(fn) else tracer)
     child = Frame(tracer, code, fn.__globals__, bound, fn.__closure__, name=fn.__qualname__,

@@ -320,7 +320,10 @@ class Frame(DataOpcodes):
             value = cell.cell_contents
         except ValueError:
             raise NameError(f"free variable '{ins.argval}' referenced before assignment") from None
-        if not self.tracer.is_internal(cell) and ins.argval != "__class__":
+        copied = self.tracer.external_copies.get(id(cell))
+        if copied is not None and copied[0] is cell:   # a cell of a caller's function
+            value = self.tracer.external(value, f"{copied[1]}.cell_contents")
+        elif not self.tracer.is_internal(cell) and ins.argval != "__class__":
             value = self.tracer.external(value, f"{self.tracer.expr_of(cell)}.cell_contents",
                                          user=False)
         self.push(value)

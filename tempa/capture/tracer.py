@@ -97,7 +97,7 @@ class Tracer:
         t = type(value)
         guards = self.guards
         plain_subclass = _is_plain_tuple_subclass(t)
-        if t is list or t is dict or t is functools.partial or plain_subclass:
+        if t in (list, dict, functools.partial, types.FunctionType) or plain_subclass:
             copied = self._copy_of.get(id(value))
             if copied is not None and copied[0] is value:
                 # The same list/dict reached twice (`out` and `out.append.__self__`): one
@@ -119,6 +119,9 @@ class Tracer:
             return self._external_tuple_subclass(value, expr, user, depth)
         if t is functools.partial and not value.__dict__:
             return self._external_partial(value, expr, user, depth)
+        if t is types.FunctionType and "<locals>" in value.__qualname__ and \
+                not value.__dict__ and not calls._is_library_function(value):
+            return self._external_function(value, expr)
         if t in (dict, collections.OrderedDict, collections.defaultdict):
             return self._external_dict(value, expr, user, depth)
         if (t is set or t is frozenset) and all(is_constant_type(v) for v in value):
@@ -212,6 +215,36 @@ class Tracer:
         self._copy_of[id(value)] = (value, copy, expr)
         return copy
 
+    def _external_function(self, fn: types.FunctionType, expr: str):
+        """A caller's nested function (a closure, a lambda, also one a resume function is
+        handed): guarded by what calling it runs, its code and globals, not by identity (one
+        made anew on every call would recompile every call; a module-level function is one
+        object, guarded by identity, which special cases rely on). Capture inlines a copy whose
+        cells stand for the caller's: a cell read is guarded at its source
+        (``f.__closure__[i].cell_contents``, a tensor there an input of the graph), as
+        are the defaults bound (``expr_of`` gives the copy the caller's expression)."""
+        g = self.guards
+        try:
+            contents = [cell.cell_contents for cell in fn.__closure__ or ()]
+        except ValueError:   # a cell not assigned yet: the function itself, as any object
+            g.identity(expr, fn, expr)
+            return fn
+        g.add("identity", f"{expr}.__class__ is {g.const(types.FunctionType, 'T')} and "
+              f"{expr}.__code__ is {g.const(fn.__code__, 'CODE')} and {expr}.__globals__ is "
+              f"{g.const(fn.__globals__, 'G')} and not {expr}.__dict__",
+              f"{expr} runs {fn.__qualname__}'s code")
+        cells = tuple(types.CellType(value) for value in contents)
+        for i, cell in enumerate(cells):
+            # read at `{expr}.__closure__[i].cell_contents`; handed on as the caller's cell
+            self.external_copies[id(cell)] = (cell, f"{expr}.__closure__[{i}]")
+        copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
+                                  cells or None)
+        copy.__kwdefaults__ = fn.__kwdefaults__
+        copy.__qualname__ = fn.__qualname__
+        self.external_copies[id(copy)] = (copy, expr)
+        self._copy_of[id(fn)] = (fn, copy, expr)
+        return copy
+
     @staticmethod
     def is_library_globals(g: dict) -> bool:
         """``g`` is the global namespace of a real library module (torch's own code)."""
@@ -231,7 +264,12 @@ class Tracer:
         return dims & set(range(tensor.dim()))
 
     def expr_of(self, obj) -> str:
-        """An expression for a fixed object: the object itself, bound as a constant."""
+        """An expression for a fixed object: the object itself, bound as a constant; for
+        our copy of a caller's function, the caller's function (its defaults are read there)."""
+        if type(obj) is types.FunctionType:
+            copied = self.external_copies.get(id(obj))
+            if copied is not None and copied[0] is obj:
+                return copied[1]
         return self.guards.const(obj)
 
     # -- attributes ------------------------------------------------------------------

@@ -313,3 +313,50 @@ def test_grad_mode_context_as_a_decorator_inside_the_compiled_code():
     x = torch.randn(3, requires_grad=True)
     (a, b, grad), (ea, eb, egrad) = fast(x), f(x)
     assert torch.equal(a, ea) and not a.requires_grad and b.requires_grad and grad is egrad is True
+
+
+# -- functions handed in: guarded by code and cells, not identity ------------------------
+
+def _adder(v):
+    def add(x):
+        return x + v
+    return add
+
+
+def test_closures_are_guarded_by_code_and_cell_contents():
+    def f(x, other):
+        return other(x + 1) - 1
+
+    fast = tempa.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(8)
+    for g in (_adder(5), _adder(5), _adder(torch.randn(8)), _adder(torch.randn(8)), _adder(7)):
+        assert torch.equal(fast(x, g), f(x, g))
+    # 5, a tensor (an input of the graph, any value of its shape), 7: three captures
+    assert tempa.stats().captures == 3
+
+
+def test_new_closure_over_a_new_tensor_on_every_call_does_not_recompile():
+    def use(g, y):
+        return g(y) + 1
+
+    fast = tempa.compile(use, backend="eager")
+    for i in range(3):
+        g = _adder(torch.full((2,), float(i)))   # a new function and cell on every call
+        assert torch.equal(fast(g, 3), use(g, 3))
+    s = tempa.stats()
+    assert (s.captures, s.recompiles, s.eager_fallbacks) == (1, 0, 0)
+
+
+def test_function_argument_defaults_and_identity():
+    def f(fn, x):
+        return fn, fn(x)
+
+    def scale(x, s=2):
+        return x * s
+
+    fast = tempa.compile(f, backend="eager")
+    x = torch.ones(2)
+    same, r = fast(scale, x)
+    assert same is scale and torch.equal(r, x * 2)
+    scale.__defaults__ = (3,)            # the default read is guarded at its source
+    assert torch.equal(fast(scale, x)[1], x * 3)
