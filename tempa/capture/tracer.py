@@ -400,6 +400,8 @@ class Tracer:
                 # Reading requires_grad of an input: the graph depends on it.
                 pass
             return getattr(fake, name)
+        if name == "__class__":   # as type(x) answers (a Parameter's class is Parameter)
+            return calls._tensor_type(self, t)
         if name == "T":
             return self.builder.call("call_method", "permute", (t, *reversed(range(fake.dim()))), {})
         if name == "mT":

@@ -360,3 +360,15 @@ def test_function_argument_defaults_and_identity():
     assert same is scale and torch.equal(r, x * 2)
     scale.__defaults__ = (3,)            # the default read is guarded at its source
     assert torch.equal(fast(scale, x)[1], x * 3)
+
+
+def test_tensor_class_attribute_is_its_type():
+    def f(x):
+        tmp = f"{x.__class__.__name__} foo"
+        if tmp.startswith("Tensor"):
+            return x + 1
+        return x - 1
+
+    fast = tempa.compile(f, backend="eager", fullgraph=True)
+    assert torch.equal(fast(torch.ones(2)), torch.full((2,), 2.0))
+    assert tempa.stats().captures == 1    # it ran eagerly: x.__class__ was a tensor method
