@@ -307,6 +307,8 @@ class CompileContext:
         return cache.dynamic_inputs or None
 
     def _compile_graph(self, captured, fn):
+        if captured.empty:
+            return captured.gm   # nothing to compute: run as it is, as torch.compile does
         _stats.bump("graphs_compiled")
         backend = self.backend
         if captured.dynamic and not getattr(backend, "supports_dynamic", False):

@@ -38,8 +38,7 @@ from .purity import _BUILTIN_FUNCTION, _IMPURE_BUILTINS, _PLAIN_TYPES, _PURE_C_C
     _PURE_C_MODULES, _PURE_C_TYPES, _check_pure_arguments, _check_pure_owner, _impure_reason, \
     _read_environ, _reads_environ
 from .values import CapturedIter, LazyIter, NdarrayMethod, NdarrayVar, ScalarVar, TensorVar, \
-    TensorMethod, \
-    SuperProxy, check_own_iterator, contains_tensor
+    TensorMethod, SuperProxy, bound_self, check_own_iterator, contains_tensor
 
 # Values whose content is only known when the graph runs: never turned into Python values.
 _SYMBOLIC = (TensorVar, NdarrayVar, ScalarVar)
@@ -162,6 +161,8 @@ def _key(fn):
 def is_torch_op(fn) -> bool:
     """Is ``fn`` an operation to record in the graph (rather than code to inline)?"""
     t = type(fn)
+    if t is torch._ops.OpOverload or t is torch._ops.OpOverloadPacket:
+        return True   # torch.ops.aten.add.Tensor, a torch.library.custom_op's overload
     if t is _BUILTIN_FUNCTION:
         mod = getattr(fn, "__module__", None) or ""
         if mod.startswith("torch"):
@@ -255,7 +256,8 @@ def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
 def _child_frame(tracer, frame, fn: types.FunctionType, args, kwargs):
     """The frame of a call of ``fn`` (its arguments bound, its code guarded), not yet run."""
     from .interpreter import Frame  # the two modules call each other
-    if not tracer.is_internal(fn) and not _is_library_function(fn):
+    if not tracer.is_internal(fn) and not _is_library_function(fn) and \
+            id(fn) not in tracer.external_copies:   # a copy's code is guarded at its source
         guard_function(tracer.guards, fn)
     bound = bind_arguments(fn, args, kwargs, tracer=None if tracer.is_internal(fn) else tracer)
     return Frame(tracer, fn.__code__, fn.__globals__, bound, fn.__closure__,
@@ -414,7 +416,7 @@ def call_c(tracer, frame, fn, args, kwargs):
     if fn in _IMPURE_BUILTINS if _key(fn) is not None else False:
         kind = "print / side effect" if fn is builtins.print else "unsupported call"
         raise Unsupported(kind, f"{getattr(fn, '__name__', fn)}() has effects outside the graph")
-    owner = getattr(fn, "__self__", None)
+    owner = bound_self(fn)
     if isinstance(owner, logging.Logger):
         return _logger_call(owner, fn, args)
     if isinstance(fn, functools._lru_cache_wrapper):
@@ -444,7 +446,7 @@ def call_c(tracer, frame, fn, args, kwargs):
                           f"{getattr(fn, '__qualname__', fn)!r}")
     if contains_tensor(args) or contains_tensor(kwargs):
         # Containers may store tensors as opaque values; anything else would compute on them.
-        owner = getattr(fn, "__self__", None)
+        owner = bound_self(fn)
         if owner is None or isinstance(owner, types.ModuleType):
             owner = args[0] if args else None
         name = getattr(fn, "__name__", "")
@@ -617,6 +619,35 @@ def _fx_map_aggregate(tracer, frame, args, kwargs):
             return slice(walk(v.start), walk(v.stop), walk(v.step))
         return frame.call(fn, [v], {})
     return walk(a)
+
+
+def _tuple_new(tracer, frame, args, kwargs):
+    """``tuple.__new__(cls, iterable)``, which every namedtuple's ``__new__`` and ``_make``
+    call: the tuple only stores its items (tensors included), iterated as the frame iterates;
+    a subclass instance is an object of this capture (its attributes are tracked)."""
+    if kwargs or not 1 <= len(args) <= 2 or not (isinstance(args[0], type) and
+                                                 issubclass(args[0], tuple)):
+        return _user_error(tuple.__new__, *args, **kwargs)
+    items = list(frame.get_iter(args[1])) if len(args) == 2 else []
+    result = tuple.__new__(args[0], items)
+    return result if args[0] is tuple else tracer.mark_internal(result)
+
+
+def _namedtuple(tracer, frame, args, kwargs):
+    """``collections.namedtuple(...)`` run in compiled code: made now from its constant
+    arguments (its code uses eval and sys._getframe, which capture does not interpret). It
+    is a new class on every eager call: where it, or an instance of it, leaves the capture
+    the entry makes it again (``tracer.recipes``), so no class is shared between calls."""
+    if contains_tensor(args) or contains_tensor(kwargs):
+        raise Unsupported("unsupported call", "collections.namedtuple with tensor arguments")
+    kwargs = dict(kwargs)
+    if kwargs.get("module") is None:   # what sys._getframe(1) would have found
+        kwargs["module"] = frame.f_globals.get("__name__", "__main__")
+    cls = _user_error(collections.namedtuple, *args, **kwargs)
+    tracer.mark_internal(cls)
+    tracer.mark_internal(cls.__new__)
+    tracer.recipes[id(cls)] = (cls, collections.namedtuple, tuple(args), kwargs)
+    return cls
 
 
 def _super(tracer, frame, args, kwargs):
@@ -885,6 +916,8 @@ _SPECIAL = {
     torch._C._log_api_usage_once: lambda *a: None,   # usage telemetry of Module.__init__
     torch.is_grad_enabled: _grad_enabled,
     torch._C._fx_map_aggregate: _fx_map_aggregate,
+    tuple.__new__: _tuple_new,
+    collections.namedtuple: _namedtuple,
     torch._C.is_grad_enabled: _grad_enabled,
     torch._check: scalars.check,
 }

@@ -33,6 +33,7 @@ class Captured:
     break_mode: str | None = None
     instructions: int = 0
     op_count: int = 0
+    empty: bool = False                  # no operation recorded, no output: nothing to compile
     notes: list[str] = field(default_factory=list)
 
 
@@ -103,7 +104,7 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
             pass  # leave the finally below first: it restores grad mode and autocast
         else:
             plan = OutputPlan(guards, tracer.is_internal, tracer.external_copies, builder.sizes,
-                              inputs=input_exprs(builder))
+                              inputs=input_exprs(builder), recipes=tracer.recipes)
             body = tracer.side_effects.replay_lines(plan)
             break_plan = None
             if frame.stopped_at is not None:
@@ -134,6 +135,9 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
     if builder.sizes is not None:
         for expr, desc in builder.sizes.guard_expressions():
             guards.add("shape", expr, desc)
+    # Nothing recorded and nothing to hand back: no graph for a backend (torch.compile
+    # does not call its backend either), counted before dead code goes.
+    empty = not plan.outputs and not any(n.op.startswith("call") for n in builder.graph.nodes)
     gm = builder.finish(plan.outputs)
     op_count = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method",
                                                            "call_module"))
@@ -150,6 +154,7 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         modules=list(builder.modules.values()),
         instructions=tracer.instructions_run,
         op_count=op_count,
+        empty=empty,
     )
 
 

@@ -101,3 +101,4 @@ class _AlreadyEntered(CapturedContext):
     def enter(self, tracer):
         self.exited = False
         return GradModeExit(self._exit, self), None
+

@@ -248,6 +248,10 @@ class GraphBuilder:
             return {k: self._lift_constants(v) for k, v in value.items()}
         if isinstance(value, torch.Tensor):
             return self.attr_input(value, "constant")
+        if t is type and value in _PYTHON_SCALAR_DTYPES:
+            # x.to(float): torch reads a Python scalar type as this dtype, and FX cannot
+            # write the class into the graph's code
+            return _PYTHON_SCALAR_DTYPES[value]
         if t is slice or isinstance(value, _FX_LITERALS) or is_numpy_scalar(value) or \
                 isinstance(value, tuple) or callable(value):
             return value
@@ -314,11 +318,18 @@ class GraphBuilder:
         return gm
 
 
+# The dtype torch's argument parser reads a Python scalar type as (x.to(float) is float64).
+_PYTHON_SCALAR_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64,
+                         complex: torch.complex128}
+
+
 def _is_impure(node: fx.Node) -> bool:
     if node.op in ("placeholder", "output"):
         return True
     if node.target in _SIDE_EFFECT_TARGETS or node.meta.get("returns_argument"):
         return True
+    if isinstance(node.target, torch._ops.OpOverload):
+        return node.target._schema.is_mutable   # aten.add_.Tensor, a custom op mutating args
     name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
     return name.endswith("_") and not name.endswith("__")  # in-place: x.add_(1), F.relu_
 

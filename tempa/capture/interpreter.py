@@ -13,6 +13,7 @@ import types
 
 import torch
 
+from . import operators
 from .breaks import Unsupported, UserError
 from .context import CapturedContext
 from .instructions import PY, NULL_BEFORE_CALLABLE, decode
@@ -257,7 +258,8 @@ class Frame(DataOpcodes):
             raise Unsupported("data-dependent branch", "a condition on a tensor's value")
         if v is NULL:
             raise Unsupported("unsupported construct", "truth of NULL")
-        return bool(v)
+        result = operators.truth(self, v)
+        return bool(v) if result is operators.NATIVE else result
 
     def get_iter(self, v):
         if isinstance(v, TensorVar):
@@ -325,8 +327,14 @@ class Frame(DataOpcodes):
             if not inplace or not isinstance(a, TensorVar):
                 fn = _BINARY[key] if not isinstance(a, TensorVar) else fn
             return self.tracer.builder.call("call_function", fn, (a, b), {})
-        if inplace and id(a) in self.tracer.external_copies and isinstance(a, (list, set, dict)):
+        if inplace and id(a) in self.tracer.external_copies:
+            if not isinstance(a, (list, set, dict)):
+                raise Unsupported("mutation of outside state",
+                                  f"{name} on a caller's {type(a).__name__}")
             self.tracer.side_effects.mutated_copy(a)   # `out += [...]`: written back after the call
+        result = operators.binary(self, key, inplace, a, b)
+        if result is not operators.NATIVE:
+            return result
         if contains_tensor(a) or contains_tensor(b):
             if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
                 return fn(a, b)
@@ -438,7 +446,10 @@ class Frame(DataOpcodes):
             value = cell.cell_contents
         except ValueError:
             raise NameError(f"free variable '{ins.argval}' referenced before assignment") from None
-        if not self.tracer.is_internal(cell) and ins.argval != "__class__":
+        copied = self.tracer.external_copies.get(id(cell))
+        if copied is not None and copied[0] is cell:   # a cell of a caller's function
+            value = self.tracer.external(value, f"{copied[1]}.cell_contents")
+        elif not self.tracer.is_internal(cell) and ins.argval != "__class__":
             value = self.tracer.external(value, f"{self.tracer.expr_of(cell)}.cell_contents",
                                          user=False)
         self.push(value)

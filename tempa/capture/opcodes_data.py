@@ -9,6 +9,7 @@ import types
 
 import torch
 
+from . import operators
 from .breaks import Unsupported
 from . import numpy_values, scalars
 from .side_effects import defaultdict_missing
@@ -164,7 +165,8 @@ class DataOpcodes:
             return numpy_values.operator_call(self.tracer, fn, (a, b))
         if isinstance(a, TensorVar) or isinstance(b, TensorVar):
             return self.tracer.builder.call("call_function", fn, (a, b), {})
-        return fn(a, b)
+        result = operators.compare(self, symbol, a, b)
+        return fn(a, b) if result is operators.NATIVE else result
 
     def IS_OP(self, ins):
         b = self.pop()
@@ -196,7 +198,8 @@ class DataOpcodes:
             return numpy_values.operator_call(self.tracer, fn, (v,))
         if isinstance(v, TensorVar):
             return self.tracer.builder.call("call_function", fn, (v,), {})
-        return fn(v)
+        result = operators.unary(self, fn.__name__, v)
+        return fn(v) if result is operators.NATIVE else result
 
     def UNARY_NEGATIVE(self, ins):
         self.push(self.unary(operator.neg, self.pop()))

@@ -33,7 +33,8 @@ import torch
 from . import runtime
 from . import numpy_values
 from .values import NdarrayMethod, NdarrayVar, ScalarVar, TensorVar, NULL, TensorMethod, GradModeExit, \
-    CapturedIter, LazyIter, GeneratorContext, GeneratorContextExit, contains_tensor, has_pending_calls
+    CapturedIter, LazyIter, GeneratorContext, GeneratorContextExit, bound_self, contains_tensor, \
+    has_pending_calls
 
 
 _BUILTIN_METHOD = type([].append)
@@ -52,6 +53,16 @@ def rebuild_object(cls, attrs: dict, items):
         for k, v in items:
             setitem(obj, k, v)
     obj.__dict__.update(attrs)
+    return obj
+
+
+def rebuild_tuple(cls, items: tuple, attrs: dict):
+    """A ``cls`` (a namedtuple or other tuple subclass) holding ``items``, made as its
+    ``__new__`` made it (``tuple.__new__``, without running a user ``__new__`` again), with
+    the attributes set on it (``tup.c = ...``)."""
+    obj = tuple.__new__(cls, items)
+    if attrs:
+        obj.__dict__.update(attrs)
     return obj
 
 
@@ -116,8 +127,9 @@ def input_exprs(builder) -> dict:
 
 class OutputPlan:
     def __init__(self, guards: GuardSet, is_internal, external_copies=None, sizes=None,
-                 inputs=None):
+                 inputs=None, recipes=None):
         self.guards = guards
+        self.recipes = recipes or {}   # id -> (object, fn, args, kwargs): rebuilt as fn(...)
         self.sizes = sizes
         self.is_internal = is_internal
         self.external_copies = external_copies or {}
@@ -185,7 +197,7 @@ class OutputPlan:
             return ", ".join(sub(v) for v in values)
 
         t = type(value)
-        owner = getattr(value, "__self__", None)
+        owner = bound_self(value)
         if t is _BUILTIN_METHOD and type(owner) in (list, dict, set):
             return f"{sub(owner)}.{value.__name__}", False   # out.append: on this call's `out`
         if t is tuple:
@@ -196,10 +208,6 @@ class OutputPlan:
             return "{" + ", ".join(f"{sub(k)}: {sub(v)}" for k, v in value.items()) + "}", True
         if t is set or t is frozenset and contains_tensor(list(value)):
             return f"{const(t, 'C')}([{joined(value)}])", t is set
-        if isinstance(value, tuple) and hasattr(value, "_fields") and not self._guarded(value):
-            # a namedtuple made here (one passed in is returned as itself, with the
-            # attributes the call may have set on it)
-            return f"{const(t, 'C')}({joined(value)})", False
         if t is torch.Size and any(isinstance(v, torch.SymInt) for v in value):
             return f"{const(torch.Size, 'C')}([{joined(value)}])", False
         if t.__module__.startswith("torch.return_types"):
@@ -214,6 +222,19 @@ class OutputPlan:
             return f"{sub(value.array)}.{value.name}", False
         if t is TensorMethod:
             return f"{self.slot(value.tensor)}.{value.name}", False
+        recipe = self.recipes.get(id(value))
+        if recipe is not None and recipe[0] is value:
+            _, fn, args, kwargs = recipe
+            return f"{const(fn, 'F')}(*{const(args, 'A')}, **{const(kwargs, 'A')})", True
+        if isinstance(value, tuple) and t is not torch.Size and (
+                self.is_internal(value) or contains_tensor(list(value))):
+            # A namedtuple (or tuple subclass) made in the compiled code: its items and the
+            # attributes set on it; its class made again when the class is this capture's.
+            attrs = "{" + ", ".join(f"{k!r}: {sub(v)}" for k, v in
+                                    getattr(value, "__dict__", {}).items()) + "}"
+            items = f"({sub(value[0])},)" if len(value) == 1 else f"({joined(value)})"
+            return f"{const(rebuild_tuple, 'F')}({sub(t)}, {items}, {attrs})", bool(
+                getattr(value, "__dict__", None) is not None)
         if t is CapturedIter:
             if has_pending_calls(value, lazy_builtins=False):
                 raise Unsupported("unsupported construct", "a generator (or a lazy tool over "
@@ -231,10 +252,8 @@ class OutputPlan:
             return (f"{const(runtime.bound_method, 'F')}({sub(value.__func__)}, "
                     f"{sub(value.__self__)})"), False
         if t is functools.partial and self.is_internal(value):
-            if contains_tensor(list(value.args)) or contains_tensor(value.keywords):
-                # A later capture reads a partial's arguments without guards (peer D2).
-                raise Unsupported("unsupported construct", "a functools.partial over tensors "
-                                  "lives across the graph break")
+            # A partial made in the compiled code, over this call's values (a resume function
+            # handed it guards its func, args and keywords by source).
             return (f"{const(functools.partial, 'C')}({sub(value.func)}, *{sub(value.args)}, "
                     f"**{sub(value.keywords)})"), True
         if t is types.FunctionType and self.is_internal(value):

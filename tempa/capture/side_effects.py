@@ -158,7 +158,9 @@ def _apply(kind, target, name, temp, plan, const) -> str:
     # A deletion is of what existed at the call's start, or of what the code itself made
     # (written, then deleted: nothing to undo), so it is a delete-if-present.
     if kind == "attr":
-        obj = const(target, "SE")
+        copied = plan.external_copies.get(id(target))
+        # our copy of a caller's namedtuple/partial/function stands for the caller's object
+        obj = copied[1] if copied is not None and copied[0] is target else const(target, "SE")
         if temp is None:
             return f"{const(delete_attr_if_present, 'F')}({obj}, {name!r})"
         return f"___setattr({obj}, {name!r}, {temp})"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import functools
 import inspect
 import sys
 import types
@@ -20,7 +21,7 @@ from .breaks import Unsupported
 from .graph import GraphBuilder
 from .guards import is_constant_type
 from .side_effects import SideEffects, DELETED, MISSING, is_data_descriptor
-from .values import NdarrayVar, TensorVar, TensorMethod
+from .values import NdarrayVar, TensorVar, TensorMethod, bound_self
 
 # Tensor attributes read from the fake tensor's metadata (static under static shapes).
 TENSOR_METADATA_ATTRS = {
@@ -44,8 +45,10 @@ _MAX_GUARD_DEPTH = 32
 
 
 def is_library_module(value) -> bool:
+    if not isinstance(value, types.ModuleType):
+        return False   # (before reading __name__: a user __getattr__ may raise anything)
     name = getattr(value, "__name__", None)
-    return isinstance(value, types.ModuleType) and isinstance(name, str) and \
+    return isinstance(name, str) and \
         name.partition(".")[0] in _LIBRARY_PACKAGES and sys.modules.get(name) is value
 
 
@@ -67,6 +70,10 @@ class Tracer:
         self.side_effects = SideEffects()   # writes to outside objects, replayed after the graph
         self.paths: dict[int, str] = {}   # id(module) -> "self.h.0.attn", for readable names
         self.ndarrays: dict[int, tuple] = {}   # id(outside ndarray) -> (it, its NdarrayVar)
+        # Objects made at capture by a library call that eager makes anew on every call
+        # (a collections.namedtuple class): id -> (object, fn, args, kwargs), so the entry
+        # calls fn again where the object leaves the capture.
+        self.recipes: dict[int, tuple] = {}
 
     # -- internal objects -------------------------------------------------------------
     def mark_internal(self, obj):
@@ -97,7 +104,8 @@ class Tracer:
                               f"more than {_MAX_GUARD_DEPTH} deep")
         t = type(value)
         guards = self.guards
-        if t in _COPIED_TYPES:
+        plain_subclass = _is_plain_tuple_subclass(t)
+        if t in _COPIED_TYPES or t in (functools.partial, types.FunctionType) or plain_subclass:
             copied = self._copy_of.get(id(value))
             if copied is not None and copied[0] is value:
                 # The same list/dict reached twice (`out` and `out.append.__self__`): one
@@ -115,6 +123,13 @@ class Tracer:
             self.external_copies[id(items)] = (items, expr)
             self._copy_of[id(value)] = (value, items, expr)
             return items
+        if plain_subclass:
+            return self._external_tuple_subclass(value, expr, user, depth)
+        if t is functools.partial and not value.__dict__:
+            return self._external_partial(value, expr, user, depth)
+        if t is types.FunctionType and "<locals>" in value.__qualname__ and \
+                not value.__dict__ and not calls._is_library_function(value):
+            return self._external_function(value, expr)
         if t in (dict, collections.OrderedDict, collections.defaultdict):
             return self._external_dict(value, expr, user, depth)
         if (t is set or t is frozenset) and all(is_constant_type(v) for v in value):
@@ -125,7 +140,7 @@ class Tracer:
                 self.external_copies[id(copy)] = (copy, expr)
                 self._copy_of[id(value)] = (value, copy, expr)
             return copy
-        owner = getattr(value, "__self__", None)
+        owner = bound_self(value)
         if t is _BUILTIN_METHOD and type(owner) in (list, dict):
             # `out.append` passed in (a resume function's argument): a new bound method on
             # every call, so guard its list instead, and call it on our copy of that list
@@ -168,6 +183,76 @@ class Tracer:
         self._copy_of[id(value)] = (value, copy, expr)
         return copy
 
+    def _external_tuple_subclass(self, value: tuple, expr: str, user: bool, depth: int):
+        """A caller's namedtuple (or other plain tuple subclass), also one a resume function
+        is handed: guarded like a tuple (class, length, each item by its source) plus the
+        attributes set on it, never by identity (a new one on every call would recompile
+        every call). Capture works on a copy; it stands for the caller's object, which a
+        return or a break hands on as itself."""
+        guards, t = self.guards, type(value)
+        guards.add("length", f"{expr}.__class__ is {guards.const(t, 'T')} and len({expr}) == "
+                   f"{len(value)}", f"{expr} is a {t.__name__} of length {len(value)}")
+        items = [self.external(v, f"{expr}[{i}]", user=user, depth=depth + 1)
+                 for i, v in enumerate(value)]
+        copy = t(items) if t.__module__ == "torch.return_types" else tuple.__new__(t, items)
+        attrs = getattr(value, "__dict__", None)
+        if attrs is not None:
+            names = tuple(attrs)
+            guards.add("length", f"tuple({expr}.__dict__) == {guards.const(names, 'K')}",
+                       f"{expr} has the attributes {names}")
+            copy.__dict__.update({k: self.external(v, f"{expr}.__dict__[{k!r}]", user=user,
+                                                   depth=depth + 1) for k, v in attrs.items()})
+        self.external_copies[id(copy)] = (copy, expr)
+        self._copy_of[id(value)] = (value, copy, expr)
+        return copy
+
+    def _external_partial(self, value: functools.partial, expr: str, user: bool, depth: int):
+        """A caller's ``functools.partial`` (also one a resume function is handed): guarded by
+        what calling it uses, its ``func``, ``args`` and ``keywords``, each by its source (a
+        tensor argument is an input of the graph), not by identity: a new partial per call
+        with the same function would recompile every call. Capture calls a copy standing
+        for the caller's partial."""
+        guards = self.guards
+        guards.add("length", f"{expr}.__class__ is {guards.const(functools.partial, 'T')} and "
+                   f"not {expr}.__dict__", f"{expr} is a functools.partial")
+        func = self.external(value.func, f"{expr}.func", user=user, depth=depth + 1)
+        args = self.external(value.args, f"{expr}.args", user=user, depth=depth + 1)
+        keywords = self.external(value.keywords, f"{expr}.keywords", user=user, depth=depth + 1)
+        copy = functools.partial(func, *args, **keywords)
+        self.external_copies[id(copy)] = (copy, expr)
+        self._copy_of[id(value)] = (value, copy, expr)
+        return copy
+
+    def _external_function(self, fn: types.FunctionType, expr: str):
+        """A caller's nested function (a closure, a lambda, also one a resume function is
+        handed): guarded by what calling it runs, its code and globals, not by identity (one
+        made anew on every call would recompile every call; a module-level function is one
+        object, guarded by identity, which special cases rely on). Capture inlines a copy whose
+        cells stand for the caller's: a cell read is guarded at its source
+        (``f.__closure__[i].cell_contents``, a tensor there an input of the graph), as
+        are the defaults bound (``expr_of`` gives the copy the caller's expression)."""
+        g = self.guards
+        try:
+            contents = [cell.cell_contents for cell in fn.__closure__ or ()]
+        except ValueError:   # a cell not assigned yet: the function itself, as any object
+            g.identity(expr, fn, expr)
+            return fn
+        g.add("identity", f"{expr}.__class__ is {g.const(types.FunctionType, 'T')} and "
+              f"{expr}.__code__ is {g.const(fn.__code__, 'CODE')} and {expr}.__globals__ is "
+              f"{g.const(fn.__globals__, 'G')} and not {expr}.__dict__",
+              f"{expr} runs {fn.__qualname__}'s code")
+        cells = tuple(types.CellType(value) for value in contents)
+        for i, cell in enumerate(cells):
+            # read at `{expr}.__closure__[i].cell_contents`; handed on as the caller's cell
+            self.external_copies[id(cell)] = (cell, f"{expr}.__closure__[{i}]")
+        copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
+                                  cells or None)
+        copy.__kwdefaults__ = fn.__kwdefaults__
+        copy.__qualname__ = fn.__qualname__
+        self.external_copies[id(copy)] = (copy, expr)
+        self._copy_of[id(fn)] = (fn, copy, expr)
+        return copy
+
     @staticmethod
     def is_library_globals(g: dict) -> bool:
         """``g`` is the global namespace of a real library module (torch's own code)."""
@@ -187,7 +272,12 @@ class Tracer:
         return dims & set(range(tensor.dim()))
 
     def expr_of(self, obj) -> str:
-        """An expression for a fixed object: the object itself, bound as a constant."""
+        """An expression for a fixed object: the object itself, bound as a constant; for
+        our copy of a caller's function, the caller's function (its defaults are read there)."""
+        if type(obj) is types.FunctionType:
+            copied = self.external_copies.get(id(obj))
+            if copied is not None and copied[0] is obj:
+                return copied[1]
         return self.guards.const(obj)
 
     # -- attributes ------------------------------------------------------------------
@@ -348,6 +438,8 @@ class Tracer:
                 # Reading requires_grad of an input: the graph depends on it.
                 pass
             return getattr(fake, name)
+        if name == "__class__":   # as type(x) answers (a Parameter's class is Parameter)
+            return calls._tensor_type(self, t)
         if name == "T":
             return self.builder.call("call_method", "permute", (t, *reversed(range(fake.dim()))), {})
         if name == "mT":
@@ -408,6 +500,13 @@ def _python_descriptor_get(obj, name: str, static):
     if not is_data and isinstance(inst, dict) and name in inst:
         return None
     return get
+
+
+def _is_plain_tuple_subclass(t: type) -> bool:
+    """A tuple subclass whose items are read as a tuple's (a namedtuple, ``class P(tuple)``,
+    a ``torch.return_types`` structseq): ``x[i]`` in a guard runs no user code."""
+    return issubclass(t, tuple) and t is not tuple and t is not torch.Size and \
+        all(getattr(t, m) is getattr(tuple, m) for m in ("__getitem__", "__len__", "__iter__"))
 
 
 def _method_of_copy(tracer, obj) -> bool:

@@ -213,6 +213,14 @@ def has_pending_calls(it, *, lazy_builtins: bool = True) -> bool:
     return getattr(type(it), "runs_code", False) is True
 
 
+def bound_self(value):
+    """``value.__self__`` of a bound method (C or Python), else None; never runs a user's
+    ``__getattr__`` (``getattr(obj, "__self__", None)`` does, and it may raise KeyError)."""
+    if isinstance(value, (types.BuiltinMethodType, types.MethodType, types.MethodWrapperType)):
+        return value.__self__
+    return None
+
+
 def check_own_iterator(tracer, it, what: str):
     """Advancing an iterator that lives outside the call (itertools.count(), a data
     iterator) changes it: that happens in Python on every call, never once at capture."""
