@@ -18,6 +18,7 @@ from torch.amp import autocast_mode
 
 from . import distributed, logs, stats as _stats
 from .config import config
+from .backend.runtime import tensorcheck
 from .capture import calls
 from .capture import runtime as capture_runtime
 from .capture.breaks import GraphBreakError, Unsupported, UserError
@@ -81,6 +82,7 @@ class CompileContext:
         self.fallback_log: list = []  # (function, reason)
         self.recompile_log: list = []  # (function name, the guard that failed)
         install_invalidation_hooks()
+        tensorcheck.prebuild()   # its one-time compiler run overlaps the first capture
         if config.logs:
             logs.enable(config.logs)
         _contexts.add(self)
@@ -243,7 +245,7 @@ class CompileContext:
         if logs.on("graphs"):
             logs.get("graphs").info("graph for %s:\n%s", _where(fn), captured.gm.code)
         compiled = _restoring_global_state(self._compile_graph(captured, fn), captured.gm)
-        entry = build_entry(fn, captured, compiled)
+        entry = build_entry(fn, captured, compiled, tensorcheck)
         # A call with bad arguments fails in the entry: its TypeError names the user's function.
         entry.fn.__name__, entry.fn.__qualname__ = fn.__name__, fn.__qualname__
         if logs.on("guards"):

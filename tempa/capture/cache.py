@@ -93,16 +93,25 @@ def signature_source(code, fn) -> str:
     return ", ".join(parts)
 
 
-def build_entry(fn, captured, compiled) -> Entry:
+def build_entry(fn, captured, compiled, native_checks=None) -> Entry:
+    """``native_checks`` (optional): a provider of native tensor checks (``native(spec)``,
+    ``checker(specs, fallback)``; the backend's ``tensorcheck``), which then runs all the
+    entry's tensor guards in one call."""
     guards: GuardSet = captured.guards
     ordered = guards.ordered()
     sig = signature_source(fn.__code__, fn)
     call_args = list(captured.user_input_exprs) + [guards.const(t, "P") for t in captured.attr_tensors]
+    fused, fused_line = _fused_tensor_check(guards, ordered, native_checks)
     # A guard that cannot be evaluated (a shorter list, a missing key, a deleted attribute)
     # is a miss, never the user's exception: the checks run inside one try (free in CPython
     # 3.11+ until something raises); the compiled call runs outside it.
     lines = [f"def ___entry({sig}):", "    try:"]
     for expr, _ in ordered:
+        if expr in fused:
+            if fused_line:      # at the first tensor guard's place
+                lines.append(f"        if not ({fused_line}): return ___MISS")
+                fused_line = None
+            continue
         lines.append(f"        if not ({expr}): return ___MISS")
     lines.append("    except Exception:")
     lines.append("        return ___MISS")
@@ -125,6 +134,30 @@ def build_entry(fn, captured, compiled) -> Entry:
         f.__defaults__ = fn.__defaults__
         f.__kwdefaults__ = fn.__kwdefaults__
     return Entry(entry_fn, why_fn, ordered, source, captured, compiled, captured.modules)
+
+
+def _fused_tensor_check(guards: GuardSet, ordered, native_checks) -> tuple[set, str | None]:
+    """The tensor guards that one native call checks (their expressions) and that call's
+    source (``___TC(x, ___P3, ...)``, bound in ``guards.consts``). Its fallback, for
+    tensors whose fields it cannot read natively, is the same Python expressions over
+    its own arguments, so the entry's answer never depends on which one ran."""
+    if native_checks is None:
+        return set(), None
+    fused = [(expr, *guards.tensor_specs[expr]) for expr, _ in ordered
+             if expr in guards.tensor_specs and native_checks.native(guards.tensor_specs[expr][1])]
+    if not fused:
+        return set(), None
+    specs = [spec for _, _, spec in fused]
+    params = [f"___t{i}" for i in range(len(specs))]
+    body = " and ".join(f"({guards.tensor_expression(p, s)})" for p, s in zip(params, specs))
+    ns = dict(guards.consts)
+    exec(compile(f"def ___tensor_guards({', '.join(params)}):\n    return {body}\n",
+                 "<tempa tensor guards>", "exec"), ns)
+    check = native_checks.checker(specs, ns["___tensor_guards"])
+    if check is None:
+        return set(), None
+    name = guards.const(check, "TC")
+    return {expr for expr, _, _ in fused}, f"{name}({', '.join(value for _, value, _ in fused)})"
 
 
 # -- invalidation when a module's parameters, buffers or submodules are reassigned ----------
