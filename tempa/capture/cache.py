@@ -94,25 +94,23 @@ def signature_source(code, fn) -> str:
 
 
 def build_entry(fn, captured, compiled, native_checks=None) -> Entry:
-    """``native_checks`` (optional): a provider of native tensor checks (``native(spec)``,
-    ``checker(specs, fallback)``; the backend's ``tensorcheck``), which then runs all the
-    entry's tensor guards in one call."""
+    """``native_checks`` (optional): a provider of native checks (``native(spec)``,
+    ``checker(specs, fallback)``, ``all_empty()``; the backend's ``nativeguards``): the
+    entry's tensor guards then run in one call, and its emptiness guards in another."""
     guards: GuardSet = captured.guards
     ordered = guards.ordered()
     sig = signature_source(fn.__code__, fn)
     call_args = list(captured.user_input_exprs) + [guards.const(t, "P") for t in captured.attr_tensors]
-    fused, fused_line = _fused_tensor_check(guards, ordered, native_checks)
+    fused = {**_fused_tensor_check(guards, ordered, native_checks),
+             **_fused_empty_check(guards, ordered, native_checks)}
     # A guard that cannot be evaluated (a shorter list, a missing key, a deleted attribute)
     # is a miss, never the user's exception: the checks run inside one try (free in CPython
     # 3.11+ until something raises); the compiled call runs outside it.
     lines = [f"def ___entry({sig}):", "    try:"]
     for expr, _ in ordered:
-        if expr in fused:
-            if fused_line:      # at the first tensor guard's place
-                lines.append(f"        if not ({fused_line}): return ___MISS")
-                fused_line = None
-            continue
-        lines.append(f"        if not ({expr}): return ___MISS")
+        expr = fused.get(expr, expr)
+        if expr:
+            lines.append(f"        if not ({expr}): return ___MISS")
     lines.append("    except Exception:")
     lines.append("        return ___MISS")
     lines.append(f"    ___o = ___compiled({', '.join(call_args)})")
@@ -136,17 +134,18 @@ def build_entry(fn, captured, compiled, native_checks=None) -> Entry:
     return Entry(entry_fn, why_fn, ordered, source, captured, compiled, captured.modules)
 
 
-def _fused_tensor_check(guards: GuardSet, ordered, native_checks) -> tuple[set, str | None]:
-    """The tensor guards that one native call checks (their expressions) and that call's
-    source (``___TC(x, ___P3, ...)``, bound in ``guards.consts``). Its fallback, for
-    tensors whose fields it cannot read natively, is the same Python expressions over
-    its own arguments, so the entry's answer never depends on which one ran."""
+def _fused_tensor_check(guards: GuardSet, ordered, native_checks) -> dict:
+    """The tensor guards that one native call checks: {guard: None}, the first of them
+    mapped to that call's source (``___TC(x, ___P3, ...)``, bound in ``guards.consts``)
+    instead. Its fallback, for tensors whose fields it cannot read natively, is the same
+    Python expressions over its own arguments, so the entry's answer never depends on
+    which one ran."""
     if native_checks is None:
-        return set(), None
+        return {}
     fused = [(expr, *guards.tensor_specs[expr]) for expr, _ in ordered
              if expr in guards.tensor_specs and native_checks.native(guards.tensor_specs[expr][1])]
     if not fused:
-        return set(), None
+        return {}
     specs = [spec for _, _, spec in fused]
     params = [f"___t{i}" for i in range(len(specs))]
     body = " and ".join(f"({guards.tensor_expression(p, s)})" for p, s in zip(params, specs))
@@ -155,9 +154,24 @@ def _fused_tensor_check(guards: GuardSet, ordered, native_checks) -> tuple[set, 
                  "<tempa tensor guards>", "exec"), ns)
     check = native_checks.checker(specs, ns["___tensor_guards"])
     if check is None:
-        return set(), None
-    name = guards.const(check, "TC")
-    return {expr for expr, _, _ in fused}, f"{name}({', '.join(value for _, value, _ in fused)})"
+        return {}
+    call = f"{guards.const(check, 'TC')}({', '.join(value for _, value, _ in fused)})"
+    return _first_becomes(call, [expr for expr, _, _ in fused])
+
+
+def _fused_empty_check(guards: GuardSet, ordered, native_checks) -> dict:
+    """The emptiness guards (hook dicts), all in one native ``all_empty(...)`` call at the
+    first one's place: {guard: None}, the first mapped to the call."""
+    exprs = [expr for expr, _ in ordered if expr in guards.empty_checks]
+    all_empty = native_checks.all_empty() if native_checks is not None and exprs else None
+    if all_empty is None:
+        return {}
+    names = [n for expr in exprs for n in guards.empty_checks[expr]]
+    return _first_becomes(f"{guards.const(all_empty, 'F')}({', '.join(names)})", exprs)
+
+
+def _first_becomes(call: str, exprs: list) -> dict:
+    return {expr: call if i == 0 else None for i, expr in enumerate(exprs)}
 
 
 # -- invalidation when a module's parameters, buffers or submodules are reassigned ----------

@@ -27,6 +27,8 @@ class GuardSet:
         self._const_by_id: dict[int, str] = {}
         # tensor guard expression -> (the tensor's expression, its TensorSpec)
         self.tensor_specs: dict[str, tuple[str, TensorSpec]] = {}
+        # emptiness guard expression -> the constant names it tests
+        self.empty_checks: dict[str, list[str]] = {}
 
     # -- constants --------------------------------------------------------------------
     def const(self, obj, prefix: str = "O") -> str:
@@ -127,6 +129,13 @@ class GuardSet:
             parts.append(f"{expr}.is_neg() is {spec.neg}")
             parts.append(f"{expr}.is_inference() is {spec.inference}")
         return " and ".join(parts)
+
+    def all_empty(self, objects, description: str) -> None:
+        """Each of ``objects`` (bound as constants: hook dicts) is empty (falsy)."""
+        names = [self.const(o, "H") for o in objects]
+        expr = "not (" + " or ".join(names) + ")"
+        self.add("module", expr, description)
+        self.empty_checks.setdefault(expr, names)
 
     def global_state(self, expr: str, value, description: str) -> None:
         self.add("global", f"{expr} is {value!r}", description)

@@ -1,4 +1,4 @@
-"""The native tensor check (tempa/backend/runtime/tensorcheck.py) gives the answer of the
+"""The native tensor check (tempa/backend/runtime/nativeguards.py) gives the answer of the
 Python guard expressions it stands for, on every kind of tensor, and entries use it.
 
 The Python expression (``GuardSet.tensor_expression``) is the definition; for each pair of
@@ -9,14 +9,14 @@ import torch
 import torch.nn as nn
 
 import tempa
-from tempa.backend.runtime import tensorcheck
+from tempa.backend.runtime import nativeguards
 from tempa.capture.cache import MISS
 from tempa.capture.guards import GuardSet, TensorSpec
 
 
 @pytest.fixture(autouse=True)
 def _native_available():
-    if tensorcheck.module() is None:
+    if nativeguards.module() is None:
         pytest.skip("the tensor-check extension cannot be built here (no compiler or headers)")
     tempa.reset()
     yield
@@ -52,7 +52,7 @@ def _checks(spec):
     ns = {}
     exec(f"def python(t):\n    return {g.tensor_expression('t', spec)}\n", g.consts, ns)
     python = ns["python"]
-    return python, tensorcheck.checker([spec], python)
+    return python, nativeguards.checker([spec], python)
 
 
 def _passes(check, value) -> bool:
@@ -73,7 +73,7 @@ def _specs():
 @pytest.mark.parametrize("name,spec", list(_specs()), ids=lambda v: v if isinstance(v, str) else "")
 def test_native_check_agrees_with_the_python_expression(name, spec):
     python, native = _checks(spec)
-    if not tensorcheck.native(spec):
+    if not nativeguards.native(spec):
         assert spec.type is Sub      # a subclass keeps its Python check
         return
     assert native is not None

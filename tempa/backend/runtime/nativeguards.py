@@ -1,4 +1,5 @@
-"""All of an entry's tensor guards in one native call: a tiny extension, built once.
+"""An entry's tensor guards (and its emptiness checks) in one native call each: a tiny
+extension, built once.
 
 Why: a guard reads a tensor's metadata through Python attributes (``x.dtype``, ``x.shape``,
 ``x.is_contiguous()``, ...), each a torch call of 60-150 ns from Python, so a complete
@@ -38,7 +39,7 @@ import torch
 
 from . import diskcache
 
-_MODULE = "_tempa_tensorcheck"
+_MODULE = "_tempa_nativeguards"
 # the only classes whose attribute reads are torch's own getters (no __torch_function__)
 _NATIVE_TYPES = (torch.Tensor, torch.nn.Parameter)
 _log = logging.getLogger("tempa.perf")
@@ -231,17 +232,29 @@ PyObject* configure(PyObject*, PyObject* arg) {
     Py_RETURN_NONE;
 }
 
+// all_empty(*objects): ``not (o1 or o2 or ...)``, the same truth tests in the same order
+PyObject* all_empty(PyObject*, PyObject* const* args, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        int truth = PyObject_IsTrue(args[i]);
+        if (truth < 0) return NULL;
+        if (truth) Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
 PyMethodDef methods[] = {
     {"configure", configure, METH_O, "configure(offset): where a tensor object holds its TensorImpl*"},
+    {"all_empty", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(all_empty)),
+     METH_FASTCALL, "all_empty(*objects): not (o1 or o2 or ...)"},
     {NULL, NULL, 0, NULL},
 };
 
-PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_tempa_tensorcheck", NULL, -1, methods};
+PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_tempa_nativeguards", NULL, -1, methods};
 
 }  // namespace
 
-PyMODINIT_FUNC PyInit__tempa_tensorcheck(void) {
-    TensorCheckType.tp_name = "_tempa_tensorcheck.TensorCheck";
+PyMODINIT_FUNC PyInit__tempa_nativeguards(void) {
+    TensorCheckType.tp_name = "_tempa_nativeguards.TensorCheck";
     TensorCheckType.tp_basicsize = sizeof(TensorCheck);
     TensorCheckType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC;
     TensorCheckType.tp_vectorcall_offset = offsetof(TensorCheck, vectorcall);
@@ -284,7 +297,7 @@ def _build():
         header = f.read()
     key = diskcache.key_of(SOURCE, sys.version, torch.__version__, header, py_include, include,
                            comp, suffix)
-    so = diskcache.path("tensorcheck", key, "so")
+    so = diskcache.path("nativeguards", key, "so")
     if diskcache.verified(so):
         try:
             return _load(so)
@@ -365,7 +378,7 @@ def prebuild() -> None:
     with _lock:
         if "module" in _state or "thread" in _state:
             return
-        _state["thread"] = threading.Thread(target=module, name="tempa-tensorcheck-build",
+        _state["thread"] = threading.Thread(target=module, name="tempa-nativeguards-build",
                                             daemon=True)
     _state["thread"].start()
 
@@ -398,6 +411,16 @@ def checker(specs: list, fallback):
         _log.info("native tensor guards not used for this entry: %s", e)
         return None
     return mod.TensorCheck(fallback, rows)
+
+
+def all_empty():
+    """``all_empty(*objects)``, natively ``not (o1 or o2 or ...)`` (hook dicts: one call
+    for all of an entry's instead of a truth test each from Python); None where the
+    extension cannot be used."""
+    if not _config().fast_guards:
+        return None
+    mod = module()
+    return None if mod is None else mod.all_empty
 
 
 def _reference_tensor(dtype, device):
