@@ -182,7 +182,9 @@ def _first_becomes(call: str, exprs: list) -> dict:
 # modules and weights alive, and a compiled model the user dropped must free all of them.
 # A module's slot goes away with the module (its id may then be reused by a new object).
 _watchers: dict[int, list] = {}
-_watch_lock = threading.Lock()
+# Re-entrant: a garbage collection that runs while _watch holds it (weakref.finalize
+# allocates) can run a dead module's finalizer, _forget_module, on the same thread.
+_watch_lock = threading.RLock()
 
 
 def _watch(module, cache: CodeCache, entry: Entry) -> None:

@@ -180,3 +180,4 @@ def test_parameter_changes_are_seen_by_the_native_check(change):
                 fast(x)
             return
         torch.testing.assert_close(fast(x), model(x))
+
