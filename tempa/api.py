@@ -18,6 +18,7 @@ from torch.amp import autocast_mode
 
 from . import distributed, logs, stats as _stats
 from .config import config
+from .backend.runtime import nativeguards
 from .capture import calls
 from .capture import runtime as capture_runtime
 from .capture.breaks import GraphBreakError, Unsupported, UserError
@@ -81,6 +82,7 @@ class CompileContext:
         self.fallback_log: list = []  # (function, reason)
         self.recompile_log: list = []  # (function name, the guard that failed)
         install_invalidation_hooks()
+        nativeguards.prebuild()   # its one-time compiler run overlaps the first capture
         if config.logs:
             logs.enable(config.logs)
         _contexts.add(self)
@@ -243,7 +245,7 @@ class CompileContext:
         if logs.on("graphs"):
             logs.get("graphs").info("graph for %s:\n%s", _where(fn), captured.gm.code)
         compiled = _restoring_global_state(self._compile_graph(captured, fn), captured.gm)
-        entry = build_entry(fn, captured, compiled)
+        entry = build_entry(fn, captured, compiled, nativeguards)
         # A call with bad arguments fails in the entry: its TypeError names the user's function.
         entry.fn.__name__, entry.fn.__qualname__ = fn.__name__, fn.__qualname__
         if logs.on("guards"):
@@ -415,12 +417,17 @@ class OptimizedModule(torch.nn.Module):
             self.__dict__["_tempa_call"] = functools.partial(dispatch, mod)
 
     def __call__(self, *args, **kwargs):
-        if self._forward_hooks or self._forward_pre_hooks:
+        # Instance state is read from __dict__: a module's attribute reads go through the
+        # __getattr__ hook (not specialised by CPython), ~35 ns each on every call.
+        d = self.__dict__
+        if d["_forward_hooks"] or d["_forward_pre_hooks"]:
             return super().__call__(*args, **kwargs)
-        mod = self._tempa_mod
-        own_hooks = distributed.has_module_hooks(mod) and not self._tempa_ddp
-        if not own_hooks and not self._tempa_hooked:
-            return self._tempa_call(*args, **kwargs)
+        mod = d["_tempa_mod"]
+        m = mod.__dict__
+        own_hooks = (m["_forward_hooks"] or m["_forward_pre_hooks"] or m["_backward_hooks"] or
+                     m["_backward_pre_hooks"]) and not d["_tempa_ddp"]
+        if not own_hooks and not d["_tempa_hooked"]:
+            return d["_tempa_call"](*args, **kwargs)
         # A hooked submodule reached from eagerly run code (the rest of a loop after a graph
         # break) still runs its compiled forward: each is installed for this call.
         context = self._tempa_context

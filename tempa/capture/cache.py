@@ -93,17 +93,24 @@ def signature_source(code, fn) -> str:
     return ", ".join(parts)
 
 
-def build_entry(fn, captured, compiled) -> Entry:
+def build_entry(fn, captured, compiled, native_checks=None) -> Entry:
+    """``native_checks`` (optional): a provider of native checks (``native(spec)``,
+    ``checker(specs, fallback)``, ``all_empty()``; the backend's ``nativeguards``): the
+    entry's tensor guards then run in one call, and its emptiness guards in another."""
     guards: GuardSet = captured.guards
     ordered = guards.ordered()
     sig = signature_source(fn.__code__, fn)
     call_args = list(captured.user_input_exprs) + [guards.const(t, "P") for t in captured.attr_tensors]
+    fused = {**_fused_tensor_check(guards, ordered, native_checks),
+             **_fused_empty_check(guards, ordered, native_checks)}
     # A guard that cannot be evaluated (a shorter list, a missing key, a deleted attribute)
     # is a miss, never the user's exception: the checks run inside one try (free in CPython
     # 3.11+ until something raises); the compiled call runs outside it.
     lines = [f"def ___entry({sig}):", "    try:"]
     for expr, _ in ordered:
-        lines.append(f"        if not ({expr}): return ___MISS")
+        expr = fused.get(expr, expr)
+        if expr:
+            lines.append(f"        if not ({expr}): return ___MISS")
     lines.append("    except Exception:")
     lines.append("        return ___MISS")
     lines.append(f"    ___o = ___compiled({', '.join(call_args)})")
@@ -127,6 +134,46 @@ def build_entry(fn, captured, compiled) -> Entry:
     return Entry(entry_fn, why_fn, ordered, source, captured, compiled, captured.modules)
 
 
+def _fused_tensor_check(guards: GuardSet, ordered, native_checks) -> dict:
+    """The tensor guards that one native call checks: {guard: None}, the first of them
+    mapped to that call's source (``___TC(x, ___P3, ...)``, bound in ``guards.consts``)
+    instead. Its fallback, for tensors whose fields it cannot read natively, is the same
+    Python expressions over its own arguments, so the entry's answer never depends on
+    which one ran."""
+    if native_checks is None:
+        return {}
+    fused = [(expr, *guards.tensor_specs[expr]) for expr, _ in ordered
+             if expr in guards.tensor_specs and native_checks.native(guards.tensor_specs[expr][1])]
+    if not fused:
+        return {}
+    specs = [spec for _, _, spec in fused]
+    params = [f"___t{i}" for i in range(len(specs))]
+    body = " and ".join(f"({guards.tensor_expression(p, s)})" for p, s in zip(params, specs))
+    ns = dict(guards.consts)
+    exec(compile(f"def ___tensor_guards({', '.join(params)}):\n    return {body}\n",
+                 "<tempa tensor guards>", "exec"), ns)
+    check = native_checks.checker(specs, ns["___tensor_guards"])
+    if check is None:
+        return {}
+    call = f"{guards.const(check, 'TC')}({', '.join(value for _, value, _ in fused)})"
+    return _first_becomes(call, [expr for expr, _, _ in fused])
+
+
+def _fused_empty_check(guards: GuardSet, ordered, native_checks) -> dict:
+    """The emptiness guards (hook dicts), all in one native ``all_empty(...)`` call at the
+    first one's place: {guard: None}, the first mapped to the call."""
+    exprs = [expr for expr, _ in ordered if expr in guards.empty_checks]
+    all_empty = native_checks.all_empty() if native_checks is not None and exprs else None
+    if all_empty is None:
+        return {}
+    names = [n for expr in exprs for n in guards.empty_checks[expr]]
+    return _first_becomes(f"{guards.const(all_empty, 'F')}({', '.join(names)})", exprs)
+
+
+def _first_becomes(call: str, exprs: list) -> dict:
+    return {expr: call if i == 0 else None for i, expr in enumerate(exprs)}
+
+
 # -- invalidation when a module's parameters, buffers or submodules are reassigned ----------
 # torch calls these global hooks from register_parameter/register_buffer/add_module and
 # from Module.__setattr__, so `model.fc1 = nn.Linear(...)` or `model.w = nn.Parameter(...)`
@@ -135,7 +182,9 @@ def build_entry(fn, captured, compiled) -> Entry:
 # modules and weights alive, and a compiled model the user dropped must free all of them.
 # A module's slot goes away with the module (its id may then be reused by a new object).
 _watchers: dict[int, list] = {}
-_watch_lock = threading.Lock()
+# Re-entrant: a garbage collection that runs while _watch holds it (weakref.finalize
+# allocates) can run a dead module's finalizer, _forget_module, on the same thread.
+_watch_lock = threading.RLock()
 
 
 def _watch(module, cache: CodeCache, entry: Entry) -> None:

@@ -9,6 +9,7 @@ attribute chain at call time (``m.fc1`` through ``Module.__getattr__`` costs ~0.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -24,6 +25,10 @@ class GuardSet:
         self.guards: list[tuple[int, str, str]] = []   # (order, expression, description)
         self.consts: dict[str, object] = {}
         self._const_by_id: dict[int, str] = {}
+        # tensor guard expression -> (the tensor's expression, its TensorSpec)
+        self.tensor_specs: dict[str, tuple[str, TensorSpec]] = {}
+        # emptiness guard expression -> the constant names it tests
+        self.empty_checks: dict[str, list[str]] = {}
 
     # -- constants --------------------------------------------------------------------
     def const(self, obj, prefix: str = "O") -> str:
@@ -85,45 +90,52 @@ class GuardSet:
         negative bits and inference-ness. A parameter or buffer (``attribute``) is the same
         object on every call and its metadata changes only through ``.data =``, ``.to()``,
         ``requires_grad_()`` and in-place resizes: those four items are guarded; the rest
-        (each a ~100 ns torch call per tensor per call) is not, a measured trade-off
-        (benchmarks/guard_cost.py): kernels read ``data_ptr()``, which includes the
-        offset, and a parameter holding a negative-bit or inference view is not seen."""
-        parts = [f"{expr}.__class__ is {self.const(type(t), 'T')}",
-                 f"{expr}.dtype is {self.const(t.dtype, 'D')}"]
-        if t.device.type == "cpu":
+        is not, a measured trade-off (benchmarks/guard_cost.py): kernels read
+        ``data_ptr()``, which includes the offset, and a parameter holding a negative-bit or
+        inference view is not seen. The check is recorded as a ``TensorSpec`` too, so that
+        an entry can run all its tensor checks in one native call (``build_entry``)."""
+        spec = TensorSpec.of(t, tuple(dynamic_dims), attribute)
+        check = self.tensor_expression(expr, spec)
+        self.add("tensor", check, spec.describe(what or expr))
+        self.tensor_specs.setdefault(check, (expr, spec))
+
+    def tensor_expression(self, expr: str, spec: "TensorSpec") -> str:
+        """The Python check that ``expr`` matches ``spec`` (the entry's definition of it)."""
+        parts = [f"{expr}.__class__ is {self.const(spec.type, 'T')}",
+                 f"{expr}.dtype is {self.const(spec.dtype, 'D')}"]
+        if spec.device.type == "cpu":
             parts.append(f"{expr}.is_cpu")
         else:
-            parts.append(f"{expr}.device == {self.const(t.device, 'DEV')}")
-        if dynamic_dims:
-            parts.append(f"{expr}.dim() == {t.dim()}")
-            for d in range(t.dim()):
-                if d not in dynamic_dims:
-                    parts.append(f"{expr}.shape[{d}] == {t.shape[d]}")
+            parts.append(f"{expr}.device == {self.const(spec.device, 'DEV')}")
+        if spec.dynamic_dims:
+            parts.append(f"{expr}.dim() == {len(spec.shape)}")
+            for d, n in enumerate(spec.shape):
+                if d not in spec.dynamic_dims:
+                    parts.append(f"{expr}.shape[{d}] == {n}")
+        else:
+            parts.append(f"{expr}.shape == {self.const(spec.shape, 'S')}")
+        if spec.contiguous:
+            # the same sizes and contiguous: the same strides (cheaper than stride())
             parts.append(f"{expr}.is_contiguous()")
         else:
-            parts.append(f"{expr}.shape == {self.const(tuple(t.shape), 'S')}")
-            if t.is_contiguous() and all(n > 1 for n in t.shape):
-                # the same sizes and contiguous: the same strides (cheaper than stride())
-                parts.append(f"{expr}.is_contiguous()")
-            else:
-                parts.append(f"{expr}.stride() == {self.const(tuple(t.stride()), 'S')}")
-        parts.append(f"{expr}.requires_grad is {t.requires_grad}")
-        if not attribute:
-            parts.append(f"{expr}.storage_offset() == {t.storage_offset()}")
+            parts.append(f"{expr}.stride() == {self.const(spec.stride, 'S')}")
+        parts.append(f"{expr}.requires_grad is {spec.requires_grad}")
+        if not spec.attribute:
+            parts.append(f"{expr}.storage_offset() == {spec.offset}")
             # the conjugate bit exists only on complex tensors; the negative bit and
             # inference-ness on any
-            if t.is_complex():
-                parts.append(f"{expr}.is_conj() is {t.is_conj()}")
-            parts.append(f"{expr}.is_neg() is {t.is_neg()}")
-            parts.append(f"{expr}.is_inference() is {t.is_inference()}")
-        shape = tuple("*" if d in dynamic_dims else n for d, n in enumerate(t.shape))
-        layout = "contiguous" if dynamic_dims else f"stride {tuple(t.stride())}"
-        flags = "".join(f", {name}" for name, on in (("conj", t.is_conj()), ("neg", t.is_neg()),
-                                                     ("inference", t.is_inference())) if on)
-        desc = (f"{what or expr} is a {type(t).__name__} {t.dtype} on {t.device} of shape "
-                f"{shape}, {layout}, offset {t.storage_offset()}, "
-                f"requires_grad={t.requires_grad}{flags}")
-        self.add("tensor", " and ".join(parts), desc)
+            if spec.conj is not None:
+                parts.append(f"{expr}.is_conj() is {spec.conj}")
+            parts.append(f"{expr}.is_neg() is {spec.neg}")
+            parts.append(f"{expr}.is_inference() is {spec.inference}")
+        return " and ".join(parts)
+
+    def all_empty(self, objects, description: str) -> None:
+        """Each of ``objects`` (bound as constants: hook dicts) is empty (falsy)."""
+        names = [self.const(o, "H") for o in objects]
+        expr = "not (" + " or ".join(names) + ")"
+        self.add("module", expr, description)
+        self.empty_checks.setdefault(expr, names)
 
     def global_state(self, expr: str, value, description: str) -> None:
         self.add("global", f"{expr} is {value!r}", description)
@@ -131,6 +143,45 @@ class GuardSet:
     # -- output ------------------------------------------------------------------------
     def ordered(self) -> list[tuple[str, str]]:
         return [(e, d) for _, e, d in sorted(self.guards, key=lambda g: g[0])]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """The metadata a tensor guard checks, as data (no reference to the tensor itself: an
+    entry must not keep its example inputs alive). The layout is checked as
+    ``is_contiguous()`` where ``contiguous`` (then the sizes imply the strides), else as
+    ``stride()``; ``offset``, ``conj``, ``neg`` and ``inference`` are
+    checked only when ``attribute`` is false (``conj`` only for complex tensors: None)."""
+    type: type
+    dtype: torch.dtype
+    device: torch.device
+    shape: tuple            # sizes at capture; a dim in ``dynamic_dims`` may be any size
+    dynamic_dims: tuple
+    stride: tuple           # at capture
+    contiguous: bool
+    requires_grad: bool
+    attribute: bool
+    offset: int
+    conj: bool | None
+    neg: bool
+    inference: bool
+
+    @staticmethod
+    def of(t: torch.Tensor, dynamic_dims: tuple, attribute: bool) -> "TensorSpec":
+        contiguous = bool(dynamic_dims) or (t.is_contiguous() and all(n > 1 for n in t.shape))
+        return TensorSpec(type(t), t.dtype, t.device, tuple(t.shape), dynamic_dims,
+                          tuple(t.stride()), contiguous, t.requires_grad, attribute,
+                          t.storage_offset(), t.is_conj() if t.is_complex() else None,
+                          t.is_neg(), t.is_inference())
+
+    def describe(self, what: str) -> str:
+        shape = tuple("*" if d in self.dynamic_dims else n for d, n in enumerate(self.shape))
+        layout = "contiguous" if self.dynamic_dims else f"stride {self.stride}"
+        flags = "".join(f", {name}" for name, on in (("conj", self.conj), ("neg", self.neg),
+                                                     ("inference", self.inference)) if on)
+        return (f"{what} is a {self.type.__name__} {self.dtype} on {self.device} of shape "
+                f"{shape}, {layout}, offset {self.offset}, "
+                f"requires_grad={self.requires_grad}{flags}")
 
 
 def storage_groups(*tensors) -> tuple:

@@ -1,0 +1,431 @@
+"""An entry's tensor guards (and its emptiness checks) in one native call each: a tiny
+extension, built once.
+
+Why: a guard reads a tensor's metadata through Python attributes (``x.dtype``, ``x.shape``,
+``x.is_contiguous()``, ...), each a torch call of 60-150 ns from Python, so a complete
+check of one tensor costs 0.5-1 µs, and a small model's four parameters and its input are
+half of its whole compiled call. The extension reads the same fields straight from the
+``c10::TensorImpl`` (tens of ns for all of them). What it checks is defined by the Python
+expressions of ``GuardSet.tensor_expression``: it evaluates exactly those, and where it
+cannot read a field natively (custom sizes or strides, symbolic sizes: functorch wrappers,
+nested tensors) it calls the entry's Python check for the same tensors, so the answer is
+the Python expressions' answer on every tensor.
+
+It includes only c10's ``TensorImpl.h`` (a full torch extension header set takes ~20 s to
+compile; this ~2 s), and finds the ``TensorImpl*`` inside a tensor's Python object at the
+offset where torch keeps it, which is probed at load against ``Tensor._cdata`` on several
+kinds of tensors: if the probe fails (another torch layout), the extension is not used.
+It is compiled with g++ the first time it is needed, stored in the disk cache (keyed by
+its source, torch's version and headers, Python and the compiler), and shared by every
+entry of every process after. Where it cannot be built (no compiler, no headers) or
+``tempa.config.fast_guards`` is off, ``checker`` returns None and entries keep the Python
+expressions: slower, same answers.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+
+import torch
+
+from . import diskcache
+
+_MODULE = "_tempa_nativeguards"
+# the only classes whose attribute reads are torch's own getters (no __torch_function__)
+_NATIVE_TYPES = (torch.Tensor, torch.nn.Parameter)
+_log = logging.getLogger("tempa.perf")
+_lock = threading.Lock()
+_state: dict = {}      # "module" -> the loaded extension, or None where it cannot be used
+_reference: dict = {}  # (dtype, device) -> an empty tensor the extension reads them from
+
+SOURCE = r"""
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <c10/core/TensorImpl.h>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+Py_ssize_t impl_offset = -1;   // where a tensor's Python object holds its TensorImpl*
+
+c10::TensorImpl* impl_of(PyObject* obj) {
+    return *reinterpret_cast<c10::TensorImpl**>(reinterpret_cast<char*>(obj) + impl_offset);
+}
+
+struct Spec {
+    PyTypeObject* type;
+    caffe2::TypeMeta dtype;
+    c10::Device device{c10::kCPU};
+    bool cpu;                      // then only the device type is compared (``x.is_cpu``)
+    std::vector<int64_t> sizes;    // -1: a dynamic dim, any size
+    std::vector<int64_t> strides;  // empty: is_contiguous() instead
+    bool requires_grad;
+    bool argument;                 // then offset, conj, neg and inference too
+    int64_t offset;
+    int conj;                      // -1: not checked
+    bool neg, inference;
+};
+
+// The Python expression's value, in its order; throws where a field has no native value.
+bool matches(const Spec& s, c10::TensorImpl* t) {
+    if (t->dtype() != s.dtype) return false;
+    if (s.cpu ? !t->is_cpu() : t->device() != s.device) return false;
+    c10::IntArrayRef sizes = t->sizes();
+    if (sizes.size() != s.sizes.size()) return false;
+    for (size_t d = 0; d < sizes.size(); ++d)
+        if (s.sizes[d] >= 0 && sizes[d] != s.sizes[d]) return false;
+    if (s.strides.empty()) {
+        if (!t->is_contiguous()) return false;
+    } else {
+        c10::IntArrayRef strides = t->strides();
+        if (strides.size() != s.strides.size() ||
+            std::memcmp(strides.data(), s.strides.data(), strides.size() * sizeof(int64_t)))
+            return false;
+    }
+    if (t->requires_grad() != s.requires_grad) return false;
+    if (!s.argument) return true;
+    if (t->storage_offset() != s.offset) return false;
+    if (s.conj >= 0 && t->is_conj() != (s.conj == 1)) return false;
+    return t->is_neg() == s.neg && t->is_inference() == s.inference;
+}
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    std::vector<Spec>* specs;
+    PyObject* fallback;            // the Python check of the same tensors
+} TensorCheck;
+
+PyObject* check_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+    TensorCheck* c = reinterpret_cast<TensorCheck*>(self);
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (n != (Py_ssize_t)c->specs->size() || (kwnames && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_Format(PyExc_TypeError, "tensor check takes %zd tensors, got %zd",
+                     (Py_ssize_t)c->specs->size(), n);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        const Spec& s = (*c->specs)[i];
+        if (Py_TYPE(args[i]) != s.type) Py_RETURN_FALSE;
+        c10::TensorImpl* t = impl_of(args[i]);
+        bool native = t != nullptr;
+        bool ok = false;
+        if (native) {
+            try {
+                ok = matches(s, t);
+            } catch (...) {
+                native = false;
+            }
+        }
+        if (!native) return PyObject_Vectorcall(c->fallback, args, n, NULL);
+        if (!ok) Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
+bool read_ints(PyObject* seq, std::vector<int64_t>& out) {
+    PyObject* fast = PySequence_Fast(seq, "expected a tuple of ints");
+    if (!fast) return false;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (v == -1 && PyErr_Occurred()) { Py_DECREF(fast); return false; }
+        out.push_back(v);
+    }
+    Py_DECREF(fast);
+    return true;
+}
+
+void check_dealloc(PyObject* self) {
+    TensorCheck* c = reinterpret_cast<TensorCheck*>(self);
+    PyObject_GC_UnTrack(self);
+    Py_CLEAR(c->fallback);
+    if (c->specs) {
+        for (Spec& s : *c->specs) Py_DECREF(reinterpret_cast<PyObject*>(s.type));
+        delete c->specs;
+    }
+    Py_TYPE(self)->tp_free(self);
+}
+
+int check_traverse(PyObject* self, visitproc visit, void* arg) {
+    Py_VISIT(reinterpret_cast<TensorCheck*>(self)->fallback);
+    return 0;
+}
+
+int check_clear(PyObject* self) {
+    Py_CLEAR(reinterpret_cast<TensorCheck*>(self)->fallback);
+    return 0;
+}
+
+PyObject* check_new(PyTypeObject* type, PyObject* args, PyObject* kw);
+
+PyTypeObject TensorCheckType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+};
+
+// TensorCheck(fallback, specs): each spec (type, reference, sizes, strides or None,
+// requires_grad, argument, offset, conj, neg, inference), the reference an empty tensor
+// of the spec's dtype and device.
+PyObject* check_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
+    PyObject *fallback, *specs;
+    if (impl_offset < 0) { PyErr_SetString(PyExc_RuntimeError, "layout not configured"); return NULL; }
+    if (!PyArg_ParseTuple(args, "OO!", &fallback, &PyList_Type, &specs)) return NULL;
+    auto parsed = new std::vector<Spec>();
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(specs); ++i) {
+        PyObject *cls, *ref, *sizes, *strides;
+        int requires_grad, argument, conj, neg, inference;
+        long long offset;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(specs, i), "O!OOOppLipp", &PyType_Type, &cls, &ref,
+                              &sizes, &strides, &requires_grad, &argument, &offset, &conj, &neg,
+                              &inference)) {
+            for (Spec& s : *parsed) Py_DECREF(reinterpret_cast<PyObject*>(s.type));
+            delete parsed;
+            return NULL;
+        }
+        Spec s;
+        s.type = reinterpret_cast<PyTypeObject*>(cls);
+        c10::TensorImpl* r = impl_of(ref);
+        s.dtype = r->dtype();
+        s.device = r->device();
+        s.cpu = s.device.is_cpu();
+        s.requires_grad = requires_grad;
+        s.argument = argument;
+        s.offset = offset;
+        s.conj = conj;
+        s.neg = neg;
+        s.inference = inference;
+        if (!read_ints(sizes, s.sizes) || (strides != Py_None && !read_ints(strides, s.strides))) {
+            for (Spec& q : *parsed) Py_DECREF(reinterpret_cast<PyObject*>(q.type));
+            delete parsed;
+            return NULL;
+        }
+        Py_INCREF(cls);
+        parsed->push_back(std::move(s));
+    }
+    TensorCheck* c = reinterpret_cast<TensorCheck*>(type->tp_alloc(type, 0));
+    if (!c) {
+        for (Spec& s : *parsed) Py_DECREF(reinterpret_cast<PyObject*>(s.type));
+        delete parsed;
+        return NULL;
+    }
+    c->vectorcall = check_call;
+    c->specs = parsed;
+    Py_INCREF(fallback);
+    c->fallback = fallback;
+    return reinterpret_cast<PyObject*>(c);
+}
+
+PyObject* configure(PyObject*, PyObject* arg) {
+    Py_ssize_t offset = PyLong_AsSsize_t(arg);
+    if (offset == -1 && PyErr_Occurred()) return NULL;
+    impl_offset = offset;
+    Py_RETURN_NONE;
+}
+
+// all_empty(*objects): ``not (o1 or o2 or ...)``, the same truth tests in the same order
+PyObject* all_empty(PyObject*, PyObject* const* args, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        int truth = PyObject_IsTrue(args[i]);
+        if (truth < 0) return NULL;
+        if (truth) Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
+PyMethodDef methods[] = {
+    {"configure", configure, METH_O, "configure(offset): where a tensor object holds its TensorImpl*"},
+    {"all_empty", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(all_empty)),
+     METH_FASTCALL, "all_empty(*objects): not (o1 or o2 or ...)"},
+    {NULL, NULL, 0, NULL},
+};
+
+PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_tempa_nativeguards", NULL, -1, methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__tempa_nativeguards(void) {
+    TensorCheckType.tp_name = "_tempa_nativeguards.TensorCheck";
+    TensorCheckType.tp_basicsize = sizeof(TensorCheck);
+    TensorCheckType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC;
+    TensorCheckType.tp_vectorcall_offset = offsetof(TensorCheck, vectorcall);
+    TensorCheckType.tp_call = PyVectorcall_Call;
+    TensorCheckType.tp_new = check_new;
+    TensorCheckType.tp_dealloc = check_dealloc;
+    TensorCheckType.tp_traverse = check_traverse;
+    TensorCheckType.tp_clear = check_clear;
+    TensorCheckType.tp_doc = "TensorCheck(fallback, specs): an entry's tensor guards, natively";
+    if (PyType_Ready(&TensorCheckType) < 0) return NULL;
+    PyObject* m = PyModule_Create(&moddef);
+    if (!m) return NULL;
+    Py_INCREF(&TensorCheckType);
+    if (PyModule_AddObject(m, "TensorCheck", reinterpret_cast<PyObject*>(&TensorCheckType)) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
+"""
+
+
+def _torch_paths() -> tuple[str, str]:
+    root = os.path.dirname(torch.__file__)
+    return os.path.join(root, "include"), os.path.join(root, "lib")
+
+
+def _build():
+    py_include = sysconfig.get_paths()["include"]
+    include, lib = _torch_paths()
+    for header in (os.path.join(py_include, "Python.h"),
+                   os.path.join(include, "c10", "core", "TensorImpl.h")):
+        if not os.path.exists(header):
+            raise RuntimeError(f"no {header}")
+    from .build import compiler_id
+    cfg = importlib.import_module("tempa.config").config
+    comp = compiler_id(cfg.cxx)
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    with open(os.path.join(include, "c10", "core", "TensorImpl.h"), "rb") as f:
+        header = f.read()
+    key = diskcache.key_of(SOURCE, sys.version, torch.__version__, header, py_include, include,
+                           comp, suffix)
+    so = diskcache.path("nativeguards", key, "so")
+    if diskcache.verified(so):
+        try:
+            return _load(so)
+        except ImportError as e:
+            _log.info("cached tensor-check extension %s cannot be loaded (%s); rebuilding it", so, e)
+    _compile(comp.split("\n")[0], py_include, include, lib, so)
+    return _load(so)
+
+
+def _compile(cxx: str, py_include: str, include: str, lib: str, so: str) -> None:
+    d = os.path.dirname(so)
+    fd, src = tempfile.mkstemp(dir=d, prefix=".src-", suffix=".cpp")
+    with os.fdopen(fd, "w") as f:
+        f.write(SOURCE)
+    tmp_so = src[:-4] + ".so"
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    try:
+        proc = subprocess.run([cxx, "-O2", "-shared", "-fPIC", "-w", "-std=c++17",
+                               f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{py_include}", f"-I{include}",
+                               "-o", tmp_so, src, f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}"],
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        os.unlink(src)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-1000:])
+    diskcache.store_file(so, src_tmp=tmp_so)
+
+
+def _load(so: str):
+    loader = importlib.machinery.ExtensionFileLoader(_MODULE, so)
+    spec = importlib.util.spec_from_file_location(_MODULE, so, loader=loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    offset = _impl_offset()
+    if offset is None:
+        raise RuntimeError("cannot find the TensorImpl pointer inside a tensor object "
+                           f"(torch {torch.__version__})")
+    mod.configure(offset)
+    return mod
+
+
+def _impl_offset() -> int | None:
+    """Where this torch keeps a tensor's ``TensorImpl*`` in its Python object: the first
+    pointer-aligned slot after the object header that holds ``_cdata`` for every probe (a
+    plain tensor, a view, a parameter, an inference tensor, a subclass instance)."""
+    class Probe(torch.Tensor):
+        pass
+    with torch.inference_mode():
+        inference = torch.zeros(2)
+    base = torch.zeros(3, 4)
+    probes = [base, base[1:, ::2], torch.nn.Parameter(torch.ones(2)), inference,
+              torch.zeros(1).as_subclass(Probe), torch.empty(0, dtype=torch.float64)]
+    size = ctypes.sizeof(ctypes.c_void_p)
+    for offset in range(object.__basicsize__, object.__basicsize__ + 4 * size, size):
+        if all(ctypes.c_void_p.from_address(id(t) + offset).value == t._cdata for t in probes):
+            return offset
+    return None
+
+
+def module():
+    """The loaded extension, or None where it cannot be used (said once, in the perf log)."""
+    if "module" not in _state:
+        with _lock:
+            if "module" not in _state:
+                try:
+                    _state["module"] = _build()
+                except Exception as e:  # noqa: BLE001 - any failure: keep the Python guards
+                    _log.info("native tensor guards unavailable, using Python guards: %s", e)
+                    _state["module"] = None
+    return _state["module"]
+
+
+def prebuild() -> None:
+    """Start building the extension in a background thread (a no-op once started), so that
+    on an empty cache its compiler run overlaps the first capture."""
+    if "module" in _state or "thread" in _state or not _config().fast_guards:
+        return
+    with _lock:
+        if "module" in _state or "thread" in _state:
+            return
+        _state["thread"] = threading.Thread(target=module, name="tempa-nativeguards-build",
+                                            daemon=True)
+    _state["thread"].start()
+
+
+def _config():
+    return importlib.import_module("tempa.config").config
+
+
+def native(spec) -> bool:
+    """Whether the extension can check a tensor of this ``TensorSpec``."""
+    return spec.type in _NATIVE_TYPES
+
+
+def checker(specs: list, fallback):
+    """One callable checking tensors against ``specs`` (``TensorSpec``s, all ``native``):
+    ``check(t0, t1, ...)`` is the conjunction of their Python checks, which ``fallback``
+    (same arguments) evaluates where a tensor's fields cannot be read natively. None where
+    the extension cannot be used."""
+    if not _config().fast_guards:
+        return None
+    mod = module()
+    if mod is None:
+        return None
+    try:
+        rows = [(s.type, _reference_tensor(s.dtype, s.device),
+                 tuple(-1 if d in s.dynamic_dims else n for d, n in enumerate(s.shape)),
+                 None if s.contiguous else s.stride, s.requires_grad, not s.attribute, s.offset,
+                 -1 if s.conj is None else int(s.conj), s.neg, s.inference) for s in specs]
+    except (RuntimeError, TypeError) as e:   # a device no empty tensor can be made on
+        _log.info("native tensor guards not used for this entry: %s", e)
+        return None
+    return mod.TensorCheck(fallback, rows)
+
+
+def all_empty():
+    """``all_empty(*objects)``, natively ``not (o1 or o2 or ...)`` (hook dicts: one call
+    for all of an entry's instead of a truth test each from Python); None where the
+    extension cannot be used."""
+    if not _config().fast_guards:
+        return None
+    mod = module()
+    return None if mod is None else mod.all_empty
+
+
+def _reference_tensor(dtype, device):
+    key = (dtype, device)
+    ref = _reference.get(key)
+    if ref is None:
+        ref = _reference[key] = torch.empty(0, dtype=dtype, device=device)
+    return ref
