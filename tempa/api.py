@@ -10,7 +10,6 @@ import functools
 import inspect
 from dataclasses import dataclass
 import types
-import warnings
 import weakref
 
 import torch
@@ -171,7 +170,8 @@ class CompileContext:
                     break
             if entry is None and cache.eager_reason is None:
                 # (capture's own saves must not reach activation checkpointing's hooks)
-                with distributed.outside_saved_tensors_hooks():
+                with distributed.outside_saved_tensors_hooks(), \
+                        logs.compiling_for(logs._compiling_for or logs.user_frame()):
                     entry = self._capture_and_compile(cache, fn, args, kwargs)
         if entry is None:
             return eager(*args, **kwargs)
@@ -198,17 +198,13 @@ class CompileContext:
             why = cache.entries[0].why(*args, **kwargs) if cache.entries else "?"
             cache.eager_reason = f"recompile_limit ({config.recompile_limit}) reached"
             _stats.bump("eager_fallbacks")
-            warnings.warn(f"tempa: {_where(fn)} was recompiled {cache.captures} times "
-                          f"(recompile_limit={config.recompile_limit}); it runs eagerly from now "
-                          f"on. The guard that kept failing: {why}. Raise "
-                          "tempa.config.recompile_limit, or mark the changing dimension "
-                          "dynamic.", stacklevel=4)
+            logs.warn(f"tempa: {_where(fn)} was recompiled {cache.captures} times "
+                      f"(recompile_limit={config.recompile_limit}); it runs eagerly from now "
+                      f"on. The guard that kept failing: {why}. Raise "
+                      "tempa.config.recompile_limit, or mark the changing dimension "
+                      "dynamic.", UserWarning)
             return None
-        if cache.entries:
-            why = cache.entries[0].why(*args, **kwargs)
-            self.recompile_log.append((fn.__qualname__, why))
-            if logs.on("recompiles"):
-                logs.get("recompiles").info("recompiling %s: %s", _where(fn), why)
+        why = cache.entries[0].why(*args, **kwargs) if cache.entries else None
         try:
             captured = self._capture(cache, fn, args, kwargs)
         except Unsupported as u:
@@ -227,11 +223,19 @@ class CompileContext:
             return None
         except UserError:
             return None  # the user's code raises: eager raises the same error, from their code
+        try:
+            compiled = _restoring_global_state(self._compile_graph(captured, fn), captured.gm)
+        except UserError:
+            return None  # the graph fails on these inputs (a wrong dtype): eager's error
+        # counted once the entry exists: a call that raises eager's error is no recompile
         cache.captures += 1
         cache.last_shapes = captured.input_shapes
         _stats.bump("captures")
-        if cache.entries:
+        if why is not None:
             _stats.bump("recompiles")
+            self.recompile_log.append((fn.__qualname__, why))
+            if logs.on("recompiles"):
+                logs.get("recompiles").info("recompiling %s: %s", _where(fn), why)
         if captured.break_reason is not None:
             _stats.bump("graph_breaks")
             if self.record:
@@ -242,7 +246,6 @@ class CompileContext:
             self.graph_log.append((fn, captured.gm))
         if logs.on("graphs"):
             logs.get("graphs").info("graph for %s:\n%s", _where(fn), captured.gm.code)
-        compiled = _restoring_global_state(self._compile_graph(captured, fn), captured.gm)
         entry = build_entry(fn, captured, compiled)
         # A call with bad arguments fails in the entry: its TypeError names the user's function.
         entry.fn.__name__, entry.fn.__qualname__ = fn.__name__, fn.__qualname__
@@ -311,6 +314,9 @@ class CompileContext:
         try:
             compiled = backend(captured.gm, captured.example_inputs)
         except Exception as e:
+            from .backend.entry import raises_in_eager
+            if raises_in_eager(captured.gm, captured.example_inputs):
+                raise UserError(e) from None
             if config.raise_on_failure:
                 raise
             _stats.bump("eager_fallbacks")
