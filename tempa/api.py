@@ -49,18 +49,49 @@ def _resolve_backend(backend, mode, options):
             return compile_graph(gm, example_inputs, mode=mode, options=options)
         tempa_backend.supports_dynamic = True   # shape-generic code, or per shape inside
         return tempa_backend
-    raise ValueError(f"tempa.compile: unknown backend {backend!r}; use 'tempa', 'eager' or a "
-                     "callable (gm, example_inputs) -> callable")
+    hint = " (torch.compile's backends are not tempa's; tempa's compiler is 'tempa', the " \
+        "default)" if backend in _TORCH_BACKENDS else ""
+    raise ValueError(f"tempa.compile: unknown backend {backend!r}{hint}; the backends are "
+                     "'tempa', 'eager' or a callable (gm, example_inputs) -> callable")
+
+
+_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_TORCH_BACKENDS = ("inductor", "aot_eager", "aot_eager_decomp_partition", "cudagraphs",
+                   "onnxrt", "tvm", "openxla")
+# options= keys the tempa backend reads (what they do: the modules named)
+OPTIONS = {
+    "cudagraph_outputs": "'protect', 'clone' or 'overwrite' (runtime/cudagraphs.py)",
+    "max_autotune_gemm_backends": "'triton,aten', 'triton' or 'aten' (gpu/gemm_tune.py)",
+    "max_autotune_gemm_configs": "a list of [BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages]",
+}
+
+
+def _check_settings(fullgraph, dynamic, mode, options) -> None:
+    """tempa.compile's arguments, refused at once with the valid values (a typo accepted
+    silently would compile something other than what the user asked for)."""
+    if not isinstance(fullgraph, bool):
+        raise TypeError(f"tempa.compile: fullgraph must be True or False, not {fullgraph!r}")
+    if not isinstance(dynamic, (bool, type(None))):
+        raise ValueError(f"tempa.compile: dynamic must be None (automatic), True or False, "
+                         f"not {dynamic!r}")
+    if mode not in (None, *_MODES):
+        raise ValueError(f"tempa.compile: unknown mode {mode!r}; the modes are "
+                         f"{', '.join(map(repr, _MODES))}")
+    if options is None:
+        return
+    if not isinstance(options, dict):
+        raise TypeError(f"tempa.compile: options must be a dict, not {type(options).__name__}")
+    unknown = [k for k in options if k not in OPTIONS]
+    if unknown:
+        raise ValueError(f"tempa.compile: unknown option(s) {', '.join(map(repr, unknown))}; "
+                         "the options are " + "; ".join(f"{k}: {v}" for k, v in OPTIONS.items()))
 
 
 class CompileContext:
     """The settings of one tempa.compile(...) call and the caches built under them."""
 
     def __init__(self, *, fullgraph, dynamic, backend, mode, options):
-        if mode not in (None, "default", "reduce-overhead", "max-autotune",
-                        "max-autotune-no-cudagraphs"):
-            raise ValueError(f"tempa.compile: unknown mode {mode!r}; use 'default', "
-                             "'reduce-overhead' or 'max-autotune'")
+        _check_settings(fullgraph, dynamic, mode, options)
         # the arguments of tempa.compile, so a copied OptimizedModule can compile afresh
         self.settings = dict(fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
                              options=options)
@@ -510,6 +541,11 @@ def disable(fn=None, recursive: bool = True):
 def explain(fn_or_module):
     """``tempa.explain(model)(*args, **kwargs)``: run once, capturing graphs (run through FX,
     no kernels compiled) and report graphs, breaks with their places, ops and guards."""
+    if not (isinstance(fn_or_module, (torch.nn.Module, types.FunctionType, types.MethodType))
+            or hasattr(fn_or_module, "__tempa_context__")):
+        raise TypeError(f"tempa.explain expects an nn.Module or a Python function, got "
+                        f"{type(fn_or_module).__name__}: tempa.explain(model)(*inputs)")
+
     def run(*args, **kwargs):
         context = CompileContext(fullgraph=False, dynamic=None, backend="eager", mode=None,
                                  options=None)
