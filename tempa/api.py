@@ -307,10 +307,12 @@ class CompileContext:
             return captured
 
     def _dynamic_for(self, cache, fn, args, kwargs):
-        """Automatic dynamic shapes: the first capture is static; when a recompile happens
-        because an input's sizes changed, every dimension of that input becomes symbolic
-        from then on, so the next graph serves all its sizes (torch.compile marks only the
-        changed dims, and a batch-then-length sweep costs it a third graph)."""
+        """Automatic dynamic shapes, as torch.compile's: the first capture is static; when a
+        recompile happens because an input's sizes changed, the dimensions that changed
+        become symbolic from then on (added up over recompiles), so the next graph serves
+        every size there. Only those: a CNN whose batch changes keeps its image sizes static,
+        and its kernels stay shape-generic in the batch alone (with the height and width
+        symbolic too, they were compiled once per batch size)."""
         if cache.static_only:
             return False
         if self.dynamic is not None:
@@ -329,12 +331,14 @@ class CompileContext:
                 continue
             if isinstance(value, torch.Tensor) and value.dim() == len(shape) and \
                     tuple(value.shape) != shape:
-                changed = [d for d in range(len(shape)) if value.shape[d] != shape[d]]
-                if expr not in cache.dynamic_inputs and logs.on("recompiles"):
+                changed = {d for d in range(len(shape)) if value.shape[d] != shape[d]}
+                known = cache.dynamic_inputs.get(expr, set())
+                if not changed <= known and logs.on("recompiles"):
                     logs.get("recompiles").info(
-                        "%s: %s changed size in dim(s) %s (%s -> %s); making %s dynamic",
-                        _where(fn), expr, changed, shape, tuple(value.shape), expr)
-                cache.dynamic_inputs[expr] = set(range(len(shape)))
+                        "%s: the size of %s changed in dim(s) %s (%s -> %s); the next graph "
+                        "takes any size there, so this input's other sizes no longer recompile "
+                        "it", _where(fn), expr, sorted(changed), shape, tuple(value.shape))
+                cache.dynamic_inputs[expr] = known | changed
         return cache.dynamic_inputs or None
 
     def _compile_graph(self, captured, fn):
