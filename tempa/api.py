@@ -15,7 +15,7 @@ import weakref
 import torch
 from torch.amp import autocast_mode
 
-from . import distributed, logs, stats as _stats
+from . import distributed, logs, stance, stats as _stats
 from .config import config
 from .capture import calls
 from .capture import runtime as capture_runtime
@@ -110,6 +110,8 @@ class CompileContext:
         self.break_log: list = []  # (function, BreakReason)
         self.fallback_log: list = []  # (function, reason)
         self.recompile_log: list = []  # (function name, the guard that failed)
+        self.auto_trials: dict = {}    # CodeCache -> stance.AutoTrial (stance "auto")
+        self.stance_log: list = []     # the choices stance "auto" made, as sentences
         install_invalidation_hooks()
         if config.logs:
             logs.enable(config.logs)
@@ -127,6 +129,8 @@ class CompileContext:
         miss = self._miss
 
         def dispatch(*args, **kwargs):
+            if stance.state.active:
+                return self._with_stance(cache, fn, eager, args, kwargs)
             if kwargs:
                 for entry in cache.entries:
                     result = entry.fn(*args, **kwargs)
@@ -140,6 +144,50 @@ class CompileContext:
             return miss(cache, fn, eager, args, kwargs)
         dispatch.__tempa_cache__ = cache
         return dispatch
+
+    def _compiled_call(self, cache, fn, eager, args, kwargs):
+        for entry in cache.entries:
+            result = entry.fn(*args, **kwargs)
+            if result is not MISS:
+                return result
+        return self._miss(cache, fn, eager, args, kwargs)
+
+    def _with_stance(self, cache, fn, eager, args, kwargs):
+        """A call under a stance other than "default" (stance.py says what each does;
+        the recompile stances act in ``_capture_and_compile``)."""
+        name = stance.state.name
+        if name == "force_eager":
+            _stats.bump("stance_eager_calls")
+            return eager(*args, **kwargs)
+        if name != "auto":
+            return self._compiled_call(cache, fn, eager, args, kwargs)
+        trial = self.auto_trials.get(cache)
+        if trial is None:
+            trial = self.auto_trials.setdefault(cache, stance.AutoTrial())
+        path, timed = trial.next_path(), trial.timed()
+        if path == "eager":
+            _stats.bump("stance_eager_calls")
+        if not timed:
+            if path == "eager":
+                return eager(*args, **kwargs)
+            result = self._compiled_call(cache, fn, eager, args, kwargs)
+            trial.record("compiled", None)
+            return result
+        start = stance.timer()
+        if path == "eager":
+            result = eager(*args, **kwargs)
+        else:
+            result = self._compiled_call(cache, fn, eager, args, kwargs)
+        if trial.record(path, stance.timer() - start):
+            self._announce_choice(cache, fn, trial)
+        return result
+
+    def _announce_choice(self, cache, fn, trial) -> None:
+        text = trial.describe(_where(fn))
+        self.stance_log.append(text)
+        logs.get("perf").info("%s", text)
+        if trial.choice == "eager":
+            _fallback_log.warning("tempa: %s", text)
 
     # -- calls made by graph-break runners ---------------------------------------------------
     def call(self, fn, *args, **kwargs):
@@ -225,6 +273,13 @@ class CompileContext:
             self.fallback_log.append((fn, cache.eager_reason))
             _fallback_log.warning("tempa: running %s eagerly: %s", _where(fn), cache.eager_reason)
             return None
+        if cache.entries and stance.state.name in ("eager_on_recompile", "fail_on_recompile"):
+            why = cache.entries[0].why(*args, **kwargs)
+            if stance.state.name == "fail_on_recompile":
+                raise stance.RecompileError(f"tempa: {_where(fn)} would recompile (stance "
+                                            f"'fail_on_recompile'); the guard that failed: {why}")
+            _stats.bump("stance_eager_calls")
+            return None    # this call runs eagerly; the entries stay for calls that fit them
         if cache.captures >= config.recompile_limit:
             why = cache.entries[0].why(*args, **kwargs) if cache.entries else "?"
             cache.eager_reason = f"recompile_limit ({config.recompile_limit}) reached"
@@ -365,6 +420,7 @@ class CompileContext:
         for cache in list(self.caches.values()):
             cache.clear()
         self.caches.clear()
+        self.auto_trials.clear()
 
 
 _STATE_TARGETS = (torch._C._set_grad_enabled, autocast_mode._enter_autocast)
@@ -604,6 +660,11 @@ def entries(compiled) -> list[EntryInfo]:
                                  e.captured.gm.code, e.compiled, e.captured.break_reason,
                                  e.source))
     return out
+
+
+def stance_decisions(compiled) -> list[str]:
+    """What stance "auto" chose for each code object under ``compiled`` so far, and why."""
+    return list(_context_of(compiled).stance_log)
 
 
 def recompile_reasons(compiled) -> list[tuple[str, str]]:

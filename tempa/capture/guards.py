@@ -50,7 +50,11 @@ class GuardSet:
             self.names.setdefault(internal, readable)
 
     def readable(self, text: str) -> str:
-        """``text`` with internal names replaced by the user's (names may refer to names)."""
+        """``text`` with internal names replaced by the user's (names may refer to names);
+        a named expression (``___O8.cell_contents``: a closure variable) goes first."""
+        for internal, name in self.names.items():
+            if not _INTERNAL_NAME.fullmatch(internal) and internal in text:
+                text = text.replace(internal, name)
         for _ in range(4):
             new = _INTERNAL_NAME.sub(lambda m: self.names.get(m.group(0), m.group(0)), text)
             if new == text:

@@ -289,7 +289,9 @@ class Frame(DataOpcodes):
         g = self.f_globals
         if name in g:
             tracer = self.tracer
-            value = tracer.external(g[name], f"{tracer.expr_of(g)}[{name!r}]", user=False)
+            expr = f"{tracer.expr_of(g)}[{name!r}]"
+            tracer.guards.name(expr, name)                  # guards say the global's name
+            value = tracer.external(g[name], expr, user=False)
         else:
             b = g.get("__builtins__", __builtins__)
             b = b if isinstance(b, dict) else b.__dict__
@@ -315,8 +317,9 @@ class Frame(DataOpcodes):
         except ValueError:
             raise NameError(f"free variable '{ins.argval}' referenced before assignment") from None
         if not self.tracer.is_internal(cell) and ins.argval != "__class__":
-            value = self.tracer.external(value, f"{self.tracer.expr_of(cell)}.cell_contents",
-                                         user=False)
+            expr = f"{self.tracer.expr_of(cell)}.cell_contents"
+            self.tracer.guards.name(expr, ins.argval)      # guards say the variable's name
+            value = self.tracer.external(value, expr, user=False)
         self.push(value)
 
     def STORE_DEREF(self, ins):

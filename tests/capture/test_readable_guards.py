@@ -54,3 +54,18 @@ def test_explain_shows_readable_guards():
     tempa.reset()
     text = str(tempa.explain(Net().eval())(torch.randn(2, 3, 8, 8)))
     assert "self.drop.p == 0.1" in text and "___O" not in text and "___stack" not in text
+
+
+SCALE = 3.0
+
+
+def test_closure_and_global_guards_use_the_variable_names():
+    tempa.reset()
+    offset = 0.5
+
+    def f(x):
+        return x * SCALE + offset
+    fast = tempa.compile(f, backend="eager")
+    fast(torch.ones(2))
+    described = _descriptions(fast)
+    assert "SCALE == 3.0" in described and "offset == 0.5" in described, described
