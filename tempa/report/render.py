@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime
 from html import escape
 
-from ..tools.bench import BenchResult, ModeResult, NOISE, fmt_time
+from ..tools.bench import BenchResult, ModeResult, NOISE, fmt_ci, fmt_time
 from ..tools.explain import Explanation, GraphInfo
 from . import svg
 from .style import CSS, JS
@@ -52,6 +52,8 @@ def _empty(text: str) -> str:
 def _tone(m: ModeResult) -> str:
     if not m.ok:
         return "bad"
+    if m.verdict.startswith("cannot tell"):
+        return "warn"
     if m.speedup and m.speedup > 1 + NOISE and m.break_even_calls is not None:
         return "good"
     return "warn" if m.speedup and m.speedup >= 1 - NOISE else "bad"
@@ -69,14 +71,15 @@ def _verdict(res: BenchResult) -> str:
 
 def _bench(res: BenchResult) -> str:
     head = ("<tr><th></th><th>first call cold</th><th>first call warm</th><th>per call "
-            "(median)</th><th>IQR</th><th>speedup</th><th>graphs</th><th>breaks</th>"
+            "(median)</th><th>IQR</th><th>speedup</th><th>95% interval</th><th>graphs</th>"
+            "<th>breaks</th>"
             "<th>kernels</th><th>break-even (cold / warm)</th></tr>")
     rows = [f"<tr><td>eager</td><td>{fmt_time(res.eager_first_call_s)}</td><td>-</td>"
             f"<td>{fmt_time(res.eager.median_s)}</td><td>{fmt_time(res.eager.iqr_s)}</td>"
-            f"<td>1.00x</td><td>-</td><td>-</td><td>-</td><td>-</td></tr>"]
+            f"<td>1.00x</td><td>-</td><td>-</td><td>-</td><td>-</td><td>-</td></tr>"]
     for m in res.modes:
         if not m.ok:
-            rows.append(f"<tr><td>tempa [{escape(m.mode)}]</td><td class='failed' colspan='9'>"
+            rows.append(f"<tr><td>tempa [{escape(m.mode)}]</td><td class='failed' colspan='10'>"
                         f"failed: {escape(m.error or '?')}</td></tr>")
             continue
         be = lambda n, f: "-" if f is None else (f"{n:,}" if n is not None else "never")  # noqa: E731
@@ -84,6 +87,7 @@ def _bench(res: BenchResult) -> str:
             f"<tr><td>tempa [{escape(m.mode)}]</td><td>{fmt_time(m.first_call_cold_s)}</td>"
             f"<td>{fmt_time(m.first_call_warm_s)}</td><td>{fmt_time(m.timing.median_s)}</td>"
             f"<td>{fmt_time(m.timing.iqr_s)}</td><td>{m.speedup:.2f}x</td>"
+            f"<td>{fmt_ci(m.speedup_ci) if m.speedup_ci else '-'}</td>"
             f"<td>{m.graphs if m.graphs is not None else '-'}</td>"
             f"<td>{m.stats.get('graph_breaks', '-')}</td>"
             f"<td>{m.kernels if m.kernels is not None else '-'}</td>"

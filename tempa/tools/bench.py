@@ -14,6 +14,13 @@ How each number is measured (also in `tempa bench --help` and examples/README.md
   the first compiled call; this is what a user pays the first time they run their program.
 - first call warm: the same in a second fresh process whose disk cache the first one filled;
   what every later start-up of the program pays.
+- the speed-up's 95% interval: after the blocks above, ROUNDS rounds time a few eager and
+  a few compiled calls each (the order alternating per round), so both sides meet the same
+  load drift; each round gives the ratio of its two medians, and the interval is the 2.5th
+  and 97.5th percentile of the median ratio over 2,000 bootstrap resamples of the rounds
+  (seeded: the same samples give the same interval). When it contains 1.0x, or the blocks'
+  speed-up lies outside it (the load changed while measuring), the verdict is "cannot tell
+  at this noise" instead of a confident cause.
 - break-even: the number of calls n after which compiling has paid for itself,
   first_call + (n - 1) * compiled  <=  n * eager,  so  n = ceil((first - compiled) /
   (eager - compiled)); none when compiled is not faster per call.
@@ -46,6 +53,8 @@ STAT_FIELDS = ("captures", "recompiles", "graph_breaks", "eager_fallbacks", "gra
 # Within this ratio of 1.0 the two sides are "about the same": the IQR of tight loops on a
 # loaded 2-core machine is a few percent.
 NOISE = 0.03
+ROUNDS = 12              # interleaved rounds for the speed-up's interval
+BOOTSTRAP_RESAMPLES = 2000
 
 
 # -- small helpers -----------------------------------------------------------------------
@@ -105,6 +114,8 @@ class ModeResult:
     fallback_messages: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     verdict: str = ""
+    speedup_ci: tuple | None = None           # 95% interval of the speed-up (interleaved rounds)
+    rounds: int = 0                           # interleaved rounds behind speedup_ci
     eager_after_s: float | None = None        # eager median right after the compiled calls
     samples_ns: list[int] = field(default_factory=list)   # for the report's chart; not in JSON
     compiled: object = None                                # for the report; not in JSON
@@ -420,6 +431,9 @@ def _measure_mode(r: ModeResult, target, mode, backend_obj, sync, grad, warmup, 
             after: list[int] = []
             _time_block(model, args, kwargs, min(n, 200), sync, after, budget_s)
             r.eager_after_s = Timing.of(after).median_s
+            ratios = interleaved_ratios(model, compiled, args, kwargs, sync,
+                                        per_round=max(3, min(100, n // ROUNDS)))
+            r.speedup_ci, r.rounds = ratio_interval(ratios), len(ratios)
             r.samples_ns = comp_s
             r.timing = Timing.of(comp_s)
             r.compiled = compiled
@@ -449,6 +463,34 @@ def _describe_entries(r: ModeResult, compiled):
             msg = f"backend ran a graph of {g.function} eagerly: {g.fallback_reason}"
             if msg not in r.fallback_messages:
                 r.fallback_messages.append(msg)
+
+
+def interleaved_ratios(model, compiled, args, kwargs, sync, *, rounds: int = ROUNDS,
+                       per_round: int = 10) -> list[float]:
+    """Per round, eager's median call time over compiled's, the two timed back to back
+    (``per_round`` calls each, which side goes first alternating by round)."""
+    ratios = []
+    for i in range(rounds):
+        eager_ns: list[int] = []
+        compiled_ns: list[int] = []
+        sides = [(model, eager_ns), (compiled, compiled_ns)]
+        for fn, out in (sides if i % 2 == 0 else sides[::-1]):
+            _time_block(fn, args, kwargs, per_round, sync, out)
+        ratios.append(statistics.median(eager_ns) / max(statistics.median(compiled_ns), 1))
+    return ratios
+
+
+def ratio_interval(ratios: list[float], level: float = 0.95,
+                   resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float] | None:
+    """The bootstrap percentile interval of the median of ``ratios`` (None: too few)."""
+    import random
+    if len(ratios) < 3:
+        return None
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios)))
+                     for _ in range(resamples))
+    tail = (1 - level) / 2
+    return medians[int(tail * resamples)], medians[min(resamples - 1, int((1 - tail) * resamples))]
 
 
 def random_modules_in_training(model) -> list[str]:
@@ -507,7 +549,10 @@ def _conclude(r: ModeResult, eager: Timing):
             f"({fmt_time(e)} -> {fmt_time(r.eager_after_s)}): either the machine got busier, "
             "or the generated kernels' threads compete with PyTorch's here, a cost that code "
             "mixing eager and compiled parts (graph breaks) pays on every call")
-    if r.speedup is not None and r.speedup > 1 + NOISE and r.break_even_calls is not None:
+    undecided = _cannot_tell(r)
+    if undecided:
+        r.verdict = undecided
+    elif r.speedup is not None and r.speedup > 1 + NOISE and r.break_even_calls is not None:
         r.verdict = f"compiling pays off after {r.break_even_calls:,} calls"
         if r.break_even_calls_warm is not None:
             r.verdict += f" ({r.break_even_calls_warm:,} with a warm disk cache)"
@@ -520,6 +565,29 @@ def _conclude(r: ModeResult, eager: Timing):
     else:
         r.verdict = (f"compiled is slower than eager here ({r.speedup:.2f}x) because "
                      f"{r.reasons[0]}")
+    if r.speedup_ci and not undecided:
+        r.verdict += f" (95% interval {fmt_ci(r.speedup_ci)})"
+
+
+def _cannot_tell(r: ModeResult) -> str | None:
+    """The verdict when the noise hides the answer: the interval contains 1.0x, or the
+    blocks' speed-up lies outside it (the machine's load changed between the blocks)."""
+    if not r.speedup_ci or r.speedup is None:
+        return None
+    lo, hi = r.speedup_ci
+    interval = (f"{fmt_ci(r.speedup_ci)} in {r.rounds} interleaved rounds (95% interval), "
+                f"{r.speedup:.2f}x in the timed blocks")
+    if lo <= 1.0 <= hi:
+        return (f"cannot tell at this noise whether compiled is faster: {interval}; the "
+                "interval contains 1.0x. Rerun on an idle machine, or with more --calls")
+    if not lo * (1 - NOISE) <= r.speedup <= hi * (1 + NOISE):
+        return (f"cannot tell at this noise: {interval} disagree, so the machine's load "
+                "changed while measuring. Rerun on an idle machine")
+    return None
+
+
+def fmt_ci(ci) -> str:
+    return f"{ci[0]:.2f}x-{ci[1]:.2f}x"
 
 
 def _reasons(r: ModeResult, eager: Timing) -> list[str]:
@@ -569,17 +637,18 @@ def fmt_time(s: float | None) -> str:
 
 def table(res: BenchResult) -> str:
     rows = [("", "first call cold", "first call warm", "per call (median)", "IQR", "speedup",
-             "graphs", "breaks", "break-even")]
+             "95% interval", "graphs", "breaks", "break-even")]
     rows.append(("eager", fmt_time(res.eager_first_call_s), "-", fmt_time(res.eager.median_s),
-                 fmt_time(res.eager.iqr_s), "1.00x", "-", "-", "-"))
+                 fmt_time(res.eager.iqr_s), "1.00x", "-", "-", "-", "-"))
     for m in res.modes:
         if not m.ok:
-            rows.append((f"tempa [{m.mode}]", "failed", "-", "-", "-", "-", "-", "-", "-"))
+            rows.append((f"tempa [{m.mode}]", "failed", "-", "-", "-", "-", "-", "-", "-", "-"))
             continue
         be = f"{m.break_even_calls:,} calls" if m.break_even_calls is not None else "never"
         rows.append((f"tempa [{m.mode}]", fmt_time(m.first_call_cold_s),
                      fmt_time(m.first_call_warm_s), fmt_time(m.timing.median_s),
                      fmt_time(m.timing.iqr_s), f"{m.speedup:.2f}x" if m.speedup else "-",
+                     fmt_ci(m.speedup_ci) if m.speedup_ci else "-",
                      str(m.graphs if m.graphs is not None else "-"),
                      str(m.stats.get("graph_breaks", "-")), be))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
