@@ -16,6 +16,8 @@ import json
 import os
 import sys
 
+from .stance import STANCES
+
 EXIT_BAD_INPUT = 2
 
 CONVENTION_HELP = """\
@@ -74,6 +76,9 @@ def _common(p: argparse.ArgumentParser, *, measure: bool):
                         + ("" if measure else "; default: eager (capture is what explain shows)"))
     p.add_argument("--no-grad", action="store_true", help="run under torch.no_grad()")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("--stance", default="default", choices=STANCES,
+                   help="tempa.set_stance for the run; 'auto' keeps, per function, the faster "
+                        "of compiled and eager (default: %(default)s)")
     if measure:
         p.add_argument("--mode", default="default",
                        help="comma-separated: default,reduce-overhead,max-autotune "
@@ -153,8 +158,9 @@ def main(argv=None) -> int:
         return EXIT_BAD_INPUT
     from .tools.load import TargetError
     try:
-        return {"bench": cmd_bench, "explain": cmd_explain, "report": cmd_report,
-                "cache": cmd_cache}[args.command](args)
+        with _stance(args):
+            return {"bench": cmd_bench, "explain": cmd_explain, "report": cmd_report,
+                    "cache": cmd_cache}[args.command](args)
     except TargetError as e:
         if args.debug:
             raise
@@ -169,6 +175,13 @@ def main(argv=None) -> int:
         print(f"tempa {args.command}: internal error: {type(e).__name__}: {first} (run with "
               "--debug for the traceback, and please report it)", file=sys.stderr)
         return 1
+
+
+def _stance(args):
+    if getattr(args, "stance", "default") == "default":
+        return contextlib.nullcontext()
+    import tempa
+    return tempa.set_stance(args.stance)
 
 
 def _modes(spec: str) -> list[str]:

@@ -235,7 +235,7 @@ def _recompiles(ex: Explanation, res: BenchResult) -> str:
 
 
 def _fallbacks(ex: Explanation, res: BenchResult) -> str:
-    msgs = list(ex.eager_fallbacks)
+    msgs = list(ex.eager_fallbacks) + [d for d in ex.stance if d not in ex.eager_fallbacks]
     for m in res.modes:
         for msg in m.fallback_messages:
             if msg not in msgs:

@@ -438,6 +438,7 @@ def _measure_mode(r: ModeResult, target, mode, backend_obj, sync, grad, warmup, 
             r.timing = Timing.of(comp_s)
             r.compiled = compiled
             _describe_entries(r, compiled)
+            r.fallback_messages += tempa.stance_decisions(compiled)
         except Exception as e:
             if debug:
                 raise

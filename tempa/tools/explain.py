@@ -73,6 +73,7 @@ class Explanation:
     breaks: list[BreakInfo] = field(default_factory=list)
     recompiles: list[str] = field(default_factory=list)
     eager_fallbacks: list[str] = field(default_factory=list)
+    stance: list[str] = field(default_factory=list)    # what stance "auto" chose, and why
     notes: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -166,6 +167,10 @@ def explain(target: Target, *, backend="eager") -> Explanation:
             compiled(*args, **kwargs)
             for a, k in target.extra_inputs:
                 compiled(*a, **k)
+            if tempa.stance.state.name == "auto":   # enough calls for its trial to decide
+                for _ in range(tempa.stance.WARMUP + 2 * tempa.stance.ROUNDS):
+                    compiled(*args, **kwargs)
+            ex.stance = tempa.stance_decisions(compiled)
         except Exception as e:
             ex.error = ex.error or f"compiling raised {type(e).__name__}: {e}"
     ex.recompiles = list(logs_["recompiles"].messages)
@@ -221,6 +226,8 @@ def render_text(ex: Explanation, *, show_code: bool = True) -> str:
     out += [f"  - {r}" for r in ex.recompiles]
     out += ["", "Eager fallbacks:" + ("" if ex.eager_fallbacks else " none")]
     out += [f"  - {f}" for f in ex.eager_fallbacks]
+    if ex.stance:
+        out += ["", "Stance:"] + [f"  - {d}" for d in ex.stance]
     if ex.notes:
         out += ["", "Notes:"] + [f"  - {n}" for n in ex.notes]
     return "\n".join(out)
