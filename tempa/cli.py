@@ -35,10 +35,12 @@ FILE (the model to look at):
 
 BENCH_HELP = CONVENTION_HELP + """
 How it measures:
-  per call     after 10 warm-up calls, calls are timed one by one; median and IQR. Eager
-               is timed before anything is compiled in the process (generated kernels'
-               threads can slow down eager code that runs after them; the bench notes it
-               when it happens).
+  per call     after 10 warm-up calls, 12 rounds each time a block of eager and a block
+               of compiled calls back to back, one by one; median and IQR per side, and the
+               speed-up with a 95% interval (bootstrap over the rounds; "cannot tell" when
+               it contains 1.0x). Eager is also timed alone before anything is compiled
+               (generated kernels' threads can slow down eager code that runs after them;
+               the bench notes it when it happens).
   first call   cold: a fresh process, empty disk cache (what the first run of your program
                pays); warm: a second fresh process finding the cache the first one filled
                (what every later start pays). --first-call in-process times the cold first
@@ -53,7 +55,8 @@ How it measures:
    "eager": {"first_call_s", "median_s", "q1_s", "q3_s", "iqr_s", "calls"},
    "modes": [{"mode", "ok", "error", "first_call_cold_s", "first_call_warm_s",
               "first_call_in_process_s", "first_call_method", "median_s", "q1_s", "q3_s",
-              "iqr_s", "calls", "speedup", "break_even_calls", "break_even_calls_warm",
+              "iqr_s", "calls", "speedup", "speedup_ci", "rounds", "break_even_calls",
+              "break_even_calls_warm",
               "stats": {"captures", "recompiles", "graph_breaks", "eager_fallbacks",
                         "graphs_compiled", "kernels_compiled", "aten_fallbacks",
                         "disk_cache_hits", "gcc_runs"},

@@ -101,8 +101,9 @@ def _bench(res: BenchResult) -> str:
     counts = ", ".join([f"{res.eager.calls:,} eager"] + [
         f"{m.timing.calls:,} compiled [{m.mode}]" for m in res.modes if m.timing])
     note = (f"<p class='muted'>{escape(method)}Per call: {escape(counts)} calls timed one "
-            "by one after 10 warm-up calls, eager before anything was compiled in the process; "
-            "median and interquartile range. Break-even: calls n until first call + (n-1) × compiled "
+            "by one after 10 warm-up calls, in rounds that alternate eager and compiled "
+            "blocks; median and interquartile range; the speed-up's 95% interval is a "
+            "bootstrap over the rounds. Break-even: calls n until first call + (n-1) × compiled "
             "≤ n × eager.</p>")
     with_stats = [m for m in res.modes if m.stats]
     stats_html = ""

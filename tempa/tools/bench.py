@@ -2,25 +2,23 @@
 
 How each number is measured (also in `tempa bench --help` and examples/README.md):
 
-- per-call time: after warm-up (10 calls, as the seed's pattern), calls are timed one by one
-  with perf_counter; reported: the median and the interquartile range (IQR, q3 - q1).
-  Eager is timed BEFORE anything is compiled in the process: generated kernels run their
-  own thread pool, and on a small machine its threads can keep spinning and slow down eager
-  code that runs after them (measured on the 2-core machine: the seed MLP's eager calls
-  went from 0.24 ms to 3.8 ms right after compiled calls). The question is "eager or
-  compiled?", so each side is timed as it would run alone; a short eager block timed after
-  the compiled calls shows that interference when it is there (``eager_after_s``).
+- per-call time: after warm-up (10 calls, as the seed's pattern), ROUNDS rounds each time
+  a block of eager calls and a block of compiled calls back to back, one call at a time with
+  perf_counter (which side goes first alternates by round), so both sides meet the same load
+  drift; reported: the median and the interquartile range (IQR, q3 - q1) of each side's
+  calls, and the speed-up, eager's median over compiled's. Eager is also timed once BEFORE
+  anything is compiled in the process: generated kernels run their own thread pool, and on
+  a small machine its threads can keep spinning and slow down eager code that runs after
+  them (measured on the 2-core machine: the seed MLP's eager calls went from 0.24 ms to
+  3.8 ms right after compiled calls); when the interleaved eager calls are much slower than
+  those, the bench says so (``eager_after_s``).
+- the speed-up's 95% interval: the 2.5th and 97.5th percentile of the speed-up over 2,000
+  bootstrap resamples of the rounds (seeded: the same samples give the same interval).
+  When it contains 1.0x the verdict is "cannot tell at this noise" instead of a cause.
 - first call cold: a fresh process with an empty disk cache (tempa.tools.firstcall) times
   the first compiled call; this is what a user pays the first time they run their program.
 - first call warm: the same in a second fresh process whose disk cache the first one filled;
   what every later start-up of the program pays.
-- the speed-up's 95% interval: after the blocks above, ROUNDS rounds time a few eager and
-  a few compiled calls each (the order alternating per round), so both sides meet the same
-  load drift; each round gives the ratio of its two medians, and the interval is the 2.5th
-  and 97.5th percentile of the median ratio over 2,000 bootstrap resamples of the rounds
-  (seeded: the same samples give the same interval). When it contains 1.0x, or the blocks'
-  speed-up lies outside it (the load changed while measuring), the verdict is "cannot tell
-  at this noise" instead of a confident cause.
 - break-even: the number of calls n after which compiling has paid for itself,
   first_call + (n - 1) * compiled  <=  n * eager,  so  n = ceil((first - compiled) /
   (eager - compiled)); none when compiled is not faster per call.
@@ -116,8 +114,10 @@ class ModeResult:
     verdict: str = ""
     speedup_ci: tuple | None = None           # 95% interval of the speed-up (interleaved rounds)
     rounds: int = 0                           # interleaved rounds behind speedup_ci
-    eager_after_s: float | None = None        # eager median right after the compiled calls
+    eager_after_s: float | None = None        # eager median interleaved with the compiled calls
+    eager_timing: Timing | None = None        # the interleaved eager calls (the speed-up's base)
     samples_ns: list[int] = field(default_factory=list)   # for the report's chart; not in JSON
+    eager_samples_ns: list[int] = field(default_factory=list)   # the same, eager; not in JSON
     compiled: object = None                                # for the report; not in JSON
 
 
@@ -147,7 +147,8 @@ class BenchResult:
 
 
 def _mode_json(m: ModeResult) -> dict:
-    d = {k: v for k, v in asdict(m).items() if k not in ("samples_ns", "compiled", "timing")}
+    d = {k: v for k, v in asdict(m).items()
+         if k not in ("samples_ns", "eager_samples_ns", "compiled", "timing", "eager_timing")}
     d.update(asdict(m.timing) if m.timing else
              {"median_s": None, "q1_s": None, "q3_s": None, "iqr_s": None, "calls": 0})
     return d
@@ -393,6 +394,11 @@ def run(target: Target, *, modes=("default",), backend: str = "tempa", device: s
 
     for r in results:
         _conclude(r, eager)
+    # the table's eager row: the calls interleaved with the (first) compiled mode's, which
+    # its speed-up divides by; the block timed alone serves the interference note
+    shown = next((r for r in results if r.eager_timing), None)
+    if shown is not None:
+        eager, eager_samples = shown.eager_timing, shown.eager_samples_ns
     return BenchResult(target.spec, target.name, target.describe_inputs(), device, no_grad,
                        backend, eager_first, eager, eager_samples, results, environment())
 
@@ -424,18 +430,16 @@ def _measure_mode(r: ModeResult, target, mode, backend_obj, sync, grad, warmup, 
                 compiled(*args, **kwargs)
             sync()
             n = calls or _auto_calls(_estimate(compiled, args, kwargs, sync), budget_s)
-            comp_s: list[int] = []
-            with Progress(f"timing {n:,} compiled calls [{mode}]", enabled=progress, after=3):
-                _time_block(compiled, args, kwargs, n, sync, comp_s,
-                            None if calls else 4 * budget_s)
-            after: list[int] = []
-            _time_block(model, args, kwargs, min(n, 200), sync, after, budget_s)
-            r.eager_after_s = Timing.of(after).median_s
-            ratios = interleaved_ratios(model, compiled, args, kwargs, sync,
-                                        per_round=max(3, min(100, n // ROUNDS)))
-            r.speedup_ci, r.rounds = ratio_interval(ratios), len(ratios)
-            r.samples_ns = comp_s
-            r.timing = Timing.of(comp_s)
+            with Progress(f"timing {n:,} eager and {n:,} compiled calls [{mode}] in "
+                          f"{ROUNDS} rounds", enabled=progress, after=3):
+                rounds = interleaved_rounds(model, compiled, args, kwargs, sync,
+                                            per_round=max(2, -(-n // ROUNDS)),
+                                            limit_s=None if calls else 8 * budget_s)
+            r.eager_samples_ns = [t for e, _ in rounds for t in e]
+            r.samples_ns = [t for _, c in rounds for t in c]
+            r.eager_timing, r.timing = Timing.of(r.eager_samples_ns), Timing.of(r.samples_ns)
+            r.eager_after_s = r.eager_timing.median_s
+            r.speedup_ci, r.rounds = speedup_interval(rounds), len(rounds)
             r.compiled = compiled
             _describe_entries(r, compiled)
             r.fallback_messages += tempa.stance_decisions(compiled)
@@ -466,32 +470,41 @@ def _describe_entries(r: ModeResult, compiled):
                 r.fallback_messages.append(msg)
 
 
-def interleaved_ratios(model, compiled, args, kwargs, sync, *, rounds: int = ROUNDS,
-                       per_round: int = 10) -> list[float]:
-    """Per round, eager's median call time over compiled's, the two timed back to back
-    (``per_round`` calls each, which side goes first alternating by round)."""
-    ratios = []
+def interleaved_rounds(model, compiled, args, kwargs, sync, *, rounds: int = ROUNDS,
+                       per_round: int = 10, limit_s: float | None = None) -> list[tuple]:
+    """``rounds`` x (eager call times, compiled call times), in ns: per round, ``per_round``
+    calls of each side back to back, which side goes first alternating by round. With
+    ``limit_s``, fewer rounds once that much time went by (at least 3)."""
+    out = []
+    start = time.perf_counter()
     for i in range(rounds):
         eager_ns: list[int] = []
         compiled_ns: list[int] = []
         sides = [(model, eager_ns), (compiled, compiled_ns)]
-        for fn, out in (sides if i % 2 == 0 else sides[::-1]):
-            _time_block(fn, args, kwargs, per_round, sync, out)
-        ratios.append(statistics.median(eager_ns) / max(statistics.median(compiled_ns), 1))
-    return ratios
+        for fn, samples in (sides if i % 2 == 0 else sides[::-1]):
+            _time_block(fn, args, kwargs, per_round, sync, samples)
+        out.append((eager_ns, compiled_ns))
+        if limit_s is not None and i >= 2 and time.perf_counter() - start > limit_s:
+            break
+    return out
 
 
-def ratio_interval(ratios: list[float], level: float = 0.95,
-                   resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float] | None:
-    """The bootstrap percentile interval of the median of ``ratios`` (None: too few)."""
+def _speedup_of(rounds) -> float:
+    eager = statistics.median(t for e, _ in rounds for t in e)
+    return eager / max(statistics.median(t for _, c in rounds for t in c), 1)
+
+
+def speedup_interval(rounds: list[tuple], level: float = 0.95,
+                     resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float] | None:
+    """The bootstrap percentile interval of the speed-up (eager's median call time over
+    compiled's), resampling whole rounds (None: fewer than 3 rounds)."""
     import random
-    if len(ratios) < 3:
+    if len(rounds) < 3:
         return None
     rng = random.Random(0)
-    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios)))
-                     for _ in range(resamples))
+    speedups = sorted(_speedup_of(rng.choices(rounds, k=len(rounds))) for _ in range(resamples))
     tail = (1 - level) / 2
-    return medians[int(tail * resamples)], medians[min(resamples - 1, int((1 - tail) * resamples))]
+    return speedups[int(tail * resamples)], speedups[min(resamples - 1, int((1 - tail) * resamples))]
 
 
 def random_modules_in_training(model) -> list[str]:
@@ -527,6 +540,10 @@ def break_even(first_s: float | None, eager_s: float, compiled_s: float) -> int 
 
 
 def _conclude(r: ModeResult, eager: Timing):
+    """``eager``: the calls timed alone, before compiling; the speed-up divides the eager
+    calls interleaved with this mode's when there are (``r.eager_timing``)."""
+    alone = eager
+    eager = r.eager_timing or eager
     if not r.ok:
         r.verdict = (f"compiling failed ({r.error}); the model runs eagerly at "
                      f"{fmt_time(eager.median_s)} per call")
@@ -544,10 +561,11 @@ def _conclude(r: ModeResult, eager: Timing):
                      f"same ATen calls as eager plus tempa's dispatch ({r.speedup:.2f}x); no "
                      "verdict")
         return
-    if r.eager_after_s and r.eager_after_s > 1.5 * e:
+    if r.eager_after_s and r.eager_after_s > 1.5 * alone.median_s:
         r.fallback_messages.append(
-            f"eager calls right after the compiled ones ran {r.eager_after_s / e:.1f}x slower "
-            f"({fmt_time(e)} -> {fmt_time(r.eager_after_s)}): either the machine got busier, "
+            f"eager calls interleaved with the compiled ones ran {r.eager_after_s / alone.median_s:.1f}x "
+            f"slower than eager timed alone ({fmt_time(alone.median_s)} -> "
+            f"{fmt_time(r.eager_after_s)}): either the machine got busier, "
             "or the generated kernels' threads compete with PyTorch's here, a cost that code "
             "mixing eager and compiled parts (graph breaks) pays on every call")
     undecided = _cannot_tell(r)
@@ -571,19 +589,14 @@ def _conclude(r: ModeResult, eager: Timing):
 
 
 def _cannot_tell(r: ModeResult) -> str | None:
-    """The verdict when the noise hides the answer: the interval contains 1.0x, or the
-    blocks' speed-up lies outside it (the machine's load changed between the blocks)."""
+    """The verdict when the noise hides the answer: the interval contains 1.0x."""
     if not r.speedup_ci or r.speedup is None:
         return None
     lo, hi = r.speedup_ci
-    interval = (f"{fmt_ci(r.speedup_ci)} in {r.rounds} interleaved rounds (95% interval), "
-                f"{r.speedup:.2f}x in the timed blocks")
     if lo <= 1.0 <= hi:
-        return (f"cannot tell at this noise whether compiled is faster: {interval}; the "
-                "interval contains 1.0x. Rerun on an idle machine, or with more --calls")
-    if not lo * (1 - NOISE) <= r.speedup <= hi * (1 + NOISE):
-        return (f"cannot tell at this noise: {interval} disagree, so the machine's load "
-                "changed while measuring. Rerun on an idle machine")
+        return (f"cannot tell at this noise whether compiled is faster: {r.speedup:.2f}x, "
+                f"95% interval {fmt_ci(r.speedup_ci)} over {r.rounds} interleaved rounds, "
+                "contains 1.0x. Rerun on an idle machine, or with more --calls")
     return None
 
 

@@ -167,8 +167,10 @@ def explain(target: Target, *, backend="eager") -> Explanation:
             compiled(*args, **kwargs)
             for a, k in target.extra_inputs:
                 compiled(*a, **k)
-            if tempa.stance.state.name == "auto":   # enough calls for its trial to decide
-                for _ in range(tempa.stance.WARMUP + 2 * tempa.stance.ROUNDS):
+            if tempa.stance.state.name == "auto":
+                # enough calls for the trials to decide: a resume function after a break
+                # runs only on the calls its caller's trial ran compiled
+                for _ in range(3 * (tempa.stance.WARMUP + 2 * tempa.stance.ROUNDS)):
                     compiled(*args, **kwargs)
             ex.stance = tempa.stance_decisions(compiled)
         except Exception as e:
