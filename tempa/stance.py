@@ -128,7 +128,11 @@ class AutoTrial:
         return statistics.median(self.compiled_times if path == "compiled" else self.eager_times)
 
     def describe(self, name: str) -> str:
-        c, e = self.median("compiled") * 1e6, self.median("eager") * 1e6
         kept = "compiled code" if self.choice == "compiled" else "eager"
-        return (f"stance auto: {name} runs {kept}: compiled {c:.1f} µs vs eager {e:.1f} µs per "
-                f"call (medians of {ROUNDS} interleaved calls each, on live inputs)")
+        return (f"stance auto: {name} runs {kept}: compiled {_time(self.median('compiled'))} "
+                f"vs eager {_time(self.median('eager'))} per call (medians of {ROUNDS} "
+                "interleaved calls each, on live inputs)")
+
+
+def _time(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.1f} µs"

@@ -62,7 +62,8 @@ def _tone(m: ModeResult) -> str:
 def _verdict(res: BenchResult) -> str:
     out = []
     for m in res.modes:
-        reasons = "" if _tone(m) == "good" or not m.ok else (
+        # "cannot tell" names no cause: the noise hides whether there is anything to explain
+        reasons = "" if _tone(m) == "good" or not m.ok or m.verdict.startswith("cannot tell") else (
             "<ul>" + "".join(f"<li>{escape(r)}</li>" for r in m.reasons) + "</ul>")
         out.append(f"<div class='verdict {_tone(m)}' data-item><span class='mode'>"
                    f"[{escape(m.mode)}]</span>{escape(m.verdict)}.{reasons}</div>")
@@ -82,7 +83,9 @@ def _bench(res: BenchResult) -> str:
             rows.append(f"<tr><td>tempa [{escape(m.mode)}]</td><td class='failed' colspan='10'>"
                         f"failed: {escape(m.error or '?')}</td></tr>")
             continue
-        be = lambda n, f: "-" if f is None else (f"{n:,}" if n is not None else "never")  # noqa: E731
+        unsure = m.verdict.startswith("cannot tell")
+        be = lambda n, f: "-" if f is None else (  # noqa: E731
+            f"{n:,}" if n is not None else "?" if unsure else "never")
         rows.append(
             f"<tr><td>tempa [{escape(m.mode)}]</td><td>{fmt_time(m.first_call_cold_s)}</td>"
             f"<td>{fmt_time(m.first_call_warm_s)}</td><td>{fmt_time(m.timing.median_s)}</td>"
@@ -162,7 +165,8 @@ def _charts(res: BenchResult) -> str:
         yf = lambda v: fmt_time(v) if v else "0"  # noqa: E731
         charts.append(svg.line_chart(
             tot, title="Total time after n calls, compile time included"
-            + ("" if be else " (compiled never catches up)"),
+            + ("" if be else " (cannot tell at this noise whether compiled catches up)"
+               if m.verdict.startswith("cannot tell") else " (compiled never catches up)"),
             x_label="calls", y_label="total time", x_fmt=lambda v: f"{v:,.0f}", y_fmt=yf,
             marker=marker, points=pts, chart_id="chart-break-even"))
     return _section("charts", "Charts", "\n".join(charts))
@@ -236,14 +240,20 @@ def _recompiles(ex: Explanation, res: BenchResult) -> str:
 
 
 def _fallbacks(ex: Explanation, res: BenchResult) -> str:
-    msgs = list(ex.eager_fallbacks) + [d for d in ex.stance if d not in ex.eager_fallbacks]
+    msgs = list(ex.eager_fallbacks)
+    stance = [f"[explain] {d}" for d in ex.stance]    # choices, not fallbacks: not counted
     for m in res.modes:
         for msg in m.fallback_messages:
-            if msg not in msgs:
+            if "stance auto:" in msg:
+                stance.append(f"[{m.mode}] {msg}")
+            elif msg not in msgs:
                 msgs.append(f"[{m.mode}] {msg}")
     items = "".join(f"<li data-item>{escape(x)}</li>" for x in msgs)
     notes = "".join(f"<li>{escape(x)}</li>" for x in ex.notes)
     inner = f"<ul>{items}</ul>" if items else _empty("None: everything captured ran compiled.")
+    if stance:
+        inner += "<h3>Stance auto: what each function kept</h3><ul>" + "".join(
+            f"<li>{escape(x)}</li>" for x in stance) + "</ul>"
     if notes:
         inner += f"<h3>Notes</h3><ul>{notes}</ul>"
     return _section("fallbacks", "Eager fallbacks and warnings", inner)

@@ -452,7 +452,8 @@ def _measure_mode(r: ModeResult, target, mode, backend_obj, sync, grad, warmup, 
     r.stats = stats_delta(before, tempa.stats())
     for ch in ("fallbacks", "breaks", "recompiles"):
         for msg in logs_[ch].messages:
-            if msg not in r.fallback_messages:
+            # stance auto's choices came in above, from tempa.stance_decisions
+            if msg not in r.fallback_messages and "stance auto:" not in msg:
                 r.fallback_messages.append(msg)
 
 
@@ -571,6 +572,7 @@ def _conclude(r: ModeResult, eager: Timing):
     undecided = _cannot_tell(r)
     if undecided:
         r.verdict = undecided
+        r.break_even_calls = r.break_even_calls_warm = None   # no point estimate to trust
     elif r.speedup is not None and r.speedup > 1 + NOISE and r.break_even_calls is not None:
         r.verdict = f"compiling pays off after {r.break_even_calls:,} calls"
         if r.break_even_calls_warm is not None:
@@ -658,7 +660,8 @@ def table(res: BenchResult) -> str:
         if not m.ok:
             rows.append((f"tempa [{m.mode}]", "failed", "-", "-", "-", "-", "-", "-", "-", "-"))
             continue
-        be = f"{m.break_even_calls:,} calls" if m.break_even_calls is not None else "never"
+        be = f"{m.break_even_calls:,} calls" if m.break_even_calls is not None else \
+            "?" if m.verdict.startswith("cannot tell") else "never"
         rows.append((f"tempa [{m.mode}]", fmt_time(m.first_call_cold_s),
                      fmt_time(m.first_call_warm_s), fmt_time(m.timing.median_s),
                      fmt_time(m.timing.iqr_s), f"{m.speedup:.2f}x" if m.speedup else "-",

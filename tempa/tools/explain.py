@@ -175,7 +175,10 @@ def explain(target: Target, *, backend="eager") -> Explanation:
             ex.stance = tempa.stance_decisions(compiled)
         except Exception as e:
             ex.error = ex.error or f"compiling raised {type(e).__name__}: {e}"
-    ex.recompiles = list(logs_["recompiles"].messages)
+    # one line per recompile (as many as tempa.stats().recompiles); the lines saying which
+    # sizes became dynamic are notes
+    ex.recompiles = [m for m in logs_["recompiles"].messages if m.startswith("recompiling ")]
+    dynamic_notes = [m for m in logs_["recompiles"].messages if m not in ex.recompiles]
     s = tempa.stats()
     if s.recompiles and not ex.recompiles:
         ex.recompiles = [f"{s.recompiles} recompiles (switch on TEMPA_LOGS=recompiles for "
@@ -183,7 +186,8 @@ def explain(target: Target, *, backend="eager") -> Explanation:
     for msg in logs_["fallbacks"].messages:
         if msg not in ex.eager_fallbacks and "eagerly" in msg:
             ex.eager_fallbacks.append(msg)
-    ex.notes = [m for m in logs_["fallbacks"].messages if m not in ex.eager_fallbacks]
+    ex.notes = dynamic_notes + [m for m in logs_["fallbacks"].messages if m not in
+                                ex.eager_fallbacks and "stance auto:" not in m]
     tempa.reset()
     return ex
 

@@ -159,6 +159,8 @@ def test_interval_spanning_one_cannot_tell():
     assert m.verdict.startswith("cannot tell at this noise whether compiled is faster: 1.05x, "
                                 "95% interval 0.82x-1.31x over 12 interleaved rounds")
     assert "pays off" not in m.verdict and "because" not in m.verdict
+    assert m.break_even_calls is None and "?" in bench.table(bench.BenchResult(
+        "m", "m", "", "cpu", False, "tempa", 0.0, EAGER, [], [m], {}))
 
 
 def test_interval_above_one_states_the_verdict_with_it():
