@@ -222,6 +222,12 @@ def build(gm: torch.fx.GraphModule, example_inputs, target, info: BackendInfo | 
         compiled = inner
     info.compile_seconds = time.perf_counter() - t0
     compiled.tempa_info = info
+    if logs.on("perf"):
+        built = "from the disk cache" if info.from_disk_cache else "gcc ran" if info.used_gcc \
+            else "no C++ build"
+        logs.get("perf").info("tempa backend: graph compiled in %.2f s: %d kernels (%s), %d ATen "
+                              "fallbacks%s", info.compile_seconds, info.kernel_count, built,
+                              len(info.aten_fallbacks or ()), f"; {info.dynamic}" if info.dynamic else "")
     return compiled
 
 

@@ -89,3 +89,14 @@ def test_recompile_limit_warning_points_at_the_users_line(monkeypatch):
             fast(torch.zeros(2), n)
     said = [w for w in _tempa_warnings(caught) if "recompile_limit" in str(w.message)]
     assert len(said) == 1 and said[0].filename == __file__
+
+
+def test_perf_channel_reports_cpu_compiles(caplog):
+    import logging
+    tempa.logs.enable("perf")
+    fast = tempa.compile(lambda x: torch.cos(x) * 1.75 - 0.25)
+    with caplog.at_level(logging.INFO, logger="tempa.perf"):
+        fast(torch.randn(9))
+    lines = [r.getMessage() for r in caplog.records if r.name == "tempa.perf"]
+    assert any(l.startswith("tempa backend: graph compiled in ") and "kernels (" in l
+               for l in lines), lines
