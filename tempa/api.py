@@ -391,8 +391,8 @@ class CompileContext:
                 if not changed <= known and logs.on("recompiles"):
                     logs.get("recompiles").info(
                         "%s: the size of %s changed in dim(s) %s (%s -> %s); the next graph "
-                        "takes any size there, so this input's other sizes no longer recompile "
-                        "it", _where(fn), expr, sorted(changed), shape, tuple(value.shape))
+                        "takes any size there", _where(fn), expr, sorted(changed), shape,
+                        tuple(value.shape))
                 cache.dynamic_inputs[expr] = known | changed
         return cache.dynamic_inputs or None
 
