@@ -112,7 +112,7 @@ def test_auto_keeps_the_faster_path(monkeypatch, compiled_cost, eager_cost, kept
         assert torch.equal(fast(x), x + 1)
     decisions = tempa.stance_decisions(fast)
     said = "compiled code" if kept == "compiled" else "eager"
-    assert len(decisions) == 1 and f"runs {said}: compiled {compiled_cost * 1e6:.1f}" in decisions[0]
+    assert len(decisions) == 1 and f"runs {said}: compiled {compiled_cost * 1e3:.2f} ms" in decisions[0]
     eager_calls = tempa.stats().stance_eager_calls
     if kept == "compiled":     # after the trial, every call runs compiled
         assert eager_calls == stance.ROUNDS
