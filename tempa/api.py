@@ -10,13 +10,12 @@ import functools
 import inspect
 from dataclasses import dataclass
 import types
-import warnings
 import weakref
 
 import torch
 from torch.amp import autocast_mode
 
-from . import distributed, logs, stats as _stats
+from . import distributed, logs, stance, stats as _stats
 from .config import config
 from .backend.runtime import nativeguards
 from .capture import calls
@@ -51,18 +50,49 @@ def _resolve_backend(backend, mode, options):
             return compile_graph(gm, example_inputs, mode=mode, options=options)
         tempa_backend.supports_dynamic = True   # shape-generic code, or per shape inside
         return tempa_backend
-    raise ValueError(f"tempa.compile: unknown backend {backend!r}; use 'tempa', 'eager' or a "
-                     "callable (gm, example_inputs) -> callable")
+    hint = " (torch.compile's backends are not tempa's; tempa's compiler is 'tempa', the " \
+        "default)" if backend in _TORCH_BACKENDS else ""
+    raise ValueError(f"tempa.compile: unknown backend {backend!r}{hint}; the backends are "
+                     "'tempa', 'eager' or a callable (gm, example_inputs) -> callable")
+
+
+_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_TORCH_BACKENDS = ("inductor", "aot_eager", "aot_eager_decomp_partition", "cudagraphs",
+                   "onnxrt", "tvm", "openxla")
+# options= keys the tempa backend reads (what they do: the modules named)
+OPTIONS = {
+    "cudagraph_outputs": "'protect', 'clone' or 'overwrite' (runtime/cudagraphs.py)",
+    "max_autotune_gemm_backends": "'triton,aten', 'triton' or 'aten' (gpu/gemm_tune.py)",
+    "max_autotune_gemm_configs": "a list of [BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages]",
+}
+
+
+def _check_settings(fullgraph, dynamic, mode, options) -> None:
+    """tempa.compile's arguments, refused at once with the valid values (a typo accepted
+    silently would compile something other than what the user asked for)."""
+    if not isinstance(fullgraph, bool):
+        raise TypeError(f"tempa.compile: fullgraph must be True or False, not {fullgraph!r}")
+    if not isinstance(dynamic, (bool, type(None))):
+        raise ValueError(f"tempa.compile: dynamic must be None (automatic), True or False, "
+                         f"not {dynamic!r}")
+    if mode not in (None, *_MODES):
+        raise ValueError(f"tempa.compile: unknown mode {mode!r}; the modes are "
+                         f"{', '.join(map(repr, _MODES))}")
+    if options is None:
+        return
+    if not isinstance(options, dict):
+        raise TypeError(f"tempa.compile: options must be a dict, not {type(options).__name__}")
+    unknown = [k for k in options if k not in OPTIONS]
+    if unknown:
+        raise ValueError(f"tempa.compile: unknown option(s) {', '.join(map(repr, unknown))}; "
+                         "the options are " + "; ".join(f"{k}: {v}" for k, v in OPTIONS.items()))
 
 
 class CompileContext:
     """The settings of one tempa.compile(...) call and the caches built under them."""
 
     def __init__(self, *, fullgraph, dynamic, backend, mode, options):
-        if mode not in (None, "default", "reduce-overhead", "max-autotune",
-                        "max-autotune-no-cudagraphs"):
-            raise ValueError(f"tempa.compile: unknown mode {mode!r}; use 'default', "
-                             "'reduce-overhead' or 'max-autotune'")
+        _check_settings(fullgraph, dynamic, mode, options)
         # the arguments of tempa.compile, so a copied OptimizedModule can compile afresh
         self.settings = dict(fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
                              options=options)
@@ -81,6 +111,8 @@ class CompileContext:
         self.break_log: list = []  # (function, BreakReason)
         self.fallback_log: list = []  # (function, reason)
         self.recompile_log: list = []  # (function name, the guard that failed)
+        self.auto_trials: dict = {}    # CodeCache -> stance.AutoTrial (stance "auto")
+        self.stance_log: list = []     # the choices stance "auto" made, as sentences
         install_invalidation_hooks()
         nativeguards.prebuild()   # its one-time compiler run overlaps the first capture
         if config.logs:
@@ -99,6 +131,8 @@ class CompileContext:
         miss = self._miss
 
         def dispatch(*args, **kwargs):
+            if stance.state.active:
+                return self._with_stance(cache, fn, eager, args, kwargs)
             if kwargs:
                 for entry in cache.entries:
                     result = entry.fn(*args, **kwargs)
@@ -112,6 +146,50 @@ class CompileContext:
             return miss(cache, fn, eager, args, kwargs)
         dispatch.__tempa_cache__ = cache
         return dispatch
+
+    def _compiled_call(self, cache, fn, eager, args, kwargs):
+        for entry in cache.entries:
+            result = entry.fn(*args, **kwargs)
+            if result is not MISS:
+                return result
+        return self._miss(cache, fn, eager, args, kwargs)
+
+    def _with_stance(self, cache, fn, eager, args, kwargs):
+        """A call under a stance other than "default" (stance.py says what each does;
+        the recompile stances act in ``_capture_and_compile``)."""
+        name = stance.state.name
+        if name == "force_eager":
+            _stats.bump("stance_eager_calls")
+            return eager(*args, **kwargs)
+        if name != "auto":
+            return self._compiled_call(cache, fn, eager, args, kwargs)
+        trial = self.auto_trials.get(cache)
+        if trial is None:
+            trial = self.auto_trials.setdefault(cache, stance.AutoTrial())
+        path, timed = trial.next_path(), trial.timed()
+        if path == "eager":
+            _stats.bump("stance_eager_calls")
+        if not timed:
+            if path == "eager":
+                return eager(*args, **kwargs)
+            result = self._compiled_call(cache, fn, eager, args, kwargs)
+            trial.record("compiled", None)
+            return result
+        start = stance.timer()
+        if path == "eager":
+            result = eager(*args, **kwargs)
+        else:
+            result = self._compiled_call(cache, fn, eager, args, kwargs)
+        if trial.record(path, stance.timer() - start):
+            self._announce_choice(cache, fn, trial)
+        return result
+
+    def _announce_choice(self, cache, fn, trial) -> None:
+        text = trial.describe(_where(fn))
+        self.stance_log.append(text)
+        logs.get("perf").info("%s", text)
+        if trial.choice == "eager":
+            _fallback_log.warning("tempa: %s", text)
 
     # -- calls made by graph-break runners ---------------------------------------------------
     def call(self, fn, *args, **kwargs):
@@ -173,7 +251,8 @@ class CompileContext:
                     break
             if entry is None and cache.eager_reason is None:
                 # (capture's own saves must not reach activation checkpointing's hooks)
-                with distributed.outside_saved_tensors_hooks():
+                with distributed.outside_saved_tensors_hooks(), \
+                        logs.compiling_for(logs._compiling_for or logs.user_frame()):
                     entry = self._capture_and_compile(cache, fn, args, kwargs)
         if entry is None:
             return eager(*args, **kwargs)
@@ -196,21 +275,24 @@ class CompileContext:
             self.fallback_log.append((fn, cache.eager_reason))
             _fallback_log.warning("tempa: running %s eagerly: %s", _where(fn), cache.eager_reason)
             return None
+        if cache.entries and stance.state.name in ("eager_on_recompile", "fail_on_recompile"):
+            why = cache.entries[0].why(*args, **kwargs)
+            if stance.state.name == "fail_on_recompile":
+                raise stance.RecompileError(f"tempa: {_where(fn)} would recompile (stance "
+                                            f"'fail_on_recompile'); the guard that failed: {why}")
+            _stats.bump("stance_eager_calls")
+            return None    # this call runs eagerly; the entries stay for calls that fit them
         if cache.captures >= config.recompile_limit:
             why = cache.entries[0].why(*args, **kwargs) if cache.entries else "?"
             cache.eager_reason = f"recompile_limit ({config.recompile_limit}) reached"
             _stats.bump("eager_fallbacks")
-            warnings.warn(f"tempa: {_where(fn)} was recompiled {cache.captures} times "
-                          f"(recompile_limit={config.recompile_limit}); it runs eagerly from now "
-                          f"on. The guard that kept failing: {why}. Raise "
-                          "tempa.config.recompile_limit, or mark the changing dimension "
-                          "dynamic.", stacklevel=4)
+            logs.warn(f"tempa: {_where(fn)} was recompiled {cache.captures} times "
+                      f"(recompile_limit={config.recompile_limit}); it runs eagerly from now "
+                      f"on. The guard that kept failing: {why}. Raise "
+                      "tempa.config.recompile_limit, or mark the changing dimension "
+                      "dynamic.", UserWarning)
             return None
-        if cache.entries:
-            why = cache.entries[0].why(*args, **kwargs)
-            self.recompile_log.append((fn.__qualname__, why))
-            if logs.on("recompiles"):
-                logs.get("recompiles").info("recompiling %s: %s", _where(fn), why)
+        why = cache.entries[0].why(*args, **kwargs) if cache.entries else None
         try:
             captured = self._capture(cache, fn, args, kwargs)
         except Unsupported as u:
@@ -229,11 +311,19 @@ class CompileContext:
             return None
         except UserError:
             return None  # the user's code raises: eager raises the same error, from their code
+        try:
+            compiled = _restoring_global_state(self._compile_graph(captured, fn), captured.gm)
+        except UserError:
+            return None  # the graph fails on these inputs (a wrong dtype): eager's error
+        # counted once the entry exists: a call that raises eager's error is no recompile
         cache.captures += 1
         cache.last_shapes = captured.input_shapes
         _stats.bump("captures")
-        if cache.entries:
+        if why is not None:
             _stats.bump("recompiles")
+            self.recompile_log.append((fn.__qualname__, why))
+            if logs.on("recompiles"):
+                logs.get("recompiles").info("recompiling %s: %s", _where(fn), why)
         if captured.break_reason is not None:
             _stats.bump("graph_breaks")
             if self.record:
@@ -244,7 +334,6 @@ class CompileContext:
             self.graph_log.append((fn, captured.gm))
         if logs.on("graphs"):
             logs.get("graphs").info("graph for %s:\n%s", _where(fn), captured.gm.code)
-        compiled = _restoring_global_state(self._compile_graph(captured, fn), captured.gm)
         entry = build_entry(fn, captured, compiled, nativeguards)
         # A call with bad arguments fails in the entry: its TypeError names the user's function.
         entry.fn.__name__, entry.fn.__qualname__ = fn.__name__, fn.__qualname__
@@ -275,10 +364,12 @@ class CompileContext:
             return captured
 
     def _dynamic_for(self, cache, fn, args, kwargs):
-        """Automatic dynamic shapes: the first capture is static; when a recompile happens
-        because an input's sizes changed, every dimension of that input becomes symbolic
-        from then on, so the next graph serves all its sizes (torch.compile marks only the
-        changed dims, and a batch-then-length sweep costs it a third graph)."""
+        """Automatic dynamic shapes, as torch.compile's: the first capture is static; when a
+        recompile happens because an input's sizes changed, the dimensions that changed
+        become symbolic from then on (added up over recompiles), so the next graph serves
+        every size there. Only those: a CNN whose batch changes keeps its image sizes static,
+        and its kernels stay shape-generic in the batch alone (with the height and width
+        symbolic too, they were compiled once per batch size)."""
         if cache.static_only:
             return False
         if self.dynamic is not None:
@@ -300,12 +391,14 @@ class CompileContext:
                 continue
             if isinstance(value, torch.Tensor) and value.dim() == len(shape) and \
                     tuple(value.shape) != shape:
-                changed = [d for d in range(len(shape)) if value.shape[d] != shape[d]]
-                if expr not in cache.dynamic_inputs and logs.on("recompiles"):
+                changed = {d for d in range(len(shape)) if value.shape[d] != shape[d]}
+                known = cache.dynamic_inputs.get(expr, set())
+                if not changed <= known and logs.on("recompiles"):
                     logs.get("recompiles").info(
-                        "%s: %s changed size in dim(s) %s (%s -> %s); making %s dynamic",
-                        _where(fn), expr, changed, shape, tuple(value.shape), expr)
-                cache.dynamic_inputs[expr] = set(range(len(shape)))
+                        "%s: the size of %s changed in dim(s) %s (%s -> %s); the next graph "
+                        "takes any size there", _where(fn), expr, sorted(changed), shape,
+                        tuple(value.shape))
+                cache.dynamic_inputs[expr] = known | changed
         return cache.dynamic_inputs or None
 
     def _compile_graph(self, captured, fn):
@@ -318,6 +411,9 @@ class CompileContext:
         try:
             compiled = backend(captured.gm, captured.example_inputs)
         except Exception as e:
+            from .backend.entry import raises_in_eager
+            if raises_in_eager(captured.gm, captured.example_inputs):
+                raise UserError(e) from None
             if config.raise_on_failure:
                 raise
             _stats.bump("eager_fallbacks")
@@ -331,6 +427,7 @@ class CompileContext:
         for cache in list(self.caches.values()):
             cache.clear()
         self.caches.clear()
+        self.auto_trials.clear()
 
 
 _STATE_TARGETS = (torch._C._set_grad_enabled, autocast_mode._enter_autocast)
@@ -516,6 +613,11 @@ def disable(fn=None, recursive: bool = True):
 def explain(fn_or_module):
     """``tempa.explain(model)(*args, **kwargs)``: run once, capturing graphs (run through FX,
     no kernels compiled) and report graphs, breaks with their places, ops and guards."""
+    if not (isinstance(fn_or_module, (torch.nn.Module, types.FunctionType, types.MethodType))
+            or hasattr(fn_or_module, "__tempa_context__")):
+        raise TypeError(f"tempa.explain expects an nn.Module or a Python function, got "
+                        f"{type(fn_or_module).__name__}: tempa.explain(model)(*inputs)")
+
     def run(*args, **kwargs):
         context = CompileContext(fullgraph=False, dynamic=None, backend="eager", mode=None,
                                  options=None)
@@ -570,6 +672,11 @@ def entries(compiled) -> list[EntryInfo]:
                                  e.captured.gm.code, e.compiled, e.captured.break_reason,
                                  e.source))
     return out
+
+
+def stance_decisions(compiled) -> list[str]:
+    """What stance "auto" chose for each code object under ``compiled`` so far, and why."""
+    return list(_context_of(compiled).stance_log)
 
 
 def recompile_reasons(compiled) -> list[tuple[str, str]]:

@@ -16,6 +16,8 @@ import json
 import os
 import sys
 
+from .stance import STANCES
+
 EXIT_BAD_INPUT = 2
 
 CONVENTION_HELP = """\
@@ -33,10 +35,12 @@ FILE (the model to look at):
 
 BENCH_HELP = CONVENTION_HELP + """
 How it measures:
-  per call     after 10 warm-up calls, calls are timed one by one; median and IQR. Eager
-               is timed before anything is compiled in the process (generated kernels'
-               threads can slow down eager code that runs after them; the bench notes it
-               when it happens).
+  per call     after 10 warm-up calls, 12 rounds each time a block of eager and a block
+               of compiled calls back to back, one by one; median and IQR per side, and the
+               speed-up with a 95% interval (bootstrap over the rounds; "cannot tell" when
+               it contains 1.0x). Eager is also timed alone before anything is compiled
+               (generated kernels' threads can slow down eager code that runs after them;
+               the bench notes it when it happens).
   first call   cold: a fresh process, empty disk cache (what the first run of your program
                pays); warm: a second fresh process finding the cache the first one filled
                (what every later start pays). --first-call in-process times the cold first
@@ -51,7 +55,8 @@ How it measures:
    "eager": {"first_call_s", "median_s", "q1_s", "q3_s", "iqr_s", "calls"},
    "modes": [{"mode", "ok", "error", "first_call_cold_s", "first_call_warm_s",
               "first_call_in_process_s", "first_call_method", "median_s", "q1_s", "q3_s",
-              "iqr_s", "calls", "speedup", "break_even_calls", "break_even_calls_warm",
+              "iqr_s", "calls", "speedup", "speedup_ci", "rounds", "break_even_calls",
+              "break_even_calls_warm",
               "stats": {"captures", "recompiles", "graph_breaks", "eager_fallbacks",
                         "graphs_compiled", "kernels_compiled", "aten_fallbacks",
                         "disk_cache_hits", "gcc_runs"},
@@ -74,6 +79,9 @@ def _common(p: argparse.ArgumentParser, *, measure: bool):
                         + ("" if measure else "; default: eager (capture is what explain shows)"))
     p.add_argument("--no-grad", action="store_true", help="run under torch.no_grad()")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("--stance", default="default", choices=STANCES,
+                   help="tempa.set_stance for the run; 'auto' keeps, per function, the faster "
+                        "of compiled and eager (default: %(default)s)")
     if measure:
         p.add_argument("--mode", default="default",
                        help="comma-separated: default,reduce-overhead,max-autotune "
@@ -153,8 +161,9 @@ def main(argv=None) -> int:
         return EXIT_BAD_INPUT
     from .tools.load import TargetError
     try:
-        return {"bench": cmd_bench, "explain": cmd_explain, "report": cmd_report,
-                "cache": cmd_cache}[args.command](args)
+        with _stance(args):
+            return {"bench": cmd_bench, "explain": cmd_explain, "report": cmd_report,
+                    "cache": cmd_cache}[args.command](args)
     except TargetError as e:
         if args.debug:
             raise
@@ -169,6 +178,13 @@ def main(argv=None) -> int:
         print(f"tempa {args.command}: internal error: {type(e).__name__}: {first} (run with "
               "--debug for the traceback, and please report it)", file=sys.stderr)
         return 1
+
+
+def _stance(args):
+    if getattr(args, "stance", "default") == "default":
+        return contextlib.nullcontext()
+    import tempa
+    return tempa.set_stance(args.stance)
 
 
 def _modes(spec: str) -> list[str]:

@@ -5,8 +5,11 @@ Each channel is a standard ``logging`` logger named ``tempa.<channel>``; a chann
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
+import warnings
 
 CHANNELS = ("graphs", "guards", "recompiles", "breaks", "code", "perf", "fallbacks")
 
@@ -60,3 +63,46 @@ def _add_channel(record: logging.LogRecord) -> bool:
 
 def on(channel: str) -> bool:
     return get(channel).isEnabledFor(logging.INFO)
+
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# the user's frame of the call being compiled: compile workers run in threads of their
+# own, whose stacks do not reach the user's code
+_compiling_for = None
+
+
+def user_frame():
+    """The innermost frame outside tempa, its generated entries (``<tempa entry ...>``),
+    FX code and torch (whose ``Module.__call__`` sits between the user and tempa)."""
+    torch = sys.modules.get("torch")
+    skipped = (_PACKAGE_DIR, "<tempa", "<eval_with_key") + \
+        ((os.path.dirname(torch.__file__) + os.sep,) if torch else ())
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(skipped):
+        frame = frame.f_back
+    return frame
+
+
+@contextlib.contextmanager
+def compiling_for(frame):
+    """Warnings raised while compiling (in any thread) point at ``frame``."""
+    global _compiling_for
+    outer, _compiling_for = _compiling_for, frame
+    try:
+        yield
+    finally:
+        _compiling_for = outer
+
+
+def warn(message: str, category=RuntimeWarning) -> None:
+    """``warnings.warn`` attributed to the user's line (``stacklevel`` cannot say it: the
+    depth from tempa's code to the user's differs per path, and per thread)."""
+    frame = _compiling_for or user_frame()
+    if frame is None:
+        warnings.warn(message, category, stacklevel=2)
+        return
+    g = frame.f_globals
+    warnings.warn_explicit(message, category, frame.f_code.co_filename, frame.f_lineno,
+                           module=g.get("__name__", "<unknown>"),
+                           registry=g.setdefault("__warningregistry__", {}))

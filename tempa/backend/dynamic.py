@@ -205,7 +205,8 @@ class DynamicTarget:
             if syms[s] != t.shape[d]:
                 raise NotGeneric(f"symbol {s} has two example values")
         if len(syms) > MAX_SYMBOLS:
-            raise NotGeneric(f"{len(syms)} size symbols (at most {MAX_SYMBOLS} are templated)")
+            raise NotGeneric(f"it has {len(syms)} dynamic sizes; shape-generic code takes at most "
+                             f"{MAX_SYMBOLS}")
         self.syms = list(syms)
         self.example_point = tuple(syms[s] for s in self.syms)
         # Values to avoid: every static size of the inputs and the example values, so that
@@ -350,7 +351,9 @@ class DynamicTarget:
                 raise e
         self.info.dynamic = f"per-shape: {why}"
         self.info.notes.append(f"{label}: compiled once per shape ({why})")
-        logs.get("recompiles").info("tempa backend: %s graph compiled per shape: %s", label, why)
+        logs.get("recompiles").info("tempa backend: the %s graph could not be made shape-generic "
+                                    "(%s); it is compiled again (gcc runs) for each new input "
+                                    "shape", label, why)
 
     # -- the template ----------------------------------------------------------------------
     def _template(self, plan_at, ex_plan):

@@ -6,7 +6,6 @@ import importlib
 import re
 import threading
 import time
-import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -87,7 +86,7 @@ def _warn_once(msg: str):
     key = msg.split("\n")[0]
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        logs.warn(msg)
 
 
 class CpuTarget:
@@ -238,6 +237,12 @@ def build(gm: torch.fx.GraphModule, example_inputs, target, info: BackendInfo | 
         compiled = inner
     info.compile_seconds = time.perf_counter() - t0
     compiled.tempa_info = info
+    if logs.on("perf"):
+        built = "from the disk cache" if info.from_disk_cache else "gcc ran" if info.used_gcc \
+            else "no C++ build"
+        logs.get("perf").info("tempa backend: graph compiled in %.2f s: %d kernels (%s), %d ATen "
+                              "fallbacks%s", info.compile_seconds, info.kernel_count, built,
+                              len(info.aten_fallbacks or ()), f"; {info.dynamic}" if info.dynamic else "")
     return compiled
 
 
@@ -310,6 +315,31 @@ def _transformed_call(gm, info):
                                           why)
         return run_graph(gm, args[:n_user])
     return run
+
+
+# What each variant is, in the user's terms (a forward without no_grad is "training" here)
+_VARIANT_WORDS = {
+    "inference": "the graph",
+    "training": "the graph with its backward (grad mode is on and a parameter or input "
+                "requires grad; wrap inference in torch.no_grad())",
+}
+
+
+def raises_in_eager(gm, inputs) -> bool:
+    """Whether the torch-level graph raises when run with ATen ops on copies of ``inputs``
+    (the RNG state kept): a wrong input dtype fails in eager too, and then the failure is
+    the user's error to report as eager does, not tempa's to work around."""
+    n_user = len([n for n in gm.graph.nodes if n.op == "placeholder"])
+    copies = [t.detach().clone().requires_grad_(t.requires_grad)
+              if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
+              else t.detach().clone() if isinstance(t, torch.Tensor) else t
+              for t in list(inputs)[:n_user]]
+    with torch.random.fork_rng(devices=[]):
+        try:
+            gm.forward(*copies)
+        except Exception:  # noqa: BLE001 - any error of the graph's own ops
+            return True
+    return False
 
 
 def run_graph(gm, args):
@@ -431,9 +461,11 @@ class GraphVariants:
             reason = f"unsupported graph: {e}"
         else:
             reason = f"{type(e).__name__}: {e}"
-            if importlib.import_module("tempa.config").config.raise_on_failure:
-                raise e
-            _warn_once(f"tempa: compiling the {variant} graph failed ({reason}); running it eagerly")
+            if importlib.import_module("tempa.config").config.raise_on_failure or \
+                    raises_in_eager(self.orig, self.examples):
+                raise e   # the graph itself fails on these inputs: eager's error, the user's
+            _warn_once(f"tempa: compiling {_VARIANT_WORDS[variant]} failed ({reason}); "
+                       "running it eagerly")
         self.info.fallback_reason = reason
         self.info.notes.append(f"{variant}: {reason}")
         stats.bump("aten_fallbacks")

@@ -1,6 +1,7 @@
 """Capture one call of a Python function: bytecode -> FX graph + guards + output plan."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -53,6 +54,10 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
     tracer = Tracer(builder, dynamic=dynamic)
     guards = builder.guards
     arguments = bind_arguments(fn, args, kwargs)
+    for name, value in arguments.items():
+        if isinstance(value, torch.nn.Module):
+            tracer.paths[id(value)] = name
+    _name_stack_arguments(guards, fn, arguments)
     module_guards.guard_function(guards, fn, defaults=True)
     if module_call:
         module_guards.guard_root_module_call(tracer, args[0], fn)
@@ -61,8 +66,6 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         if fn.__code__.co_flags & 0x08 else None
     bound = {}
     for name, value in arguments.items():
-        if isinstance(value, torch.nn.Module):
-            tracer.paths[id(value)] = name
         bound[name] = tracer.external(value, name, user=True)
         if name == varkw:
             # **kwargs is a new dict on every call: the code may change it freely.
@@ -170,9 +173,22 @@ def _guard_input_aliasing(builder, guards) -> None:
             _is_impure(n) and n.op not in ("placeholder", "output") for n in builder.graph.nodes):
         raise Unsupported("unsupported construct", "tensor arguments that share storage, "
                           "written in place")
-    args = ", ".join(expr for _, expr, _ in builder.user_inputs)
-    guards.add("global", f"{guards.const(storage_groups, 'F')}({args}) == {groups}",
-               "tensor arguments share storage as " + str(groups))
+    exprs = [expr for _, expr, _ in builder.user_inputs]
+    shared = [f"{exprs[i]} shares storage with {exprs[g]}" for i, g in enumerate(groups) if g != i]
+    guards.add("global", f"{guards.const(storage_groups, 'F')}({', '.join(exprs)}) == {groups}",
+               "; ".join(shared) if shared else f"{', '.join(exprs)} do not share storage")
+
+
+def _name_stack_arguments(guards, fn, arguments: dict) -> None:
+    """A resume function's stack arguments (``___stack2``) are values the interrupted code
+    had computed but not yet stored; guards name them by type and line, as the user can
+    find them: ``ndarray on the stack at line 22``."""
+    line = re.search(r"<resume at line (\d+)>$", fn.__qualname__)
+    for name, value in arguments.items():
+        if name.startswith("___stack") and line is not None:
+            what = getattr(value, "__qualname__", None) if callable(value) else \
+                "the value" if value is None else None
+            guards.name(name, f"{what or type(value).__name__} on the stack at line {line.group(1)}")
 
 
 def _leave_contexts(tracer, entry_grad: bool) -> None:

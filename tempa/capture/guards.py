@@ -5,10 +5,15 @@ signature as the captured function) and constants bound into the generated funct
 namespace. Objects whose identity is itself guarded (modules, functions, config objects) are
 referenced directly as constants (``O3.training == False``), so a guard never walks a long
 attribute chain at call time (``m.fc1`` through ``Module.__getattr__`` costs ~0.7 µs).
+Descriptions, which explain, the report, the logs and recompile warnings show, name those
+objects as the user's code does (``self.drop.p == 0.1``): each constant that stands for an
+object read from the user's code gets the name of where it was read (``names``), and
+``ordered()`` writes descriptions with those names.
 """
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +22,8 @@ import torch
 # check first makes a 4-entry cache 2x faster to search).
 _ORDER = {"identity": 0, "tensor": 1, "shape": 2, "global": 2, "constant": 3, "length": 3,
           "module": 4}
+# A bound constant (``___O13``) or a resume function's stack argument (``___stack2``).
+_INTERNAL_NAME = re.compile(r"___[A-Za-z]+\d+")
 
 
 class GuardSet:
@@ -29,6 +36,7 @@ class GuardSet:
         self.tensor_specs: dict[str, tuple[str, TensorSpec]] = {}
         # emptiness guard expression -> the constant names it tests
         self.empty_checks: dict[str, list[str]] = {}
+        self.names: dict[str, str] = {}   # "___O13" -> "self.drop": how the user's code says it
 
     # -- constants --------------------------------------------------------------------
     def const(self, obj, prefix: str = "O") -> str:
@@ -40,6 +48,25 @@ class GuardSet:
             self._const_by_id[id(obj)] = name
         return name
 
+    def name(self, internal: str, readable: str) -> None:
+        """``internal`` (a constant's or argument's name) is ``readable`` in the user's code;
+        the first name an object is reached by is kept."""
+        if internal != readable:
+            self.names.setdefault(internal, readable)
+
+    def readable(self, text: str) -> str:
+        """``text`` with internal names replaced by the user's (names may refer to names);
+        a named expression (``___O8.cell_contents``: a closure variable) goes first."""
+        for internal, name in self.names.items():
+            if not _INTERNAL_NAME.fullmatch(internal) and internal in text:
+                text = text.replace(internal, name)
+        for _ in range(4):
+            new = _INTERNAL_NAME.sub(lambda m: self.names.get(m.group(0), m.group(0)), text)
+            if new == text:
+                break
+            text = new
+        return text
+
     # -- adding guards ---------------------------------------------------------------
     def add(self, kind: str, expr: str, description: str) -> None:
         if expr in self._seen:
@@ -48,7 +75,9 @@ class GuardSet:
         self.guards.append((_ORDER.get(kind, 5), expr, description))
 
     def identity(self, expr: str, obj, what: str = "") -> None:
-        self.add("identity", f"{expr} is {self.const(obj)}", f"{what or expr} is the same object")
+        const = self.const(obj)
+        self.name(const, what or expr)
+        self.add("identity", f"{expr} is {const}", f"{what or expr} is the same object")
 
     def constant(self, expr: str, value) -> None:
         """``expr`` evaluates to this Python constant (type included: True is not 1; a float
@@ -94,6 +123,8 @@ class GuardSet:
         ``data_ptr()``, which includes the offset, and a parameter holding a negative-bit or
         inference view is not seen. The check is recorded as a ``TensorSpec`` too, so that
         an entry can run all its tensor checks in one native call (``build_entry``)."""
+        if what and expr in self.consts:
+            self.name(expr, what)
         spec = TensorSpec.of(t, tuple(dynamic_dims), attribute)
         check = self.tensor_expression(expr, spec)
         self.add("tensor", check, spec.describe(what or expr))
@@ -142,7 +173,8 @@ class GuardSet:
 
     # -- output ------------------------------------------------------------------------
     def ordered(self) -> list[tuple[str, str]]:
-        return [(e, d) for _, e, d in sorted(self.guards, key=lambda g: g[0])]
+        """(expression, description) in evaluation order, descriptions in the user's names."""
+        return [(e, self.readable(d)) for _, e, d in sorted(self.guards, key=lambda g: g[0])]
 
 
 @dataclass(frozen=True)

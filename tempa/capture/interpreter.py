@@ -405,7 +405,9 @@ class Frame(DataOpcodes):
             return written   # assigned earlier in this capture
         if name in g and written is not DELETED:
             tracer = self.tracer
-            value = tracer.external(g[name], f"{tracer.expr_of(g)}[{name!r}]", user=False)
+            expr = f"{tracer.expr_of(g)}[{name!r}]"
+            tracer.guards.name(expr, name)                  # guards say the global's name
+            value = tracer.external(g[name], expr, user=False)
         else:
             b = g.get("__builtins__", __builtins__)
             b = b if isinstance(b, dict) else b.__dict__
@@ -450,8 +452,9 @@ class Frame(DataOpcodes):
         if copied is not None and copied[0] is cell:   # a cell of a caller's function
             value = self.tracer.external(value, f"{copied[1]}.cell_contents")
         elif not self.tracer.is_internal(cell) and ins.argval != "__class__":
-            value = self.tracer.external(value, f"{self.tracer.expr_of(cell)}.cell_contents",
-                                         user=False)
+            expr = f"{self.tracer.expr_of(cell)}.cell_contents"
+            self.tracer.guards.name(expr, ins.argval)      # guards say the variable's name
+            value = self.tracer.external(value, expr, user=False)
         self.push(value)
 
     def STORE_DEREF(self, ins):

@@ -401,8 +401,9 @@ class Tracer:
             if value is None:
                 g.add("module", f"{src} is None", f"{where} is None")
                 return None
-            g.add("module", f"{src} is {g.const(value, 'P' if table != '_modules' else 'O')}",
-                  f"{where} is the same {table[1:-1]}")
+            const = g.const(value, 'P' if table != '_modules' else 'O')
+            g.name(const, where)
+            g.add("module", f"{src} is {const}", f"{where} is the same {table[1:-1]}")
             if table == "_parameters":
                 self.param_ids.add(id(value))
             if table == "_modules":

@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime
 from html import escape
 
-from ..tools.bench import BenchResult, ModeResult, NOISE, fmt_time
+from ..tools.bench import BenchResult, ModeResult, NOISE, fmt_ci, fmt_time
 from ..tools.explain import Explanation, GraphInfo
 from . import svg
 from .style import CSS, JS
@@ -52,6 +52,8 @@ def _empty(text: str) -> str:
 def _tone(m: ModeResult) -> str:
     if not m.ok:
         return "bad"
+    if m.verdict.startswith("cannot tell"):
+        return "warn"
     if m.speedup and m.speedup > 1 + NOISE and m.break_even_calls is not None:
         return "good"
     return "warn" if m.speedup and m.speedup >= 1 - NOISE else "bad"
@@ -60,7 +62,8 @@ def _tone(m: ModeResult) -> str:
 def _verdict(res: BenchResult) -> str:
     out = []
     for m in res.modes:
-        reasons = "" if _tone(m) == "good" or not m.ok else (
+        # "cannot tell" names no cause: the noise hides whether there is anything to explain
+        reasons = "" if _tone(m) == "good" or not m.ok or m.verdict.startswith("cannot tell") else (
             "<ul>" + "".join(f"<li>{escape(r)}</li>" for r in m.reasons) + "</ul>")
         out.append(f"<div class='verdict {_tone(m)}' data-item><span class='mode'>"
                    f"[{escape(m.mode)}]</span>{escape(m.verdict)}.{reasons}</div>")
@@ -69,21 +72,25 @@ def _verdict(res: BenchResult) -> str:
 
 def _bench(res: BenchResult) -> str:
     head = ("<tr><th></th><th>first call cold</th><th>first call warm</th><th>per call "
-            "(median)</th><th>IQR</th><th>speedup</th><th>graphs</th><th>breaks</th>"
+            "(median)</th><th>IQR</th><th>speedup</th><th>95% interval</th><th>graphs</th>"
+            "<th>breaks</th>"
             "<th>kernels</th><th>break-even (cold / warm)</th></tr>")
     rows = [f"<tr><td>eager</td><td>{fmt_time(res.eager_first_call_s)}</td><td>-</td>"
             f"<td>{fmt_time(res.eager.median_s)}</td><td>{fmt_time(res.eager.iqr_s)}</td>"
-            f"<td>1.00x</td><td>-</td><td>-</td><td>-</td><td>-</td></tr>"]
+            f"<td>1.00x</td><td>-</td><td>-</td><td>-</td><td>-</td><td>-</td></tr>"]
     for m in res.modes:
         if not m.ok:
-            rows.append(f"<tr><td>tempa [{escape(m.mode)}]</td><td class='failed' colspan='9'>"
+            rows.append(f"<tr><td>tempa [{escape(m.mode)}]</td><td class='failed' colspan='10'>"
                         f"failed: {escape(m.error or '?')}</td></tr>")
             continue
-        be = lambda n, f: "-" if f is None else (f"{n:,}" if n is not None else "never")  # noqa: E731
+        unsure = m.verdict.startswith("cannot tell")
+        be = lambda n, f: "-" if f is None else (  # noqa: E731
+            f"{n:,}" if n is not None else "?" if unsure else "never")
         rows.append(
             f"<tr><td>tempa [{escape(m.mode)}]</td><td>{fmt_time(m.first_call_cold_s)}</td>"
             f"<td>{fmt_time(m.first_call_warm_s)}</td><td>{fmt_time(m.timing.median_s)}</td>"
             f"<td>{fmt_time(m.timing.iqr_s)}</td><td>{m.speedup:.2f}x</td>"
+            f"<td>{fmt_ci(m.speedup_ci) if m.speedup_ci else '-'}</td>"
             f"<td>{m.graphs if m.graphs is not None else '-'}</td>"
             f"<td>{m.stats.get('graph_breaks', '-')}</td>"
             f"<td>{m.kernels if m.kernels is not None else '-'}</td>"
@@ -97,8 +104,9 @@ def _bench(res: BenchResult) -> str:
     counts = ", ".join([f"{res.eager.calls:,} eager"] + [
         f"{m.timing.calls:,} compiled [{m.mode}]" for m in res.modes if m.timing])
     note = (f"<p class='muted'>{escape(method)}Per call: {escape(counts)} calls timed one "
-            "by one after 10 warm-up calls, eager before anything was compiled in the process; "
-            "median and interquartile range. Break-even: calls n until first call + (n-1) × compiled "
+            "by one after 10 warm-up calls, in rounds that alternate eager and compiled "
+            "blocks; median and interquartile range; the speed-up's 95% interval is a "
+            "bootstrap over the rounds. Break-even: calls n until first call + (n-1) × compiled "
             "≤ n × eager.</p>")
     with_stats = [m for m in res.modes if m.stats]
     stats_html = ""
@@ -157,7 +165,8 @@ def _charts(res: BenchResult) -> str:
         yf = lambda v: fmt_time(v) if v else "0"  # noqa: E731
         charts.append(svg.line_chart(
             tot, title="Total time after n calls, compile time included"
-            + ("" if be else " (compiled never catches up)"),
+            + ("" if be else " (cannot tell at this noise whether compiled catches up)"
+               if m.verdict.startswith("cannot tell") else " (compiled never catches up)"),
             x_label="calls", y_label="total time", x_fmt=lambda v: f"{v:,.0f}", y_fmt=yf,
             marker=marker, points=pts, chart_id="chart-break-even"))
     return _section("charts", "Charts", "\n".join(charts))
@@ -232,13 +241,19 @@ def _recompiles(ex: Explanation, res: BenchResult) -> str:
 
 def _fallbacks(ex: Explanation, res: BenchResult) -> str:
     msgs = list(ex.eager_fallbacks)
+    stance = [f"[explain] {d}" for d in ex.stance]    # choices, not fallbacks: not counted
     for m in res.modes:
         for msg in m.fallback_messages:
-            if msg not in msgs:
+            if "stance auto:" in msg:
+                stance.append(f"[{m.mode}] {msg}")
+            elif msg not in msgs:
                 msgs.append(f"[{m.mode}] {msg}")
     items = "".join(f"<li data-item>{escape(x)}</li>" for x in msgs)
     notes = "".join(f"<li>{escape(x)}</li>" for x in ex.notes)
     inner = f"<ul>{items}</ul>" if items else _empty("None: everything captured ran compiled.")
+    if stance:
+        inner += "<h3>Stance auto: what each function kept</h3><ul>" + "".join(
+            f"<li>{escape(x)}</li>" for x in stance) + "</ul>"
     if notes:
         inner += f"<h3>Notes</h3><ul>{notes}</ul>"
     return _section("fallbacks", "Eager fallbacks and warnings", inner)

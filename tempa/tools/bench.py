@@ -2,14 +2,19 @@
 
 How each number is measured (also in `tempa bench --help` and examples/README.md):
 
-- per-call time: after warm-up (10 calls, as the seed's pattern), calls are timed one by one
-  with perf_counter; reported: the median and the interquartile range (IQR, q3 - q1).
-  Eager is timed BEFORE anything is compiled in the process: generated kernels run their
-  own thread pool, and on a small machine its threads can keep spinning and slow down eager
-  code that runs after them (measured on the 2-core machine: the seed MLP's eager calls
-  went from 0.24 ms to 3.8 ms right after compiled calls). The question is "eager or
-  compiled?", so each side is timed as it would run alone; a short eager block timed after
-  the compiled calls shows that interference when it is there (``eager_after_s``).
+- per-call time: after warm-up (10 calls, as the seed's pattern), ROUNDS rounds each time
+  a block of eager calls and a block of compiled calls back to back, one call at a time with
+  perf_counter (which side goes first alternates by round), so both sides meet the same load
+  drift; reported: the median and the interquartile range (IQR, q3 - q1) of each side's
+  calls, and the speed-up, eager's median over compiled's. Eager is also timed once BEFORE
+  anything is compiled in the process: generated kernels run their own thread pool, and on
+  a small machine its threads can keep spinning and slow down eager code that runs after
+  them (measured on the 2-core machine: the seed MLP's eager calls went from 0.24 ms to
+  3.8 ms right after compiled calls); when the interleaved eager calls are much slower than
+  those, the bench says so (``eager_after_s``).
+- the speed-up's 95% interval: the 2.5th and 97.5th percentile of the speed-up over 2,000
+  bootstrap resamples of the rounds (seeded: the same samples give the same interval).
+  When it contains 1.0x the verdict is "cannot tell at this noise" instead of a cause.
 - first call cold: a fresh process with an empty disk cache (tempa.tools.firstcall) times
   the first compiled call; this is what a user pays the first time they run their program.
 - first call warm: the same in a second fresh process whose disk cache the first one filled;
@@ -46,6 +51,8 @@ STAT_FIELDS = ("captures", "recompiles", "graph_breaks", "eager_fallbacks", "gra
 # Within this ratio of 1.0 the two sides are "about the same": the IQR of tight loops on a
 # loaded 2-core machine is a few percent.
 NOISE = 0.03
+ROUNDS = 12              # interleaved rounds for the speed-up's interval
+BOOTSTRAP_RESAMPLES = 2000
 
 
 # -- small helpers -----------------------------------------------------------------------
@@ -105,8 +112,12 @@ class ModeResult:
     fallback_messages: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     verdict: str = ""
-    eager_after_s: float | None = None        # eager median right after the compiled calls
+    speedup_ci: tuple | None = None           # 95% interval of the speed-up (interleaved rounds)
+    rounds: int = 0                           # interleaved rounds behind speedup_ci
+    eager_after_s: float | None = None        # eager median interleaved with the compiled calls
+    eager_timing: Timing | None = None        # the interleaved eager calls (the speed-up's base)
     samples_ns: list[int] = field(default_factory=list)   # for the report's chart; not in JSON
+    eager_samples_ns: list[int] = field(default_factory=list)   # the same, eager; not in JSON
     compiled: object = None                                # for the report; not in JSON
 
 
@@ -136,7 +147,8 @@ class BenchResult:
 
 
 def _mode_json(m: ModeResult) -> dict:
-    d = {k: v for k, v in asdict(m).items() if k not in ("samples_ns", "compiled", "timing")}
+    d = {k: v for k, v in asdict(m).items()
+         if k not in ("samples_ns", "eager_samples_ns", "compiled", "timing", "eager_timing")}
     d.update(asdict(m.timing) if m.timing else
              {"median_s": None, "q1_s": None, "q3_s": None, "iqr_s": None, "calls": 0})
     return d
@@ -382,6 +394,11 @@ def run(target: Target, *, modes=("default",), backend: str = "tempa", device: s
 
     for r in results:
         _conclude(r, eager)
+    # the table's eager row: the calls interleaved with the (first) compiled mode's, which
+    # its speed-up divides by; the block timed alone serves the interference note
+    shown = next((r for r in results if r.eager_timing), None)
+    if shown is not None:
+        eager, eager_samples = shown.eager_timing, shown.eager_samples_ns
     return BenchResult(target.spec, target.name, target.describe_inputs(), device, no_grad,
                        backend, eager_first, eager, eager_samples, results, environment())
 
@@ -413,17 +430,19 @@ def _measure_mode(r: ModeResult, target, mode, backend_obj, sync, grad, warmup, 
                 compiled(*args, **kwargs)
             sync()
             n = calls or _auto_calls(_estimate(compiled, args, kwargs, sync), budget_s)
-            comp_s: list[int] = []
-            with Progress(f"timing {n:,} compiled calls [{mode}]", enabled=progress, after=3):
-                _time_block(compiled, args, kwargs, n, sync, comp_s,
-                            None if calls else 4 * budget_s)
-            after: list[int] = []
-            _time_block(model, args, kwargs, min(n, 200), sync, after, budget_s)
-            r.eager_after_s = Timing.of(after).median_s
-            r.samples_ns = comp_s
-            r.timing = Timing.of(comp_s)
+            with Progress(f"timing {n:,} eager and {n:,} compiled calls [{mode}] in "
+                          f"{ROUNDS} rounds", enabled=progress, after=3):
+                rounds = interleaved_rounds(model, compiled, args, kwargs, sync,
+                                            per_round=max(2, -(-n // ROUNDS)),
+                                            limit_s=None if calls else 8 * budget_s)
+            r.eager_samples_ns = [t for e, _ in rounds for t in e]
+            r.samples_ns = [t for _, c in rounds for t in c]
+            r.eager_timing, r.timing = Timing.of(r.eager_samples_ns), Timing.of(r.samples_ns)
+            r.eager_after_s = r.eager_timing.median_s
+            r.speedup_ci, r.rounds = speedup_interval(rounds), len(rounds)
             r.compiled = compiled
             _describe_entries(r, compiled)
+            r.fallback_messages += tempa.stance_decisions(compiled)
         except Exception as e:
             if debug:
                 raise
@@ -433,7 +452,8 @@ def _measure_mode(r: ModeResult, target, mode, backend_obj, sync, grad, warmup, 
     r.stats = stats_delta(before, tempa.stats())
     for ch in ("fallbacks", "breaks", "recompiles"):
         for msg in logs_[ch].messages:
-            if msg not in r.fallback_messages:
+            # stance auto's choices came in above, from tempa.stance_decisions
+            if msg not in r.fallback_messages and "stance auto:" not in msg:
                 r.fallback_messages.append(msg)
 
 
@@ -449,6 +469,43 @@ def _describe_entries(r: ModeResult, compiled):
             msg = f"backend ran a graph of {g.function} eagerly: {g.fallback_reason}"
             if msg not in r.fallback_messages:
                 r.fallback_messages.append(msg)
+
+
+def interleaved_rounds(model, compiled, args, kwargs, sync, *, rounds: int = ROUNDS,
+                       per_round: int = 10, limit_s: float | None = None) -> list[tuple]:
+    """``rounds`` x (eager call times, compiled call times), in ns: per round, ``per_round``
+    calls of each side back to back, which side goes first alternating by round. With
+    ``limit_s``, fewer rounds once that much time went by (at least 3)."""
+    out = []
+    start = time.perf_counter()
+    for i in range(rounds):
+        eager_ns: list[int] = []
+        compiled_ns: list[int] = []
+        sides = [(model, eager_ns), (compiled, compiled_ns)]
+        for fn, samples in (sides if i % 2 == 0 else sides[::-1]):
+            _time_block(fn, args, kwargs, per_round, sync, samples)
+        out.append((eager_ns, compiled_ns))
+        if limit_s is not None and i >= 2 and time.perf_counter() - start > limit_s:
+            break
+    return out
+
+
+def _speedup_of(rounds) -> float:
+    eager = statistics.median(t for e, _ in rounds for t in e)
+    return eager / max(statistics.median(t for _, c in rounds for t in c), 1)
+
+
+def speedup_interval(rounds: list[tuple], level: float = 0.95,
+                     resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float] | None:
+    """The bootstrap percentile interval of the speed-up (eager's median call time over
+    compiled's), resampling whole rounds (None: fewer than 3 rounds)."""
+    import random
+    if len(rounds) < 3:
+        return None
+    rng = random.Random(0)
+    speedups = sorted(_speedup_of(rng.choices(rounds, k=len(rounds))) for _ in range(resamples))
+    tail = (1 - level) / 2
+    return speedups[int(tail * resamples)], speedups[min(resamples - 1, int((1 - tail) * resamples))]
 
 
 def random_modules_in_training(model) -> list[str]:
@@ -484,6 +541,10 @@ def break_even(first_s: float | None, eager_s: float, compiled_s: float) -> int 
 
 
 def _conclude(r: ModeResult, eager: Timing):
+    """``eager``: the calls timed alone, before compiling; the speed-up divides the eager
+    calls interleaved with this mode's when there are (``r.eager_timing``)."""
+    alone = eager
+    eager = r.eager_timing or eager
     if not r.ok:
         r.verdict = (f"compiling failed ({r.error}); the model runs eagerly at "
                      f"{fmt_time(eager.median_s)} per call")
@@ -501,13 +562,18 @@ def _conclude(r: ModeResult, eager: Timing):
                      f"same ATen calls as eager plus tempa's dispatch ({r.speedup:.2f}x); no "
                      "verdict")
         return
-    if r.eager_after_s and r.eager_after_s > 1.5 * e:
+    if r.eager_after_s and r.eager_after_s > 1.5 * alone.median_s:
         r.fallback_messages.append(
-            f"eager calls right after the compiled ones ran {r.eager_after_s / e:.1f}x slower "
-            f"({fmt_time(e)} -> {fmt_time(r.eager_after_s)}): either the machine got busier, "
+            f"eager calls interleaved with the compiled ones ran {r.eager_after_s / alone.median_s:.1f}x "
+            f"slower than eager timed alone ({fmt_time(alone.median_s)} -> "
+            f"{fmt_time(r.eager_after_s)}): either the machine got busier, "
             "or the generated kernels' threads compete with PyTorch's here, a cost that code "
             "mixing eager and compiled parts (graph breaks) pays on every call")
-    if r.speedup is not None and r.speedup > 1 + NOISE and r.break_even_calls is not None:
+    undecided = _cannot_tell(r)
+    if undecided:
+        r.verdict = undecided
+        r.break_even_calls = r.break_even_calls_warm = None   # no point estimate to trust
+    elif r.speedup is not None and r.speedup > 1 + NOISE and r.break_even_calls is not None:
         r.verdict = f"compiling pays off after {r.break_even_calls:,} calls"
         if r.break_even_calls_warm is not None:
             r.verdict += f" ({r.break_even_calls_warm:,} with a warm disk cache)"
@@ -520,6 +586,24 @@ def _conclude(r: ModeResult, eager: Timing):
     else:
         r.verdict = (f"compiled is slower than eager here ({r.speedup:.2f}x) because "
                      f"{r.reasons[0]}")
+    if r.speedup_ci and not undecided:
+        r.verdict += f" (95% interval {fmt_ci(r.speedup_ci)})"
+
+
+def _cannot_tell(r: ModeResult) -> str | None:
+    """The verdict when the noise hides the answer: the interval contains 1.0x."""
+    if not r.speedup_ci or r.speedup is None:
+        return None
+    lo, hi = r.speedup_ci
+    if lo <= 1.0 <= hi:
+        return (f"cannot tell at this noise whether compiled is faster: {r.speedup:.2f}x, "
+                f"95% interval {fmt_ci(r.speedup_ci)} over {r.rounds} interleaved rounds, "
+                "contains 1.0x. Rerun on an idle machine, or with more --calls")
+    return None
+
+
+def fmt_ci(ci) -> str:
+    return f"{ci[0]:.2f}x-{ci[1]:.2f}x"
 
 
 def _reasons(r: ModeResult, eager: Timing) -> list[str]:
@@ -569,17 +653,19 @@ def fmt_time(s: float | None) -> str:
 
 def table(res: BenchResult) -> str:
     rows = [("", "first call cold", "first call warm", "per call (median)", "IQR", "speedup",
-             "graphs", "breaks", "break-even")]
+             "95% interval", "graphs", "breaks", "break-even")]
     rows.append(("eager", fmt_time(res.eager_first_call_s), "-", fmt_time(res.eager.median_s),
-                 fmt_time(res.eager.iqr_s), "1.00x", "-", "-", "-"))
+                 fmt_time(res.eager.iqr_s), "1.00x", "-", "-", "-", "-"))
     for m in res.modes:
         if not m.ok:
-            rows.append((f"tempa [{m.mode}]", "failed", "-", "-", "-", "-", "-", "-", "-"))
+            rows.append((f"tempa [{m.mode}]", "failed", "-", "-", "-", "-", "-", "-", "-", "-"))
             continue
-        be = f"{m.break_even_calls:,} calls" if m.break_even_calls is not None else "never"
+        be = f"{m.break_even_calls:,} calls" if m.break_even_calls is not None else \
+            "?" if m.verdict.startswith("cannot tell") else "never"
         rows.append((f"tempa [{m.mode}]", fmt_time(m.first_call_cold_s),
                      fmt_time(m.first_call_warm_s), fmt_time(m.timing.median_s),
                      fmt_time(m.timing.iqr_s), f"{m.speedup:.2f}x" if m.speedup else "-",
+                     fmt_ci(m.speedup_ci) if m.speedup_ci else "-",
                      str(m.graphs if m.graphs is not None else "-"),
                      str(m.stats.get("graph_breaks", "-")), be))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

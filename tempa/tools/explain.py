@@ -73,6 +73,7 @@ class Explanation:
     breaks: list[BreakInfo] = field(default_factory=list)
     recompiles: list[str] = field(default_factory=list)
     eager_fallbacks: list[str] = field(default_factory=list)
+    stance: list[str] = field(default_factory=list)    # what stance "auto" chose, and why
     notes: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -166,9 +167,18 @@ def explain(target: Target, *, backend="eager") -> Explanation:
             compiled(*args, **kwargs)
             for a, k in target.extra_inputs:
                 compiled(*a, **k)
+            if tempa.stance.state.name == "auto":
+                # enough calls for the trials to decide: a resume function after a break
+                # runs only on the calls its caller's trial ran compiled
+                for _ in range(3 * (tempa.stance.WARMUP + 2 * tempa.stance.ROUNDS)):
+                    compiled(*args, **kwargs)
+            ex.stance = tempa.stance_decisions(compiled)
         except Exception as e:
             ex.error = ex.error or f"compiling raised {type(e).__name__}: {e}"
-    ex.recompiles = list(logs_["recompiles"].messages)
+    # one line per recompile (as many as tempa.stats().recompiles); the lines saying which
+    # sizes became dynamic are notes
+    ex.recompiles = [m for m in logs_["recompiles"].messages if m.startswith("recompiling ")]
+    dynamic_notes = [m for m in logs_["recompiles"].messages if m not in ex.recompiles]
     s = tempa.stats()
     if s.recompiles and not ex.recompiles:
         ex.recompiles = [f"{s.recompiles} recompiles (switch on TEMPA_LOGS=recompiles for "
@@ -176,7 +186,8 @@ def explain(target: Target, *, backend="eager") -> Explanation:
     for msg in logs_["fallbacks"].messages:
         if msg not in ex.eager_fallbacks and "eagerly" in msg:
             ex.eager_fallbacks.append(msg)
-    ex.notes = [m for m in logs_["fallbacks"].messages if m not in ex.eager_fallbacks]
+    ex.notes = dynamic_notes + [m for m in logs_["fallbacks"].messages if m not in
+                                ex.eager_fallbacks and "stance auto:" not in m]
     tempa.reset()
     return ex
 
@@ -221,6 +232,8 @@ def render_text(ex: Explanation, *, show_code: bool = True) -> str:
     out += [f"  - {r}" for r in ex.recompiles]
     out += ["", "Eager fallbacks:" + ("" if ex.eager_fallbacks else " none")]
     out += [f"  - {f}" for f in ex.eager_fallbacks]
+    if ex.stance:
+        out += ["", "Stance:"] + [f"  - {d}" for d in ex.stance]
     if ex.notes:
         out += ["", "Notes:"] + [f"  - {n}" for n in ex.notes]
     return "\n".join(out)

@@ -12,7 +12,7 @@ MODE_KEYS = {"mode", "ok", "error", "first_call_cold_s", "first_call_warm_s",
              "first_call_in_process_s", "first_call_method", "median_s", "q1_s", "q3_s",
              "iqr_s", "calls", "speedup", "graphs", "kernels", "break_even_calls",
              "break_even_calls_warm", "eager_after_s", "stats", "fallback_messages",
-             "reasons", "verdict"}
+             "reasons", "verdict", "speedup_ci", "rounds"}
 
 
 def test_bench_seed_mlp_table_and_json(run_tempa, tmp_path):
@@ -25,7 +25,7 @@ def test_bench_seed_mlp_table_and_json(run_tempa, tmp_path):
     assert "tempa [default]" in p.stdout
     verdict = [l for l in p.stdout.splitlines() if l.startswith("[default] ")]
     assert verdict and any(w in verdict[0] for w in ("pays off after", "slower than eager",
-                                                     "does not pay off"))
+                                                     "does not pay off", "cannot tell"))
     data = json.loads(out.read_text())
     assert data["schema"] == "tempa.bench/1"
     assert set(data["target"]) == {"spec", "name", "inputs", "device", "no_grad", "backend"}
@@ -38,7 +38,11 @@ def test_bench_seed_mlp_table_and_json(run_tempa, tmp_path):
     assert m["calls"] == 300 and data["eager"]["calls"] == 300
     assert m["first_call_cold_s"] > 0 and m["first_call_warm_s"] is None
     assert m["median_s"] > 0 and m["q1_s"] <= m["median_s"] <= m["q3_s"]
-    if m["speedup"] > 1 + bench.NOISE:
+    lo, hi = m["speedup_ci"]
+    assert m["rounds"] == bench.ROUNDS and 0 < lo <= m["speedup"] <= hi
+    assert ("cannot tell" in m["verdict"]) == (lo <= 1.0 <= hi)
+    assert abs(m["speedup"] - data["eager"]["median_s"] / m["median_s"]) < 1e-9   # one table
+    if m["speedup"] > 1 + bench.NOISE and "cannot tell" not in m["verdict"]:
         assert m["break_even_calls"] >= 1
         assert f"{m['break_even_calls']:,} calls" in m["verdict"]
 
@@ -139,3 +143,34 @@ def test_bench_of_a_train_mode_dropout_model_does_not_fail(tmp_path):
     m = res.modes[0]
     assert m.ok, m.error
     assert any("outputs not compared" in msg for msg in m.fallback_messages)
+
+
+def test_speedup_interval_is_a_seeded_bootstrap_over_rounds():
+    rounds = [([20 + i % 3] * 5, [10 + (i * 7) % 3] * 5) for i in range(12)]
+    lo, hi = bench.speedup_interval(rounds)
+    assert (lo, hi) == bench.speedup_interval(rounds)        # the same samples, the same interval
+    assert 20 / 12 <= lo <= bench._speedup_of(rounds) <= hi <= 22 / 10
+    assert bench.speedup_interval(rounds[:2]) is None          # too few rounds to say
+
+
+def test_interval_spanning_one_cannot_tell():
+    m = _mode(compiled=19e-6, stats={}, speedup_ci=(0.82, 1.31), rounds=12)
+    bench._conclude(m, EAGER)
+    assert m.verdict.startswith("cannot tell at this noise whether compiled is faster: 1.05x, "
+                                "95% interval 0.82x-1.31x over 12 interleaved rounds")
+    assert "pays off" not in m.verdict and "because" not in m.verdict
+    assert m.break_even_calls is None and "?" in bench.table(bench.BenchResult(
+        "m", "m", "", "cpu", False, "tempa", 0.0, EAGER, [], [m], {}))
+
+
+def test_interval_above_one_states_the_verdict_with_it():
+    m = _mode(compiled=10e-6, stats={}, speedup_ci=(1.8, 2.2), rounds=12)
+    bench._conclude(m, EAGER)
+    assert m.verdict.startswith("compiling pays off after 199,999 calls")
+    assert m.verdict.endswith("(95% interval 1.80x-2.20x)")
+
+
+def test_interleaved_eager_is_the_speedups_base():
+    m = _mode(compiled=10e-6, stats={}, eager_timing=bench.Timing(30e-6, 0, 0, 0, 100))
+    bench._conclude(m, EAGER)            # EAGER (alone, 20 µs) only feeds the interference note
+    assert m.speedup == pytest.approx(3.0)

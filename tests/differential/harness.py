@@ -243,8 +243,10 @@ def _run_step(case: Case, step: Step, ctx: Context, fn, state: State) -> Record:
                 result = step.action(state)
         except Exception as e:  # noqa: BLE001 - the exception is what we compare
             rec.error = (type(e).__name__, str(e))
+    # tempa's own diagnostics are not eager's warnings: they are attributed to the user's
+    # line (logs.warn) and start with "tempa"
     rec.warnings = [(w.category.__name__, str(w.message)) for w in caught
-                    if not _is_tempa_file(w.filename)]
+                    if not _is_tempa_file(w.filename) and not str(w.message).startswith("tempa")]
     if step.kind != "mutate":
         rec.aliases = alias_signature(result, args, kwargs, state)
         rec.result = snapshot(result)

@@ -15,10 +15,10 @@ import platform
 import shutil
 import subprocess
 import tempfile
-import warnings
 
 import importlib
 
+_logs = importlib.import_module("tempa.logs")
 _config_mod = importlib.import_module("tempa.config")  # the module, even if tempa.config is re-exported as the object
 _stats = importlib.import_module("tempa.stats")  # the module (tempa.stats is also a function)
 from . import diskcache
@@ -142,8 +142,8 @@ def _load_cached(so: str):
     except OSError as e:
         if not _warned_unloadable:
             _warned_unloadable = True
-            warnings.warn(f"tempa: a cached kernel library cannot be loaded ({e}); rebuilding it. "
-                          "`tempa cache clear` empties the cache.", RuntimeWarning, stacklevel=4)
+            _logs.warn(f"tempa: a cached kernel library cannot be loaded ({e}); rebuilding it; "
+                          "if this repeats, run `tempa cache clear` once.")
         return None
 
 

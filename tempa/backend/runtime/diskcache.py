@@ -16,15 +16,37 @@ import tempfile
 
 import importlib
 
+_logs = importlib.import_module("tempa.logs")
 _config_mod = importlib.import_module("tempa.config")  # the module, even if tempa.config is re-exported as the object
 
 VERSION = "0.1.0-b1"
 
 
+# configured cache dir -> the private directory used instead when it cannot be written
+_unwritable: dict[str, str] = {}
+
+
 def root() -> str:
-    d = os.path.join(os.path.expanduser(_config_mod.config.cache_dir), VERSION)
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    return d
+    """The cache directory of this tempa version. When the configured one cannot be created
+    or written (a read-only mount, a path under a file), the process caches in a private
+    temporary directory instead and says so once: a cache is an optimisation, and without
+    one every graph would run eagerly."""
+    configured = os.path.expanduser(_config_mod.config.cache_dir)
+    if configured in _unwritable:
+        return _unwritable[configured]
+    d = os.path.join(configured, VERSION)
+    try:
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise PermissionError(f"{d} is not writable")
+        return d
+    except OSError as e:
+        fallback = _unwritable[configured] = tempfile.mkdtemp(prefix="tempa-cache-")
+        _logs.warn(f"tempa: the disk cache {configured} cannot be written ({e}); compiling "
+                      f"into {fallback} for this process only (set TEMPA_CACHE_DIR or "
+                      "tempa.config.cache_dir to a writable directory to keep kernels across "
+                      "runs)")
+        return fallback
 
 
 def path(kind: str, key: str, ext: str) -> str:
