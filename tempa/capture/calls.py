@@ -27,9 +27,10 @@ import sys
 import types
 
 import torch
+from torch.nn.modules.lazy import LazyModuleMixin
 
 from . import context
-from .breaks import Unsupported
+from .breaks import Unsupported, UserError
 from .module_guards import _MODULE_CALL, _guard_module_class, guard_function, guard_module_call
 from .purity import _BUILTIN_FUNCTION, _IMPURE_BUILTINS, _PLAIN_TYPES, _PURE_C_CLASSES, \
     _PURE_C_MODULES, _PURE_C_TYPES, _check_pure_arguments, _check_pure_owner, _impure_reason, \
@@ -142,6 +143,8 @@ def _key(fn):
 def is_torch_op(fn) -> bool:
     """Is ``fn`` an operation to record in the graph (rather than code to inline)?"""
     t = type(fn)
+    if t is torch._ops.OpOverload or t is torch._ops.OpOverloadPacket:
+        return True   # torch.ops.aten.add.Tensor: an ATen operator, recorded as it is
     if t is _BUILTIN_FUNCTION:
         mod = getattr(fn, "__module__", None) or ""
         if mod.startswith("torch"):
@@ -201,10 +204,32 @@ _MODULE_CALL_IMPL = torch.nn.Module._call_impl
 
 
 def call_module(tracer, frame, mod: torch.nn.Module, args, kwargs):
+    if isinstance(mod, LazyModuleMixin) and mod.has_uninitialized_params():
+        _materialize_lazy(mod, args, kwargs)
     if _guard_module_class(tracer, mod):
         # an overridden __call__ runs instead of Module.__call__ (and may call super's)
         return call(tracer, frame, type(mod).__call__, [mod, *args], kwargs)
     return call(tracer, frame, guard_module_call(tracer, mod), list(args), kwargs)
+
+
+def _materialize_lazy(mod, args, kwargs):
+    """A lazy module's first call (nn.LazyLinear): its pre-hook creates the parameters from
+    the input shapes and turns it into the plain module, once, as eager's first call does.
+    It runs here on zero tensors of the inputs' shapes; the graph then calls the plain one."""
+    def example(v):
+        if isinstance(v, TensorVar):
+            if any(isinstance(d, torch.SymInt) for d in v.fake.shape):
+                raise Unsupported("unsupported construct", "a lazy module's first call with "
+                                  "symbolic input sizes")
+            return torch.zeros(v.fake.shape, dtype=v.fake.dtype, device=v.fake.device)
+        if type(v) in (list, tuple):
+            return type(v)(example(i) for i in v)
+        return v
+    try:
+        mod._infer_parameters(mod, tuple(example(a) for a in args),
+                              {k: example(v) for k, v in kwargs.items()})
+    except Exception as e:   # eager's first call raises the same
+        raise UserError(e) from None
 
 
 def inline(tracer, frame, fn: types.FunctionType, args, kwargs):

@@ -281,7 +281,7 @@ class GraphBuilder:
             return type(result)(items)  # torch.return_types structseq
         if result is None and target in _SIDE_EFFECT_TARGETS:
             return None
-        if result is None and getattr(target, "__name__", "").endswith("_"):
+        if result is None and _mutates_arguments(target):
             return None  # an in-place method returning None: keep the node
         if not node.users:
             self.graph.erase_node(node)
@@ -314,8 +314,16 @@ def _is_impure(node: fx.Node) -> bool:
         return True
     if node.target in _SIDE_EFFECT_TARGETS or node.meta.get("returns_argument"):
         return True
-    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-    return name.endswith("_") and not name.endswith("__")  # in-place: x.add_(1), F.relu_
+    return _mutates_arguments(node.target)
+
+
+def _mutates_arguments(target) -> bool:
+    """An operation that writes into its arguments: x.add_(1), F.relu_, torch._foreach_mul_,
+    aten.add_.Tensor or aten.add.out (an op overload says so in its schema)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.is_mutable
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")
 
 
 
