@@ -118,6 +118,8 @@ class CompileContext:
         function or submodule that broke the caller's graph gets compiled graphs of its own.
         A torch operation written in Python (torch.unique, F.*) is an op, not code to
         compile: it runs as it is."""
+        if calls.runs_uncompiled(fn):
+            return fn(*args, **kwargs)
         if isinstance(fn, types.FunctionType) and not calls.is_torch_op(fn):
             dispatch = self._dispatchers.get(fn)
             if dispatch is None:
@@ -219,6 +221,13 @@ class CompileContext:
                 u.at(code.co_filename, code.co_firstlineno, fn.__qualname__)
             if self.fullgraph:
                 raise GraphBreakError(u.location) from None
+            if u.transient:
+                # this call runs eagerly and creates what capture lacked; the next captures
+                # again (counted against recompile_limit, so it cannot repeat forever)
+                cache.captures += 1
+                _stats.bump("eager_fallbacks")
+                _fallback_log.info("tempa: running %s eagerly this once: %s", _where(fn), u)
+                return None
             cache.eager_reason = str(u)
             _stats.bump("eager_fallbacks")
             self.fallback_log.append((fn, str(u)))

@@ -65,6 +65,9 @@ class Unsupported(Exception):
         self.location: BreakReason | None = None
         self.root_count: int | None = None   # instructions the root frame ran before it
         self.root_offset: int | None = None
+        # The state that stops capture is made by running the code once (a first call that
+        # fills a caller's defaultdict): that call runs eagerly, the next one captures.
+        self.transient = False
 
     def at(self, filename: str, lineno: int | None, function: str) -> "Unsupported":
         if self.location is None:

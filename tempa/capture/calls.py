@@ -29,7 +29,7 @@ import types
 import torch
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from . import context
+from . import context, scalar_tensors
 from .breaks import Unsupported, UserError
 from .module_guards import _MODULE_CALL, _guard_module_class, guard_function, guard_module_call
 from .purity import _BUILTIN_FUNCTION, _IMPURE_BUILTINS, _PLAIN_TYPES, _PURE_C_CLASSES, \
@@ -128,6 +128,9 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
             raise Unsupported("unsupported call", f"torch.{name} changes global state")
         if fn in _PURE_TORCH_QUERIES:
             return fn(*args, **kwargs)   # type/state queries: no graph node needed
+        rewritten = scalar_tensors.rewrite_function(tracer.builder, fn, args, kwargs)
+        if rewritten is not scalar_tensors.NOT_REWRITTEN:
+            return rewritten
         return tracer.builder.call("call_function", fn, tuple(args), kwargs)
     return call_c(tracer, frame, fn, args, kwargs)
 
@@ -191,6 +194,9 @@ def tensor_method(tracer, m: TensorMethod, args, kwargs):
         return t.fake.type().replace("torch.", "torch.")  # a string like 'torch.FloatTensor'
     if name in ("cpu", "cuda", "to") and not _changes_anything(t, name, args, kwargs):
         return t
+    rewritten = scalar_tensors.rewrite_method(tracer.builder, t, name, args, kwargs)
+    if rewritten is not scalar_tensors.NOT_REWRITTEN:
+        return rewritten
     return tracer.builder.call("call_method", name, (t, *args), kwargs)
 
 
@@ -232,8 +238,23 @@ def _materialize_lazy(mod, args, kwargs):
         raise UserError(e) from None
 
 
+# torch's own "never compile this" marks: torch._dynamo.disable's wrapper, and the lazy
+# torch._disable_dynamo one (Optimizer.zero_grad); and the autograd engine's entry points.
+_TORCH_DISABLE_CODE = torch._disable_dynamo(lambda: None).__code__
+_AUTOGRAD_ENTRY_POINTS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
+
+
+def runs_uncompiled(fn) -> bool:
+    """A function that runs as it is, also when a graph-break runner calls it."""
+    return getattr(fn, "_torchdynamo_disable", False) is True or \
+        getattr(fn, "__code__", None) is _TORCH_DISABLE_CODE or fn in _AUTOGRAD_ENTRY_POINTS
+
+
 def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
     code = fn.__code__
+    if runs_uncompiled(fn):
+        raise Unsupported("disabled by tempa.disable", f"{fn.__qualname__} runs uncompiled "
+                          "(torch._dynamo.disable, or the autograd engine)")
     if code in DISABLED_CODES:
         raise Unsupported("disabled by tempa.disable", f"{fn.__qualname__} is marked @tempa.disable")
     if code.co_flags & (_CO_COROUTINE | _CO_ASYNC_GEN):
@@ -320,7 +341,8 @@ def bind_arguments(fn, args, kwargs, tracer=None) -> dict:
 def call_class(tracer, frame, cls: type, args, kwargs):
     if cls in _BUILTIN_TYPES:
         return _builtin_type(tracer, frame, cls, args, kwargs)
-    if cls in context.GRAD_CONTEXT_CLASSES or context.is_autocast_class(cls):
+    if cls in context.GRAD_CONTEXT_CLASSES or cls in context.PROFILER_LABEL_CLASSES or \
+            context.is_autocast_class(cls):
         return context.make(tracer, cls, args, kwargs)
     if issubclass(cls, torch.Tensor):
         raise Unsupported("unsupported call", f"constructing {cls.__name__} inside a graph")

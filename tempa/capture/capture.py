@@ -93,7 +93,7 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         except _PyException as e:
             raise UserError(e.exc) from None
         except Unsupported as u:
-            if allow_breaks and _stop is None and u.root_count is not None:
+            if allow_breaks and _stop is None and u.root_count is not None and not u.transient:
                 retry, first_break = True, u
             else:
                 raise

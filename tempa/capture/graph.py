@@ -138,6 +138,17 @@ class GraphBuilder:
         self._input_by_id[id(tensor)] = var
         return var
 
+    def input_source(self, var: TensorVar):
+        """(tensor, expression in the entry) of the input ``var`` stands for (also after an
+        in-place operation renamed its node), or None for a tensor computed in the graph."""
+        for _, expr, tensor in self.user_inputs:
+            if self._input_by_id.get(id(tensor)) is var:
+                return tensor, expr
+        for _, tensor in self.attr_inputs:
+            if self._input_by_id.get(id(tensor)) is var:
+                return tensor, self.guards.const(tensor, "P")
+        return None
+
     def input_var(self, tensor: torch.Tensor) -> TensorVar:
         """The TensorVar that stands for this input tensor (argument or attribute)."""
         return self._input_by_id[id(tensor)]

@@ -200,7 +200,7 @@ class DataOpcodes:
         if isinstance(container, TensorVar):
             return tracer.builder.call("call_function", operator.getitem, (container, key), {})
         if isinstance(key, TensorVar):
-            raise Unsupported("data-dependent value", "indexing a Python container with a tensor")
+            key = tracer.tensor_key(container, key)
         if isinstance(container, torch.nn.Module):
             tracer.guard_module_contents(container)
             item = container[key]
@@ -229,6 +229,8 @@ class DataOpcodes:
             tracer.builder.call("call_function", operator.setitem, (container, key, value), {})
             return
         if id(container) in tracer.external_copies:
+            if type(container) is not list and key in container and container[key] is value:
+                return   # d[k] = the object already there (an optimizer's state): no change
             raise Unsupported("mutation of outside state", "item assignment on a caller's "
                               f"{type(container).__name__}")
         setitem = getattr(type(container), "__setitem__", None)
