@@ -428,6 +428,10 @@ def call_c(tracer, frame, fn, args, kwargs):
         if owner is None or isinstance(owner, types.ModuleType):
             owner = args[0] if args else None
         name = getattr(fn, "__name__", "")
+        if name in ("get", "__getitem__", "__contains__") and isinstance(owner, (dict, set)):
+            at = 0 if getattr(fn, "__self__", None) is owner else 1   # d.get(k) or dict.get(d, k)
+            if len(args) > at and isinstance(args[at], TensorVar):
+                args = [*args[:at], tracer.tensor_key(owner, args[at]), *args[at + 1:]]
         if not (isinstance(owner, (list, dict, set, tuple)) and name in _STORING_METHODS or
                 tracer.is_internal(owner) and name in ("__setattr__", "__setitem__", "__init__")):
             raise Unsupported("unsupported call", f"{getattr(fn, '__qualname__', fn)} with "

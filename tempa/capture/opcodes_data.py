@@ -159,6 +159,8 @@ class DataOpcodes:
         if isinstance(container, TensorVar) or isinstance(item, TensorVar) and \
                 not isinstance(container, (list, tuple, dict, set)):
             raise Unsupported("data-dependent value", "`in` on a tensor")
+        if isinstance(item, TensorVar) and isinstance(container, (dict, set)):
+            item = self.tracer.tensor_key(container, item)
         contains = getattr(type(container), "__contains__", None)
         if isinstance(container, torch.nn.Module):
             self.tracer.guard_module_contents(container)

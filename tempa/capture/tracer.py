@@ -342,15 +342,21 @@ class Tracer:
             return TensorMethod(t, name)
         return self._tensor_instance_attr(t, name)
 
-    def tensor_key(self, container, key: TensorVar) -> torch.Tensor:
-        """``d[p]`` with an input tensor ``p`` on a caller's dict (an optimizer's ``state``,
-        keyed by the parameters): the key is that tensor object, as in eager; the dict's keys
-        are guarded by identity (``_external_dict``)."""
-        source = self.builder.input_source(key) if id(container) in self.external_copies and \
-            isinstance(container, dict) else None
-        if source is None:
+    def tensor_key(self, container, key: TensorVar):
+        """``key`` used as a key of a dict or set (``d[p]``, ``p in d``, ``d.get(p)``): the
+        tensor object it stands for, as eager hashes by identity. A caller's dict (an
+        optimizer's ``state``, keyed by the parameters; its keys are guarded by identity in
+        ``_external_dict``) holds the real tensors; a dict built during capture may hold the
+        TensorVars themselves. A tensor computed in the graph is a new object in eager,
+        so it is in no caller's dict."""
+        if not isinstance(container, (dict, set, frozenset)):
             raise Unsupported("data-dependent value", "indexing a Python container with a tensor")
-        return source[0]
+        source = self.builder.input_source(key)
+        if source is not None and (source[0] in container or id(container) in self.external_copies):
+            return source[0]
+        if id(container) in self.external_copies:
+            return object()   # never a key there
+        return key
 
     def _grad_input(self, t: TensorVar):
         """``p.grad`` of an input tensor (a parameter an optimizer steps, an argument): read
