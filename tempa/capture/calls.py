@@ -25,6 +25,7 @@ import logging
 import math
 import sys
 import types
+import warnings
 
 import torch
 from torch.nn.modules.lazy import LazyModuleMixin
@@ -399,6 +400,10 @@ def call_c(tracer, frame, fn, args, kwargs):
         return _logger_call(owner, fn, args)
     if isinstance(fn, functools._lru_cache_wrapper):
         if contains_tensor(args) or contains_tensor(kwargs):
+            warnings.warn(f"tempa: a call to the functools.lru_cache-wrapped function "
+                          f"{getattr(fn, '__qualname__', fn)} is captured by running its body; "
+                          "its cache is neither read nor filled by the compiled code",
+                          stacklevel=2)
             return call(tracer, frame, fn.__wrapped__, args, kwargs)
         return fn(*args, **kwargs)
     _check_pure_arguments(args, kwargs, f"{getattr(fn, '__name__', fn)}()")
