@@ -14,6 +14,7 @@ import weakref
 
 import torch
 from torch.amp import autocast_mode
+from torch.nn.modules.lazy import LazyModuleMixin
 
 from . import distributed, logs, stance, stats as _stats
 from .config import config
@@ -197,6 +198,8 @@ class CompileContext:
         function or submodule that broke the caller's graph gets compiled graphs of its own.
         A torch operation written in Python (torch.unique, F.*) is an op, not code to
         compile: it runs as it is."""
+        if calls.runs_uncompiled(fn):
+            return fn(*args, **kwargs)
         if isinstance(fn, types.FunctionType) and not calls.is_torch_op(fn):
             dispatch = self._dispatchers.get(fn)
             if dispatch is None:
@@ -483,11 +486,21 @@ class OptimizedModule(torch.nn.Module):
 
     def __init__(self, mod: torch.nn.Module, context: CompileContext):
         super().__init__()
-        self._orig_mod = mod
         self.__dict__["_tempa_mod"] = mod
+        self._orig_mod = mod
         self.__dict__["_tempa_context"] = context
+        # state_dict() keys are the module's own (no "_orig_mod." prefix): a checkpoint moves
+        # freely between the eager and the compiled model
+        self._register_state_dict_hook(_drop_orig_mod_prefix)
+        self.register_load_state_dict_pre_hook(_add_orig_mod_prefix)
         forward = mod.__dict__.get("forward")
-        if forward is None:
+        call_override = type(mod).__call__
+        if forward is None and call_override is not torch.nn.Module.__call__ and \
+                isinstance(call_override, types.FunctionType):
+            # a class that overrides __call__: calling the module runs that, so it is what
+            # gets compiled (its super().__call__ reaches forward inside the capture)
+            fn, eager = call_override, _call_module
+        elif forward is None:
             fn = type(mod).forward
             eager = _call_module
         elif isinstance(forward, types.MethodType):
@@ -525,6 +538,11 @@ class OptimizedModule(torch.nn.Module):
                      m["_backward_pre_hooks"]) and not d["_tempa_ddp"]
         if not own_hooks and not d["_tempa_hooked"]:
             return d["_tempa_call"](*args, **kwargs)
+        if isinstance(mod, LazyModuleMixin) and mod.has_uninitialized_params():
+            mod._infer_parameters(mod, args, kwargs)   # its first call creates its parameters
+            own_hooks = distributed.has_module_hooks(mod) and not d["_tempa_ddp"]
+            if not own_hooks and not d["_tempa_hooked"]:
+                return d["_tempa_call"](*args, **kwargs)
         # A hooked submodule reached from eagerly run code (the rest of a loop after a graph
         # break) still runs its compiled forward: each is installed for this call.
         context = self._tempa_context
@@ -539,10 +557,40 @@ class OptimizedModule(torch.nn.Module):
     def forward(self, *args, **kwargs):
         return self._tempa_call(*args, **kwargs)
 
+    @property
+    def training(self):
+        return self.__dict__["_tempa_mod"].training
+
+    @training.setter
+    def training(self, mode):
+        # the wrapper's mode is the module's: tempa.compile(model.eval()).training is False,
+        # and model.train() later shows through (Module.__init__'s default is ignored)
+        mod = self.__dict__.get("_tempa_mod")
+        if mod is not None:
+            mod.training = mode
+
     def __getattr__(self, name):
         if name == "_orig_mod":
             return self._modules["_orig_mod"]
         return getattr(self._modules["_orig_mod"], name)
+
+    def __setattr__(self, name, value):
+        # Writes go where reads come from: `fast.flag = x` changes the module (eager code
+        # reading model.flag sees it), unless the name is the wrapper's own.
+        if self._owns(name):
+            super().__setattr__(name, value)
+        else:
+            setattr(self._orig_mod, name, value)
+
+    def __delattr__(self, name):
+        if self._owns(name):
+            super().__delattr__(name)
+        else:
+            delattr(self._orig_mod, name)
+
+    def _owns(self, name) -> bool:
+        return name == "_orig_mod" or name in self.__dict__ or hasattr(type(self), name) or \
+            "_tempa_mod" not in self.__dict__
 
     def __dir__(self):
         return sorted(set(super().__dir__()) | set(dir(self._orig_mod)))
@@ -562,6 +610,33 @@ class OptimizedModule(torch.nn.Module):
 
 def _rebuild_optimized_module(mod, settings):
     return compile(mod, **settings)
+
+
+_ORIG_MOD = "_orig_mod"
+
+
+def _drop_orig_mod_prefix(wrapper, state_dict, prefix, local_metadata):
+    """state_dict hook: ``prefix + "_orig_mod.fc.weight"`` becomes ``prefix + "fc.weight"``
+    (the wrapper has no state of its own, so nothing can collide). torch.compile keeps the
+    prefix, which makes its checkpoints fail to load into the eager model."""
+    inner = prefix + _ORIG_MOD + "."
+    for key in [k for k in state_dict if k.startswith(inner)]:
+        state_dict[prefix + key[len(inner):]] = state_dict.pop(key)
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is not None:   # per-module versions, keyed by module path without the dot
+        for key in [k for k in metadata if k == inner[:-1] or k.startswith(inner)]:
+            metadata[(prefix + key[len(inner):]).rstrip(".") if key != inner[:-1]
+                     else prefix[:-1]] = metadata.pop(key)
+
+
+def _add_orig_mod_prefix(wrapper, state_dict, prefix, local_metadata, strict, missing_keys,
+                         unexpected_keys, error_msgs):
+    """load_state_dict pre-hook: every key under ``prefix`` belongs to the module, so a
+    plain (eager) checkpoint gets the ``_orig_mod.`` the module tree needs; one saved from
+    torch.compile, which has it already, loads as it is."""
+    inner = prefix + _ORIG_MOD + "."
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+        state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
 
 
 def _call_module(mod, *args, **kwargs):
@@ -591,9 +666,22 @@ def compile(model=None, *, fullgraph: bool = False, dynamic: bool | None = None,
         dispatch.__tempa_context__ = context
         return dispatch
     if callable(model):
-        raise TypeError(f"tempa.compile: cannot compile a {type(model).__name__}; pass an "
-                        "nn.Module or a Python function")
+        # A builtin, an op overload, a functools.partial, an lru_cache wrapper, an object
+        # with __call__: a small Python function that calls it is compiled instead, and
+        # capture treats the call as it would inside any compiled code.
+        call = _calling(model)
+        dispatch = context.dispatcher(call, call)
+        functools.update_wrapper(dispatch, model, updated=())
+        dispatch.__tempa_context__ = context
+        return dispatch
     raise TypeError(f"tempa.compile expects an nn.Module or a function, got {type(model).__name__}")
+
+
+def _calling(target):
+    def call(*args, **kwargs):
+        return target(*args, **kwargs)
+    call.__qualname__ = call.__name__ = getattr(target, "__name__", type(target).__name__)
+    return call
 
 
 def disable(fn=None, recursive: bool = True):
@@ -629,6 +717,8 @@ def explain(fn_or_module):
             OptimizedModule(target, context)(*args, **kwargs)
         else:
             compile_target = target.__wrapped__ if hasattr(target, "__tempa_context__") else target
+            if not hasattr(compile_target, "__code__"):
+                compile_target = _calling(compile_target)
             context.dispatcher(compile_target, compile_target)(*args, **kwargs)
         guards = [[d for _, d in e.guards] for c in context.caches.values() for e in c.entries]
         out = ExplainOutput(

@@ -34,8 +34,15 @@ _fallback_log = logs.get("fallbacks")
 # -- hooks eager, forward compiled ------------------------------------------------------------
 
 def has_module_hooks(mod: torch.nn.Module) -> bool:
-    return bool(mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks or
+    return bool(mod._forward_hooks or _pre_hooks_besides_lazy_init(mod) or mod._backward_hooks or
                 mod._backward_pre_hooks)
+
+
+def _pre_hooks_besides_lazy_init(mod: torch.nn.Module) -> bool:
+    """A lazy module's own pre-hook (which creates its parameters on the first call) is no
+    hook of the user's: capture runs it itself, once (calls.call_module)."""
+    init = getattr(mod, "_initialize_hook", None)
+    return any(init is None or key != init.id for key in mod._forward_pre_hooks)
 
 
 def call_with_compiled_forward(mod: torch.nn.Module, compiled_forward, args, kwargs):

@@ -27,10 +27,12 @@ import math
 import operator
 import sys
 import types
+import warnings
 
 import torch
+from torch.nn.modules.lazy import LazyModuleMixin
 
-from . import context, numpy_values, scalars, stdlib
+from . import context, numpy_values, scalar_tensors, scalars, stdlib
 from .breaks import Unsupported, UserError
 from .instructions import PY
 from .module_guards import _MODULE_CALL, _guard_module_class, guard_function, guard_module_call
@@ -146,6 +148,9 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
             raise Unsupported("unsupported call", f"torch.{name} changes global state")
         if fn in _PURE_TORCH_QUERIES:
             return fn(*args, **kwargs)   # type/state queries: no graph node needed
+        rewritten = scalar_tensors.rewrite_function(tracer.builder, fn, args, kwargs)
+        if rewritten is not scalar_tensors.NOT_REWRITTEN:
+            return rewritten
         return tracer.builder.call("call_function", fn, tuple(args), kwargs)
     return call_c(tracer, frame, fn, args, kwargs)
 
@@ -215,6 +220,9 @@ def tensor_method(tracer, m: TensorMethod, args, kwargs):
         return t.fake.type().replace("torch.", "torch.")  # a string like 'torch.FloatTensor'
     if name in ("cpu", "cuda", "to") and not _changes_anything(t, name, args, kwargs):
         return t
+    rewritten = scalar_tensors.rewrite_method(tracer.builder, t, name, args, kwargs)
+    if rewritten is not scalar_tensors.NOT_REWRITTEN:
+        return rewritten
     return tracer.builder.call("call_method", name, (t, *args), kwargs)
 
 
@@ -228,14 +236,51 @@ _MODULE_CALL_IMPL = torch.nn.Module._call_impl
 
 
 def call_module(tracer, frame, mod: torch.nn.Module, args, kwargs):
+    if isinstance(mod, LazyModuleMixin) and mod.has_uninitialized_params():
+        _materialize_lazy(mod, args, kwargs)
     if _guard_module_class(tracer, mod):
         # an overridden __call__ runs instead of Module.__call__ (and may call super's)
         return call(tracer, frame, type(mod).__call__, [mod, *args], kwargs)
     return call(tracer, frame, guard_module_call(tracer, mod), list(args), kwargs)
 
 
+def _materialize_lazy(mod, args, kwargs):
+    """A lazy module's first call (nn.LazyLinear): its pre-hook creates the parameters from
+    the input shapes and turns it into the plain module, once, as eager's first call does.
+    It runs here on zero tensors of the inputs' shapes; the graph then calls the plain one."""
+    def example(v):
+        if isinstance(v, TensorVar):
+            if any(isinstance(d, torch.SymInt) for d in v.fake.shape):
+                raise Unsupported("unsupported construct", "a lazy module's first call with "
+                                  "symbolic input sizes")
+            return torch.zeros(v.fake.shape, dtype=v.fake.dtype, device=v.fake.device)
+        if type(v) in (list, tuple):
+            return type(v)(example(i) for i in v)
+        return v
+    try:
+        mod._infer_parameters(mod, tuple(example(a) for a in args),
+                              {k: example(v) for k, v in kwargs.items()})
+    except Exception as e:   # eager's first call raises the same
+        raise UserError(e) from None
+
+
+# torch's own "never compile this" marks: torch._dynamo.disable's wrapper, and the lazy
+# torch._disable_dynamo one (Optimizer.zero_grad); and the autograd engine's entry points.
+_TORCH_DISABLE_CODE = torch._disable_dynamo(lambda: None).__code__
+_AUTOGRAD_ENTRY_POINTS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
+
+
+def runs_uncompiled(fn) -> bool:
+    """A function that runs as it is, also when a graph-break runner calls it."""
+    return getattr(fn, "_torchdynamo_disable", False) is True or \
+        getattr(fn, "__code__", None) is _TORCH_DISABLE_CODE or fn in _AUTOGRAD_ENTRY_POINTS
+
+
 def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
     code = fn.__code__
+    if runs_uncompiled(fn):
+        raise Unsupported("disabled by tempa.disable", f"{fn.__qualname__} runs uncompiled "
+                          "(torch._dynamo.disable, or the autograd engine)")
     if code in DISABLED_CODES:
         raise Unsupported("disabled by tempa.disable", f"{fn.__qualname__} is marked @tempa.disable")
     if code.co_flags & (_CO_COROUTINE | _CO_ASYNC_GEN):
@@ -341,7 +386,8 @@ def bind_arguments(fn, args, kwargs, tracer=None) -> dict:
 def call_class(tracer, frame, cls: type, args, kwargs):
     if cls in _BUILTIN_TYPES:
         return _builtin_type(tracer, frame, cls, args, kwargs)
-    if cls in context.GRAD_CONTEXT_CLASSES or context.is_autocast_class(cls):
+    if cls in context.GRAD_CONTEXT_CLASSES or cls in context.PROFILER_LABEL_CLASSES or \
+            context.is_autocast_class(cls):
         return context.make(tracer, cls, args, kwargs)
     if issubclass(cls, torch.Tensor):
         raise Unsupported("unsupported call", f"constructing {cls.__name__} inside a graph")
@@ -421,6 +467,10 @@ def call_c(tracer, frame, fn, args, kwargs):
         return _logger_call(owner, fn, args)
     if isinstance(fn, functools._lru_cache_wrapper):
         if contains_tensor(args) or contains_tensor(kwargs):
+            warnings.warn(f"tempa: a call to the functools.lru_cache-wrapped function "
+                          f"{getattr(fn, '__qualname__', fn)} is captured by running its body; "
+                          "its cache is neither read nor filled by the compiled code",
+                          stacklevel=2)
             return call(tracer, frame, fn.__wrapped__, args, kwargs)
         return fn(*args, **kwargs)
     _check_pure_arguments(args, kwargs, f"{getattr(fn, '__name__', fn)}()")
@@ -450,6 +500,10 @@ def call_c(tracer, frame, fn, args, kwargs):
         if owner is None or isinstance(owner, types.ModuleType):
             owner = args[0] if args else None
         name = getattr(fn, "__name__", "")
+        if name in ("get", "__getitem__", "__contains__") and isinstance(owner, (dict, set)):
+            at = 0 if getattr(fn, "__self__", None) is owner else 1   # d.get(k) or dict.get(d, k)
+            if len(args) > at and isinstance(args[at], TensorVar):
+                args = [*args[:at], tracer.tensor_key(owner, args[at]), *args[at + 1:]]
         if not (isinstance(owner, (list, dict, set, tuple)) and name in _STORING_METHODS or
                 isinstance(owner, collections.deque) and name in stdlib.DEQUE_STORING_METHODS or
                 tracer.is_internal(owner) and name in ("__setattr__", "__setitem__", "__init__")):

@@ -7,6 +7,9 @@ which the backend replays, so the compiled graph switches modes exactly where ea
 """
 from __future__ import annotations
 
+import contextlib
+import logging
+
 import torch
 from torch.amp import autocast_mode
 
@@ -15,6 +18,13 @@ from .values import GradModeExit
 
 GRAD_CONTEXT_CLASSES = {torch.no_grad, torch.enable_grad, torch.set_grad_enabled,
                         torch.inference_mode}
+# Profiler labels (Optimizer.step runs in one): they change no value, so captured code runs
+# without them, as under torch.compile (its default, capture_profiler_record_function=False).
+PROFILER_LABEL_CLASSES = {torch.autograd.profiler.record_function}
+# One stateless object for all of them: a break inside the block hands the resume function
+# this same object (a fresh one per call would fail its identity guard on every call).
+_NO_LABEL = contextlib.nullcontext()
+_log = logging.getLogger("tempa.graphs")
 
 
 def is_autocast_class(cls) -> bool:
@@ -85,6 +95,10 @@ def make(tracer, cls, args, kwargs):
         _set_grad(tracer, mode)
         ctx.entered_on_create = True
         return tracer.mark_internal(_AlreadyEntered(ctx))
+    if cls in PROFILER_LABEL_CLASSES:
+        _log.info("tempa: the profiler label %r inside compiled code is not recorded",
+                  args[0] if args else kwargs.get("name"))
+        return _NO_LABEL
     if is_autocast_class(cls):
         real = cls(*args, **kwargs)
         return tracer.mark_internal(CapturedContext("autocast", autocast=real))

@@ -139,6 +139,17 @@ class GraphBuilder:
         self._input_by_id[id(tensor)] = var
         return var
 
+    def input_source(self, var: TensorVar):
+        """(tensor, expression in the entry) of the input ``var`` stands for (also after an
+        in-place operation renamed its node), or None for a tensor computed in the graph."""
+        for _, expr, tensor in self.user_inputs:
+            if self._input_by_id.get(id(tensor)) is var:
+                return tensor, expr
+        for _, tensor in self.attr_inputs:
+            if self._input_by_id.get(id(tensor)) is var:
+                return tensor, self.guards.const(tensor, "P")
+        return None
+
     def input_var(self, tensor: torch.Tensor) -> TensorVar:
         """The TensorVar that stands for this input tensor (argument or attribute)."""
         return self._input_by_id[id(tensor)]
@@ -290,7 +301,7 @@ class GraphBuilder:
             return type(result)(items)  # torch.return_types structseq
         if result is None and target in _SIDE_EFFECT_TARGETS:
             return None
-        if result is None and getattr(target, "__name__", "").endswith("_"):
+        if result is None and _mutates_arguments(target):
             return None  # an in-place method returning None: keep the node
         if not node.users:
             self.graph.erase_node(node)
@@ -328,10 +339,16 @@ def _is_impure(node: fx.Node) -> bool:
         return True
     if node.target in _SIDE_EFFECT_TARGETS or node.meta.get("returns_argument"):
         return True
-    if isinstance(node.target, torch._ops.OpOverload):
-        return node.target._schema.is_mutable   # aten.add_.Tensor, a custom op mutating args
-    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-    return name.endswith("_") and not name.endswith("__")  # in-place: x.add_(1), F.relu_
+    return _mutates_arguments(node.target)
+
+
+def _mutates_arguments(target) -> bool:
+    """An operation that writes into its arguments: x.add_(1), F.relu_, torch._foreach_mul_,
+    aten.add_.Tensor or aten.add.out (an op overload says so in its schema)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.is_mutable
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")
 
 
 

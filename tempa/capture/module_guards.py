@@ -28,6 +28,8 @@ def guard_root_module_call(tracer, mod: torch.nn.Module, fn) -> None:
     """The compiled module itself, whose forward ``fn`` is the captured code: calling the
     module must still mean exactly ``fn(mod, ...)`` (else it runs eagerly, as called)."""
     if _guard_module_class(tracer, mod):
+        if type(mod).__call__ is fn:
+            return   # the compiled code is the override itself; its super().__call__ guards the rest
         raise Unsupported("unsupported construct", f"{type(mod).__name__} overrides __call__")
     forward = guard_module_call(tracer, mod)
     if getattr(forward, "__func__", None) is not fn:

@@ -180,6 +180,8 @@ class DataOpcodes:
                 isinstance(item, (TensorVar, NdarrayVar)) and \
                 not isinstance(container, (list, tuple, dict, set)):
             raise Unsupported("data-dependent value", "`in` on a tensor")
+        if isinstance(item, TensorVar) and isinstance(container, (dict, set)):
+            item = self.tracer.tensor_key(container, item)
         contains = getattr(type(container), "__contains__", None)
         if isinstance(container, torch.nn.Module):
             self.tracer.guard_module_contents(container)
@@ -227,7 +229,9 @@ class DataOpcodes:
             return tracer.builder.call("call_function", operator.getitem, (container, key), {})
         if numpy_values.is_array(container):
             return numpy_values.getitem(tracer, container, key)
-        if contains_symbolic(key):
+        if isinstance(key, TensorVar) and isinstance(container, (dict, set, frozenset)):
+            key = tracer.tensor_key(container, key)   # a dict keyed by tensors (an optimizer's state)
+        elif contains_symbolic(key):
             raise Unsupported("data-dependent value", "indexing a Python container with a tensor")
         if isinstance(container, torch.nn.Module):
             tracer.guard_module_contents(container)

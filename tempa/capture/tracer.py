@@ -154,6 +154,14 @@ class Tracer:
             guards.identity(expr, value, expr)
             self.builder.modules[id(value)] = value
             return value
+        if t is types.MethodType:
+            # A bound method is a new object on every `obj.method` read (a resume function's
+            # `cm.__exit__` argument): its function and its object are what is the same.
+            guards.add("identity", f"{expr}.__class__ is {guards.const(t, 'T')} and "
+                       f"{expr}.__func__ is {guards.const(value.__func__, 'F')}",
+                       f"{expr} is {value.__func__.__qualname__} bound")
+            owner = self.external(value.__self__, f"{expr}.__self__", user=user, depth=depth + 1)
+            return value if owner is value.__self__ else types.MethodType(value.__func__, owner)
         if is_library_module(value):
             return value
         guards.identity(expr, value, expr)
@@ -165,7 +173,13 @@ class Tracer:
         write to it is seen (and breaks the graph) instead of reaching the caller's dict."""
         guards, t = self.guards, type(value)
         keys = tuple(value.keys())
-        check = f"{expr}.__class__ is {guards.const(t, 'T')} and tuple({expr}) == {guards.const(keys, 'K')}"
+        if all(is_constant_type(k) for k in keys):
+            check = f"{expr}.__class__ is {guards.const(t, 'T')} and tuple({expr}) == {guards.const(keys, 'K')}"
+        else:
+            # Objects as keys (an optimizer's state, keyed by parameters) are the same objects:
+            # `==` on tensors would compare values, and raise for more than one element.
+            check = (f"{expr}.__class__ is {guards.const(t, 'T')} and "
+                     f"{guards.const(same_keys, 'F')}({expr}, {guards.const(keys, 'K')})")
         if not all(type(k) is str for k in keys):
             # 1 == True == 1.0 as keys: the key types are part of what the code saw
             check += f" and tuple(map(type, {expr})) == {guards.const(tuple(map(type, keys)), 'K')}"
@@ -449,13 +463,46 @@ class Tracer:
             return self.builder.call("call_method", "detach", (t,), {})
         if name in ("real", "imag", "H", "mH"):
             return self.builder.call("call_function", getattr, (t, name), {})
-        if name in ("grad", "grad_fn", "_version", "untyped_storage", "data_ptr", "_base"):
+        if name == "grad":
+            return self._grad_input(t)
+        if name in ("grad_fn", "_version", "untyped_storage", "data_ptr", "_base"):
             if name in ("data_ptr", "untyped_storage"):
                 raise Unsupported("data-dependent value", f"tensor.{name} needs the real storage")
             raise Unsupported("unsupported construct", f"reading tensor.{name} inside a graph")
         if hasattr(torch.Tensor, name):
             return TensorMethod(t, name)
         return self._tensor_instance_attr(t, name)
+
+    def tensor_key(self, container, key: TensorVar):
+        """``key`` used as a key of a dict or set (``d[p]``, ``p in d``, ``d.get(p)``): the
+        tensor object it stands for, as eager hashes by identity. A caller's dict (an
+        optimizer's ``state``, keyed by the parameters; its keys are guarded by identity in
+        ``_external_dict``) holds the real tensors; a dict built during capture may hold the
+        TensorVars themselves. A tensor computed in the graph is a new object in eager,
+        so it is in no caller's dict."""
+        if not isinstance(container, (dict, set, frozenset)):
+            raise Unsupported("data-dependent value", "indexing a Python container with a tensor")
+        source = self.builder.input_source(key)
+        if source is not None and (source[0] in container or id(container) in self.external_copies):
+            return source[0]
+        if id(container) in self.external_copies:
+            return object()   # never a key there
+        return key
+
+    def _grad_input(self, t: TensorVar):
+        """``p.grad`` of an input tensor (a parameter an optimizer steps, an argument): read
+        on every call as an input of its own, its absence (None) or metadata guarded. Each
+        backward may leave a new tensor there, so it is read by expression, not bound."""
+        source = self.builder.input_source(t)
+        if source is None:
+            raise Unsupported("unsupported construct", "reading .grad of a tensor computed "
+                              "inside the graph")
+        tensor, expr = source
+        grad, grad_expr = tensor.grad, f"{expr}.grad"
+        if grad is None:
+            self.guards.add("constant", f"{grad_expr} is None", f"{grad_expr} is None")
+            return None
+        return self.builder.user_input(grad, grad_expr, self.dynamic_dims(grad, grad_expr))
 
     def _tensor_instance_attr(self, t: TensorVar, name: str):
         """``x.name`` set by the user on an argument tensor (``x.test = None``): read from
@@ -508,6 +555,13 @@ def _is_plain_tuple_subclass(t: type) -> bool:
     a ``torch.return_types`` structseq): ``x[i]`` in a guard runs no user code."""
     return issubclass(t, tuple) and t is not tuple and t is not torch.Size and \
         all(getattr(t, m) is getattr(tuple, m) for m in ("__getitem__", "__len__", "__iter__"))
+
+
+def same_keys(d: dict, keys: tuple) -> bool:
+    """Guard helper: ``d``'s keys are ``keys`` in order; objects by identity, constants
+    (strings, numbers) by value."""
+    return len(d) == len(keys) and all(
+        a is b or is_constant_type(a) and type(a) is type(b) and a == b for a, b in zip(d, keys))
 
 
 def _method_of_copy(tracer, obj) -> bool:

@@ -1,0 +1,61 @@
+"""Operations given a tensor where ATen wants a Python number.
+
+``param.addcdiv_(m, d, value=-step_size)`` with ``step_size`` a 0-dim tensor (what the
+optimizers compute while compiling: ``_get_value(step)`` keeps the step a tensor, so one
+graph serves every step) would turn that tensor into a number, ``.item()``: a value the
+graph cannot know. ``torch._foreach_addcdiv_(params, ms, ds, scalars)`` with a tensor of
+scalars has no fake kernel on the CPU. Both are rewritten into the same arithmetic on
+tensors, as torch.compile does (``value * (t1 / t2)`` added to ``self``); the rounding is
+that of separate multiply and add instead of ATen's one fused loop.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from .values import TensorVar
+
+_POINTWISE = {"addcdiv": operator.truediv, "addcmul": operator.mul}
+NOT_REWRITTEN = object()
+
+
+def rewrite_method(builder, t: TensorVar, name: str, args, kwargs):
+    """``t.addcdiv_(t1, t2, value=tensor)`` and its relatives, or NOT_REWRITTEN."""
+    base = name.rstrip("_")
+    value = kwargs.get("value")
+    if base not in _POINTWISE or not isinstance(value, TensorVar) or len(args) != 2 or \
+            set(kwargs) != {"value"}:
+        return NOT_REWRITTEN
+    term = _term(builder, base, args[0], args[1], value)
+    if name.endswith("_"):
+        return builder.call("call_method", "add_", (t, term), {})
+    return builder.call("call_function", torch.add, (t, term), {})
+
+
+def rewrite_function(builder, fn, args, kwargs):
+    """``torch.addcdiv(x, t1, t2, value=tensor)`` and ``torch._foreach_addcdiv_(xs, t1s,
+    t2s, scalars_tensor)`` (also ``addcmul``), or NOT_REWRITTEN."""
+    name = getattr(fn, "__name__", "")
+    if name in ("addcdiv", "addcmul") and len(args) == 3:
+        return rewrite_method(builder, args[0], name, args[1:], kwargs)
+    foreach = name.removeprefix("_foreach_")
+    base = foreach.rstrip("_")
+    if not name.startswith("_foreach_") or base not in _POINTWISE or len(args) != 4 or \
+            kwargs or not isinstance(args[3], TensorVar):
+        return NOT_REWRITTEN
+    selves, firsts, seconds, scalars = args
+    results = []
+    for i, (x, a, b) in enumerate(zip(selves, firsts, seconds)):
+        scalar = builder.call("call_function", operator.getitem, (scalars, i), {})
+        term = _term(builder, base, a, b, scalar)
+        if foreach.endswith("_"):
+            builder.call("call_method", "add_", (x, term), {})
+        else:
+            results.append(builder.call("call_function", torch.add, (x, term), {}))
+    return None if foreach.endswith("_") else results
+
+
+def _term(builder, base, a, b, value):
+    combined = builder.call("call_function", _POINTWISE[base], (a, b), {})
+    return builder.call("call_function", operator.mul, (combined, value), {})
