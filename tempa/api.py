@@ -18,7 +18,7 @@ from torch.amp import autocast_mode
 
 from . import distributed, logs, stats as _stats
 from .config import config
-from .capture import calls
+from .capture import calls, higher_order
 from .capture import runtime as capture_runtime
 from .capture.breaks import GraphBreakError, Unsupported, UserError
 from .capture.cache import MISS, CodeCache, build_entry, install_invalidation_hooks, clear_watchers
@@ -117,7 +117,8 @@ class CompileContext:
         function or submodule that broke the caller's graph gets compiled graphs of its own.
         A torch operation written in Python (torch.unique, F.*) is an op, not code to
         compile: it runs as it is."""
-        if isinstance(fn, types.FunctionType) and not calls.is_torch_op(fn):
+        if isinstance(fn, types.FunctionType) and not calls.is_torch_op(fn) and \
+                not higher_order.is_disabled(fn):
             dispatch = self._dispatchers.get(fn)
             if dispatch is None:
                 dispatch = self._dispatchers[fn] = self.dispatcher(fn, fn)
@@ -185,6 +186,9 @@ class CompileContext:
     def _capture_and_compile(self, cache: CodeCache, fn, args, kwargs):
         if fn.__code__ in calls.DISABLED_CODES:
             cache.eager_reason = "disabled by tempa.disable"
+            return None
+        if higher_order.is_disabled(fn):
+            cache.eager_reason = "disabled by torch.compiler.disable"
             return None
         if fn.__code__.co_flags & _GENERATOR_FLAGS:
             # Calling it only creates the generator (or coroutine); its body runs later, as

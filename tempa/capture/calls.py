@@ -29,7 +29,7 @@ import types
 
 import torch
 
-from . import context, stdlib
+from . import context, higher_order, stdlib
 from .breaks import Unsupported, UserError
 from .instructions import PY
 from .module_guards import _MODULE_CALL, _guard_module_class, guard_function, guard_module_call
@@ -216,6 +216,7 @@ def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
     code = fn.__code__
     if code in DISABLED_CODES:
         raise Unsupported("disabled by tempa.disable", f"{fn.__qualname__} is marked @tempa.disable")
+    higher_order.check_not_disabled(fn)
     if code.co_flags & (_CO_COROUTINE | _CO_ASYNC_GEN):
         raise Unsupported("unsupported construct", f"{fn.__qualname__} is a coroutine")
     if tracer.depth >= _INLINE_DEPTH_LIMIT:
