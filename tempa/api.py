@@ -117,8 +117,9 @@ class CompileContext:
         function or submodule that broke the caller's graph gets compiled graphs of its own.
         A torch operation written in Python (torch.unique, F.*) is an op, not code to
         compile: it runs as it is."""
-        if isinstance(fn, types.FunctionType) and not calls.is_torch_op(fn) and \
-                not higher_order.is_disabled(fn):
+        if higher_order.runs_as_is(fn):
+            return fn(*args, **kwargs)
+        if isinstance(fn, types.FunctionType) and not calls.is_torch_op(fn):
             dispatch = self._dispatchers.get(fn)
             if dispatch is None:
                 dispatch = self._dispatchers[fn] = self.dispatcher(fn, fn)

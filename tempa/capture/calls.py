@@ -99,6 +99,7 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
         raise Unsupported("impure call", impure)
     if isinstance(fn, torch.nn.Module):
         return call_module(tracer, frame, fn, args, kwargs)
+    higher_order.check_not_autograd_function(fn)
     if isinstance(fn, types.MethodType):
         return call(tracer, frame, fn.__func__, [fn.__self__, *args], kwargs)
     if kwargs.get("out") is not None and is_torch_op(fn):

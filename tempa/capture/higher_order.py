@@ -6,6 +6,8 @@ class's base), never by importing torch._dynamo.
 """
 from __future__ import annotations
 
+import torch
+
 from .breaks import Unsupported
 
 
@@ -22,3 +24,24 @@ def check_not_disabled(fn) -> None:
         name = getattr(inner, "__qualname__", repr(inner))
         raise Unsupported("disabled by torch.compiler.disable",
                           f"{name} is marked @torch.compiler.disable")
+
+
+def is_autograd_function_apply(fn) -> bool:
+    """Whether ``fn`` is ``Fn.apply`` of a user ``torch.autograd.Function``."""
+    owner = getattr(fn, "__self__", None)
+    return isinstance(owner, type) and issubclass(owner, torch.autograd.Function) and \
+        getattr(fn, "__func__", None) is torch.autograd.Function.apply.__func__
+
+
+def check_not_autograd_function(fn) -> None:
+    """``Fn.apply`` of a user autograd Function is a graph break: it runs eagerly, so its
+    backward is the user's. Tracing its forward into the graph would let autograd
+    differentiate the forward's ops instead (wrong for a straight-through estimator...)."""
+    if is_autograd_function_apply(fn):
+        raise Unsupported("unsupported call", f"{fn.__self__.__qualname__}.apply: a user "
+                          "torch.autograd.Function runs eagerly, with its own backward")
+
+
+def runs_as_is(fn) -> bool:
+    """Whether a break runner calls ``fn`` as it is rather than compiling its frame."""
+    return is_disabled(fn) or is_autograd_function_apply(fn)

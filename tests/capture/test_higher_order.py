@@ -70,3 +70,46 @@ def test_compiled_disabled_function_runs_eagerly():
     x = torch.randn(3)
     assert tempa.compile(_disabled_item)(x) == _disabled_item(x)
     assert _counts() == (0, 0, 0)
+
+
+class _StraightThroughRound(torch.autograd.Function):
+    """round() forward, identity-times-scale backward: not the derivative of the forward
+    (0 almost everywhere), so autograd differentiating the forward gives other gradients."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.save_for_backward(x)
+        ctx.scale = scale
+        return torch.round(x * scale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * ctx.scale + x * 0, None
+
+
+def _uses_ste(x):
+    return _StraightThroughRound.apply(x.sin(), 3.0).cos().sum()
+
+
+def _value_and_grad(fn, x):
+    x = x.detach().clone().requires_grad_()
+    out = fn(x)
+    out.backward()
+    return out, x.grad
+
+
+def test_autograd_function_uses_the_users_backward():
+    x, fast = torch.randn(5), tempa.compile(_uses_ste)
+    for _ in range(2):
+        out, grad = _value_and_grad(fast, x)
+        want_out, want_grad = _value_and_grad(_uses_ste, x)
+        torch.testing.assert_close(out, want_out)
+        torch.testing.assert_close(grad, want_grad)
+    # Fn.apply runs eagerly (one break), the code around it is captured
+    assert _counts() == (2, 1, 0)
+
+
+def test_autograd_function_under_fullgraph_is_refused_by_name():
+    with pytest.raises(tempa.GraphBreakError, match="_StraightThroughRound.apply"):
+        tempa.compile(_uses_ste, fullgraph=True)(torch.randn(5, requires_grad=True))
