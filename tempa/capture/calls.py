@@ -848,6 +848,7 @@ _SPECIAL = {
     torch._C.is_grad_enabled: _grad_enabled,
 }
 _SPECIAL.update(stdlib.MODELS)
+_SPECIAL.update(higher_order.MODELS)
 for _name in ("is_exporting",):
     if hasattr(torch.compiler, _name):
         _SPECIAL[getattr(torch.compiler, _name)] = _false

@@ -7,6 +7,7 @@ class's base), never by importing torch._dynamo.
 from __future__ import annotations
 
 import torch
+import torch.utils.checkpoint as checkpoint_module
 
 from .breaks import Unsupported
 
@@ -45,3 +46,31 @@ def check_not_autograd_function(fn) -> None:
 def runs_as_is(fn) -> bool:
     """Whether a break runner calls ``fn`` as it is rather than compiling its frame."""
     return is_disabled(fn) or is_autograd_function_apply(fn)
+
+
+# checkpoint's own options: they change what backward recomputes, never a value or gradient
+_CHECKPOINT_OPTIONS = ("preserve_rng_state", "determinism_check", "debug", "early_stop")
+
+
+def _checkpoint(tracer, frame, args, kwargs):
+    """``checkpoint(fn, *args, use_reentrant=False)`` is captured as the call ``fn(*args)``:
+    non-reentrant checkpointing only trades memory for recomputation (with the RNG state
+    restored), so the values and gradients are those of the plain call."""
+    kwargs = dict(kwargs)
+    if kwargs.pop("use_reentrant", None) is not False:
+        # reentrant checkpointing drops the graph when no input requires grad
+        raise Unsupported("unsupported call", "torch.utils.checkpoint.checkpoint without "
+                          "use_reentrant=False runs eagerly")
+    if kwargs.pop("context_fn", checkpoint_module.noop_context_fn) is not \
+            checkpoint_module.noop_context_fn:
+        raise Unsupported("unsupported call", "torch.utils.checkpoint.checkpoint with a "
+                          "context_fn runs eagerly")
+    for name in _CHECKPOINT_OPTIONS:
+        kwargs.pop(name, None)
+    if not args:
+        raise Unsupported("unsupported call", "torch.utils.checkpoint.checkpoint without a function")
+    fn, *fn_args = args
+    return tracer.call(frame, fn, fn_args, kwargs)
+
+
+MODELS = {checkpoint_module.checkpoint: _checkpoint}

@@ -113,3 +113,34 @@ def test_autograd_function_uses_the_users_backward():
 def test_autograd_function_under_fullgraph_is_refused_by_name():
     with pytest.raises(tempa.GraphBreakError, match="_StraightThroughRound.apply"):
         tempa.compile(_uses_ste, fullgraph=True)(torch.randn(5, requires_grad=True))
+
+
+def test_checkpoint_is_captured_as_the_call():
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4)
+
+    def block(x, scale=1.0):
+        return torch.relu(lin(x)) * scale
+
+    def f(x):
+        return checkpoint(block, x.sin(), use_reentrant=False, scale=2.0).cos().sum()
+
+    x, fast = torch.randn(3, 4), tempa.compile(f, fullgraph=True)
+    for _ in range(2):
+        out, grad = _value_and_grad(fast, x)
+        want_out, want_grad = _value_and_grad(f, x)
+        torch.testing.assert_close(out, want_out)
+        torch.testing.assert_close(grad, want_grad)
+    assert _counts() == (1, 0, 0)
+
+
+def test_reentrant_checkpoint_runs_eagerly_by_name():
+    from torch.utils.checkpoint import checkpoint
+
+    def f(x):
+        return checkpoint(torch.sin, x, use_reentrant=True) + 1
+
+    with pytest.raises(tempa.GraphBreakError, match="use_reentrant=False"):
+        tempa.compile(f, fullgraph=True)(torch.randn(3, requires_grad=True))
