@@ -270,6 +270,9 @@ class CompileContext:
         if fn.__code__ in calls.DISABLED_CODES:
             cache.eager_reason = "disabled by tempa.disable"
             return None
+        if higher_order.is_disabled(fn):
+            cache.eager_reason = "disabled by torch.compiler.disable"
+            return None
         if fn.__code__.co_flags & _GENERATOR_FLAGS:
             # Calling it only creates the generator (or coroutine); its body runs later, as
             # the caller iterates it, outside any call tempa could compile.

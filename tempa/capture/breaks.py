@@ -25,6 +25,8 @@ BREAK_TYPES = {
     "unsupported call": "tempa does not know how to capture this callable; wrap it with "
                         "@tempa.disable to run it eagerly on purpose",
     "disabled by tempa.disable": "the function is marked @tempa.disable; it runs eagerly",
+    "disabled by torch.compiler.disable": "the function is marked @torch.compiler.disable; it "
+                                          "runs eagerly",
     "mutation of outside state": "the code changes an object that lives outside the call; "
                                  "return the value instead, or accept the break",
     "user exception": "the code raised an exception while being captured",

@@ -32,7 +32,7 @@ import warnings
 import torch
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from . import context, numpy_values, scalar_tensors, scalars, stdlib
+from . import context, higher_order, numpy_values, scalar_tensors, scalars, stdlib
 from .breaks import Unsupported, UserError
 from .instructions import PY
 from .module_guards import _MODULE_CALL, _guard_module_class, guard_function, guard_module_call
@@ -115,6 +115,7 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
         raise Unsupported("impure call", impure)
     if isinstance(fn, torch.nn.Module):
         return call_module(tracer, frame, fn, args, kwargs)
+    higher_order.check_not_autograd_function(fn)
     if isinstance(fn, types.MethodType):
         return call(tracer, frame, fn.__func__, [fn.__self__, *args], kwargs)
     if kwargs.get("out") is not None and is_torch_op(fn):
@@ -271,13 +272,16 @@ _AUTOGRAD_ENTRY_POINTS = {torch.Tensor.backward, torch.autograd.backward, torch.
 
 
 def runs_uncompiled(fn) -> bool:
-    """A function that runs as it is, also when a graph-break runner calls it."""
-    return getattr(fn, "_torchdynamo_disable", False) is True or \
+    """A function that runs as it is, also when a graph-break runner calls it: one marked
+    torch.compiler.disable, a user autograd Function's apply (higher_order.py), the
+    autograd engine's entry points."""
+    return higher_order.runs_as_is(fn) or \
         getattr(fn, "__code__", None) is _TORCH_DISABLE_CODE or fn in _AUTOGRAD_ENTRY_POINTS
 
 
 def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
     code = fn.__code__
+    higher_order.check_not_disabled(fn)   # its own message: marked torch.compiler.disable
     if runs_uncompiled(fn):
         raise Unsupported("disabled by tempa.disable", f"{fn.__qualname__} runs uncompiled "
                           "(torch._dynamo.disable, or the autograd engine)")
@@ -976,6 +980,7 @@ _SPECIAL = {
     torch._check: scalars.check,
 }
 _SPECIAL.update(stdlib.MODELS)
+_SPECIAL.update(higher_order.MODELS)
 for _name in ("is_exporting",):
     if hasattr(torch.compiler, _name):
         _SPECIAL[getattr(torch.compiler, _name)] = _false

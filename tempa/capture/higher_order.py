@@ -1,0 +1,76 @@
+"""Higher-order constructs user code applies to its functions: torch.compiler.disable,
+user autograd Functions, torch.utils.checkpoint.
+
+Each is recognised by the object the user calls (an attribute the decorator sets, the
+class's base), never by importing torch._dynamo.
+"""
+from __future__ import annotations
+
+import torch
+import torch.utils.checkpoint as checkpoint_module
+
+from .breaks import Unsupported
+
+
+def is_disabled(fn) -> bool:
+    """Whether ``fn`` is wrapped by ``torch.compiler.disable`` / ``torch._dynamo.disable``
+    (the wrapper sets ``_torchdynamo_disable``): it always runs eagerly, its callees too."""
+    return getattr(fn, "_torchdynamo_disable", False) is True
+
+
+def check_not_disabled(fn) -> None:
+    """A call of a disabled function is a graph break: it runs eagerly, as it is."""
+    if is_disabled(fn):
+        inner = getattr(fn, "_torchdynamo_orig_callable", fn)
+        name = getattr(inner, "__qualname__", repr(inner))
+        raise Unsupported("disabled by torch.compiler.disable",
+                          f"{name} is marked @torch.compiler.disable")
+
+
+def is_autograd_function_apply(fn) -> bool:
+    """Whether ``fn`` is ``Fn.apply`` of a user ``torch.autograd.Function``."""
+    owner = getattr(fn, "__self__", None)
+    return isinstance(owner, type) and issubclass(owner, torch.autograd.Function) and \
+        getattr(fn, "__func__", None) is torch.autograd.Function.apply.__func__
+
+
+def check_not_autograd_function(fn) -> None:
+    """``Fn.apply`` of a user autograd Function is a graph break: it runs eagerly, so its
+    backward is the user's. Tracing its forward into the graph would let autograd
+    differentiate the forward's ops instead (wrong for a straight-through estimator...)."""
+    if is_autograd_function_apply(fn):
+        raise Unsupported("unsupported call", f"{fn.__self__.__qualname__}.apply: a user "
+                          "torch.autograd.Function runs eagerly, with its own backward")
+
+
+def runs_as_is(fn) -> bool:
+    """Whether a break runner calls ``fn`` as it is rather than compiling its frame."""
+    return is_disabled(fn) or is_autograd_function_apply(fn)
+
+
+# checkpoint's own options: they change what backward recomputes, never a value or gradient
+_CHECKPOINT_OPTIONS = ("preserve_rng_state", "determinism_check", "debug", "early_stop")
+
+
+def _checkpoint(tracer, frame, args, kwargs):
+    """``checkpoint(fn, *args, use_reentrant=False)`` is captured as the call ``fn(*args)``:
+    non-reentrant checkpointing only trades memory for recomputation (with the RNG state
+    restored), so the values and gradients are those of the plain call."""
+    kwargs = dict(kwargs)
+    if kwargs.pop("use_reentrant", None) is not False:
+        # reentrant checkpointing drops the graph when no input requires grad
+        raise Unsupported("unsupported call", "torch.utils.checkpoint.checkpoint without "
+                          "use_reentrant=False runs eagerly")
+    if kwargs.pop("context_fn", checkpoint_module.noop_context_fn) is not \
+            checkpoint_module.noop_context_fn:
+        raise Unsupported("unsupported call", "torch.utils.checkpoint.checkpoint with a "
+                          "context_fn runs eagerly")
+    for name in _CHECKPOINT_OPTIONS:
+        kwargs.pop(name, None)
+    if not args:
+        raise Unsupported("unsupported call", "torch.utils.checkpoint.checkpoint without a function")
+    fn, *fn_args = args
+    return tracer.call(frame, fn, fn_args, kwargs)
+
+
+MODELS = {checkpoint_module.checkpoint: _checkpoint}
