@@ -19,7 +19,7 @@ from torch.nn.modules.lazy import LazyModuleMixin
 from . import distributed, logs, stance, stats as _stats
 from .config import config
 from .backend.runtime import nativeguards
-from .capture import calls
+from .capture import calls, higher_order
 from .capture import runtime as capture_runtime
 from .capture.breaks import GraphBreakError, Unsupported, UserError
 from .capture.cache import MISS, CodeCache, build_entry, install_invalidation_hooks, clear_watchers

@@ -17,8 +17,12 @@ class Net(nn.Module):
 
     def forward(self, x):
         h = self.drop(self.conv(x)).mean((2, 3)) * self.scale
-        spread = float(np.std(h.detach().numpy()))     # two graph breaks
-        return self.fc(h) + spread
+        return self.fc(h) + _spread(h)   # a graph break with self.fc(h) on the stack
+
+
+@torch.compiler.disable
+def _spread(h):
+    return float(np.std(h.detach().numpy()))
 
 
 def _descriptions(fast):
@@ -35,7 +39,7 @@ def test_guards_name_the_users_objects():
                      "self.drop.training is False", "self is a Net", "self.fc is the same module"):
         assert expected in described
     # values a resume function receives on the stack are named by type and line
-    assert any(d.startswith("ndarray on the stack at line ") for d in described), described
+    assert any(" on the stack at line " in d for d in described), described
 
 
 def test_recompile_reason_names_the_attribute():
