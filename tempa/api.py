@@ -89,6 +89,14 @@ def _check_settings(fullgraph, dynamic, mode, options) -> None:
                          "the options are " + "; ".join(f"{k}: {v}" for k, v in OPTIONS.items()))
 
 
+class _CaptureRaised:
+    """What ``_capture_and_compile`` returns when capture raised an exception of the user's
+    code: the call runs eagerly, which raises it again unless it was tempa's own."""
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
 class CompileContext:
     """The settings of one tempa.compile(...) call and the caches built under them."""
 
@@ -257,6 +265,10 @@ class CompileContext:
                 with distributed.outside_saved_tensors_hooks(), \
                         logs.compiling_for(logs._compiling_for or logs.user_frame()):
                     entry = self._capture_and_compile(cache, fn, args, kwargs)
+        if type(entry) is _CaptureRaised:
+            result = eager(*args, **kwargs)   # the user's error: eager raises it, from their code
+            self._capture_error_was_ours(cache, fn, entry.error)   # eager did not raise
+            return result
         if entry is None:
             return eager(*args, **kwargs)
         result = entry.fn(*args, **kwargs)
@@ -265,6 +277,16 @@ class CompileContext:
                                   "eagerly", cache.name, entry.why(*args, **kwargs))
             return eager(*args, **kwargs)
         return result
+
+    def _capture_error_was_ours(self, cache: CodeCache, fn, error: BaseException) -> None:
+        """Capture raised ``error`` as if the user's code had, but eager ran the same call
+        without it: the error was tempa's. That call ran eagerly; so do the later ones, and
+        it is said (a count, explain, the log), never a silent eager run."""
+        cache.eager_reason = (f"capturing raised {type(error).__name__}({error}) where eager "
+                              "does not (a tempa bug; please report it)")
+        _stats.bump("eager_fallbacks")
+        self.fallback_log.append((fn, cache.eager_reason))
+        _fallback_log.warning("tempa: running %s eagerly: %s", _where(fn), cache.eager_reason)
 
     def _capture_and_compile(self, cache: CodeCache, fn, args, kwargs):
         if fn.__code__ in calls.DISABLED_CODES:
@@ -315,8 +337,8 @@ class CompileContext:
                 self.break_log.append((fn, u.location))
             _fallback_log.warning("tempa: running %s eagerly: %s", _where(fn), u)
             return None
-        except UserError:
-            return None  # the user's code raises: eager raises the same error, from their code
+        except UserError as e:
+            return _CaptureRaised(e.exc)   # the user's code raises: eager raises it too
         try:
             compiled = _restoring_global_state(self._compile_graph(captured, fn), captured.gm)
         except UserError:

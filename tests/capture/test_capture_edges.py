@@ -58,3 +58,43 @@ def test_backward_called_after_a_graph_break():
     x = torch.ones(2, requires_grad=True)
     out = tempa.compile(g, backend="eager")(x)
     assert torch.allclose(out, torch.cos(torch.ones(2)))
+
+
+# -- an error capture raised that eager does not ------------------------------------------
+
+def test_an_error_only_capture_raises_is_a_said_eager_run(monkeypatch, caplog):
+    # Capture reports an exception of the user's code as theirs and runs the call eagerly,
+    # which raises it again from their code. When eager does NOT raise it, the error was
+    # tempa's own (a broken model of a library call): that must be counted and said, and
+    # later calls run eagerly without capturing again.
+    from tempa.capture import calls
+
+    def broken_model(tracer, frame, args, kwargs):
+        raise TypeError("a model of torch.is_grad_enabled that is wrong")
+
+    monkeypatch.setitem(calls._SPECIAL, torch.is_grad_enabled, broken_model)
+
+    def f(x):
+        return x + 1 if torch.is_grad_enabled() else x - 1
+
+    tempa.reset()
+    fast = tempa.compile(f, backend="eager")
+    x = torch.ones(2)
+    with caplog.at_level("WARNING", logger="tempa"):
+        assert torch.equal(fast(x), f(x))
+    assert torch.equal(fast(x), f(x))
+    s = tempa.stats()
+    assert (s.captures, s.eager_fallbacks) == (0, 1)
+    reasons = tempa.eager_reasons(fast)
+    assert len(reasons) == 1 and "a tempa bug" in reasons[0] and "TypeError" in reasons[0]
+
+
+def test_the_users_own_error_is_still_eagers_error():
+    def f(x):
+        raise ValueError("the user's own")
+
+    tempa.reset()
+    fast = tempa.compile(f, backend="eager")
+    with pytest.raises(ValueError, match="the user's own"):
+        fast(torch.ones(2))
+    assert tempa.stats().eager_fallbacks == 0 and not tempa.eager_reasons(fast)
