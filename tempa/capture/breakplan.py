@@ -24,6 +24,7 @@ the frame has cell variables (closures need fresh cells per call); those run eag
 from __future__ import annotations
 
 import builtins
+import dis
 from dataclasses import dataclass
 
 from . import liveness
@@ -41,6 +42,20 @@ _FRAME_READER_NAMES = ("locals", "globals", "vars", "dir", "eval", "exec")
 _FRAME_READERS = tuple(getattr(builtins, name) for name in _FRAME_READER_NAMES)
 
 
+_SLICE_OPCODES = {dis.opmap[name] for name in ("BINARY_SLICE", "STORE_SLICE") if name in dis.opmap}
+
+
+def _real_stack(code, ins, stack: list) -> list:
+    """The stack as CPython holds it at ``ins``: 3.12's BINARY_SLICE / STORE_SLICE are
+    decoded as BUILD_SLICE 2 + a subscript (instructions.py), so a break at that subscript
+    holds one slice object where CPython's instruction, which the resume function starts
+    at, expects its start and stop."""
+    if ins.opname in ("BINARY_SUBSCR", "STORE_SUBSCR") and \
+            code.co_code[ins.offset] in _SLICE_OPCODES and type(stack[-1]) is slice:
+        return stack[:-1] + [stack[-1].start, stack[-1].stop]
+    return stack
+
+
 @dataclass
 class BreakPlan:
     mode: str                 # "call" | "jump" | "rest"
@@ -51,7 +66,7 @@ class BreakPlan:
 def plan_break(fn, frame, plan: OutputPlan, runtime) -> BreakPlan:
     code = fn.__code__
     ins = frame.stopped_at
-    stack = list(frame.stack)
+    stack = _real_stack(code, ins, list(frame.stack))
     if frame.exc_stack or any(k in ("exc", "exc_info", "lasti")
                               for k in liveness.stack_kinds_at(code, ins.offset)):
         # Inside an `except` body a resume function could not re-raise the active

@@ -145,3 +145,17 @@ def test_torch_check_on_a_captured_value_is_checked_on_every_call():
     with pytest.raises(RuntimeError):
         fast(x, torch.tensor(-1.0))
     assert _counts() == (1, 0, 0, 0)
+
+
+def test_a_slice_bound_from_a_tensor_in_a_store_resumes_compiled():
+    # 3.12+ stores through STORE_SLICE, decoded as BUILD_SLICE + STORE_SUBSCR: a break
+    # there must hand the resume function the slice's start and stop, as CPython's stack
+    # holds them (it ran the whole frame eagerly)
+    def f(x, t):
+        y = x.clone()
+        y[: int(t.abs())] = 0.0
+        return y * 2
+
+    _run(f, FLOATS)
+    captures, breaks, recompiles, fallbacks = _counts()
+    assert recompiles == 0 and fallbacks == 0
