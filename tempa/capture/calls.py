@@ -30,6 +30,7 @@ import types
 import warnings
 
 import torch
+import torch.optim.optimizer as torch_optimizer
 from torch.nn.modules.lazy import LazyModuleMixin
 
 from . import context, higher_order, numpy_values, scalar_tensors, scalars, stdlib
@@ -967,6 +968,7 @@ _SPECIAL = {
     builtins.round: _to_python_number(round),
     math.sqrt: _to_python_number(math.sqrt),
     torch.compiler.is_compiling: _is_compiling,
+    torch_optimizer._get_value: scalar_tensors.optimizer_value,
     torch.compiler.is_dynamo_compiling: _is_compiling,
     torch.jit.is_scripting: _false,
     torch.jit.is_tracing: _false,

@@ -59,3 +59,15 @@ def rewrite_function(builder, fn, args, kwargs):
 def _term(builder, base, a, b, value):
     combined = builder.call("call_function", _POINTWISE[base], (a, b), {})
     return builder.call("call_function", operator.mul, (combined, value), {})
+
+
+def optimizer_value(tracer, frame, args, kwargs):
+    """``torch.optim.optimizer._get_value(step)``: eager returns ``step.item()``, a Python
+    float, so an optimizer's bias corrections (``1 - beta2 ** step``) are computed in
+    double; while compiling it returns the tensor itself (one graph for every step), and
+    in float32 ``1 - 0.999 ** 1`` is off by 1.3e-5 relative, which Adam's update carries.
+    Here it is the step as a float64 tensor: still one graph, eager's double arithmetic."""
+    (x,) = args
+    if isinstance(x, TensorVar):
+        return tracer.builder.call("call_method", "to", (x, torch.float64), {})
+    return x.item() if isinstance(x, torch.Tensor) else x
