@@ -82,6 +82,12 @@ class BackendInfo:
 _warned: set = set()
 
 
+def _log_fallback_once(msg: str):
+    if msg not in _warned:
+        _warned.add(msg)
+        logs.get("fallbacks").warning(msg)
+
+
 def _warn_once(msg: str):
     key = msg.split("\n")[0]
     if key not in _warned:
@@ -459,6 +465,9 @@ class GraphVariants:
             _warn_once(f"tempa: {reason}; running this graph with eager ATen calls instead")
         elif isinstance(e, UntraceableGraph):
             reason = f"unsupported graph: {e}"
+            # not a warning (such graphs are expected: a captured .item()), but said
+            _log_fallback_once(f"tempa backend: running {_VARIANT_WORDS[variant]} with eager "
+                               f"ATen calls: {reason}")
         else:
             reason = f"{type(e).__name__}: {e}"
             if importlib.import_module("tempa.config").config.raise_on_failure or \

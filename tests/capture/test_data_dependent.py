@@ -159,3 +159,17 @@ def test_a_slice_bound_from_a_tensor_in_a_store_resumes_compiled():
     _run(f, FLOATS)
     captures, breaks, recompiles, fallbacks = _counts()
     assert recompiles == 0 and fallbacks == 0
+
+
+def test_a_graph_holding_a_captured_scalar_says_it_runs_aten_calls(caplog):
+    # the backend cannot yet compute with a value .item() produced inside the graph: it
+    # runs that graph with eager ATen calls, and says so on the fallbacks channel
+    def f(x, t):
+        return x * t.item()
+
+    from tempa.backend import entry
+    entry._warned.clear()
+    with caplog.at_level("WARNING", logger="tempa.fallbacks"):
+        _run(f, FLOATS)
+    assert any("data-dependent" in r.getMessage() and "eager ATen calls" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
