@@ -285,7 +285,7 @@ def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
     higher_order.check_not_disabled(fn)   # its own message: marked torch.compiler.disable
     if runs_uncompiled(fn):
         raise Unsupported("disabled by tempa.disable", f"{fn.__qualname__} runs uncompiled "
-                          "(torch._dynamo.disable, or the autograd engine)")
+                          "(torch.compiler.disable, or the autograd engine)")
     if code in DISABLED_CODES:
         raise Unsupported("disabled by tempa.disable", f"{fn.__qualname__} is marked @tempa.disable")
     if code.co_flags & (_CO_COROUTINE | _CO_ASYNC_GEN):

@@ -2,7 +2,7 @@
 user autograd Functions, torch.utils.checkpoint.
 
 Each is recognised by the object the user calls (an attribute the decorator sets, the
-class's base), never by importing torch._dynamo.
+class's base), never by importing the compiler it rebuilds.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .breaks import Unsupported
 
 
 def is_disabled(fn) -> bool:
-    """Whether ``fn`` is wrapped by ``torch.compiler.disable`` / ``torch._dynamo.disable``
+    """Whether ``fn`` is wrapped by ``torch.compiler.disable`` (or its private alias)
     (the wrapper sets ``_torchdynamo_disable``): it always runs eagerly, its callees too."""
     return getattr(fn, "_torchdynamo_disable", False) is True
 
