@@ -15,6 +15,7 @@ import torch
 
 from . import operators
 from .breaks import Unsupported, UserError
+from .graph import is_data_dependent_guard
 from .context import CapturedContext
 from .instructions import PY, NULL_BEFORE_CALLABLE, decode
 from . import numpy_values, scalars
@@ -192,7 +193,13 @@ class Frame(DataOpcodes):
                 handler = getattr(self, ins.opname, None)
                 if handler is None:
                     raise Unsupported("unsupported construct", f"opcode {ins.opname}")
-                nxt = handler(ins)
+                try:
+                    nxt = handler(ins)
+                except Exception as e:
+                    if is_data_dependent_guard(e):   # `if len(unique(x)) > 2:`, not the user's
+                        raise Unsupported("data-dependent branch", "a decision on a size "
+                                          "computed from tensor values") from None
+                    raise
             except _Suspend:
                 return None
             except Unsupported as u:

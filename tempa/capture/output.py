@@ -152,8 +152,13 @@ class OutputPlan:
     def _size_expr(self, value) -> str:
         from .shapes import render
         sizes = self.sizes
-        expr = sizes.env.replace(value.node.expr)
-        names = {sym: f"{src[0][0]}.shape[{src[0][1]}]" for sym, src in sizes.sources.items()}
+        expr = value.node.expr if sizes is None else sizes.env.replace(value.node.expr)
+        names = {} if sizes is None else \
+            {sym: f"{src[0][0]}.shape[{src[0][1]}]" for sym, src in sizes.sources.items()}
+        if not expr.free_symbols <= set(names):
+            # a size computed from tensor values (len(unique(x))): Python needs the number
+            raise Unsupported("data-dependent value", f"returning the size {expr} computed from "
+                              "tensor values")
         return render(expr, names)
 
     def expr(self, value, depth: int = 0) -> str:

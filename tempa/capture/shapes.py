@@ -18,7 +18,8 @@ import operator
 import sympy
 import torch
 import torch.fx as fx
-from torch.fx.experimental.symbolic_shapes import ShapeEnv, DimDynamic, StatelessSymbolicContext
+from torch.fx.experimental.symbolic_shapes import ShapeEnv, DimDynamic, StatelessSymbolicContext, \
+    free_unbacked_symbols
 from torch.utils._sympy import functions as symfn
 
 from .breaks import Unsupported
@@ -49,6 +50,20 @@ class SymbolicSizes:
                 sym = size.node.expr
                 if isinstance(sym, sympy.Symbol):
                     self.sources.setdefault(sym, []).append((expr, d, node))
+
+    def bind(self, symbol: sympy.Symbol, node: fx.Node) -> None:
+        """``node`` computes the unbacked ``symbol`` (a captured ``.item()``)."""
+        self._nodes[symbol] = node
+
+    def bind_unbacked_sizes(self, fake: torch.Tensor, node: fx.Node) -> None:
+        """A size of the result ``node`` that is a new unbacked symbol (the length of
+        ``unique_consecutive``'s result) is computed as ``node.size(d)``."""
+        for d, size in enumerate(fake.shape):
+            if isinstance(size, torch.SymInt):
+                sym = size.node.expr
+                if isinstance(sym, sympy.Symbol) and sym not in self._nodes and \
+                        sym not in self.sources and free_unbacked_symbols(size):
+                    self._nodes[sym] = self.graph.call_method("size", (node, d))
 
     @property
     def active(self) -> bool:
