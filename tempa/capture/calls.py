@@ -214,6 +214,9 @@ def tensor_method(tracer, m: TensorMethod, args, kwargs):
         return scalars.item(tracer, t)
     if name == "tolist" and not args and not kwargs:
         return scalars.tolist(tracer, t)
+    if name == "__iter__" and not args and not kwargs:
+        from .interpreter import tensor_iter
+        return tensor_iter(tracer.builder, t)
     if name in _TENSOR_DATA_METHODS:
         raise Unsupported("data-dependent value", f"tensor.{name}() needs the tensor's value")
     if name in ("backward", "register_hook", "retain_grad", "record_stream", "share_memory_"):

@@ -141,6 +141,13 @@ class GeneratorRun:
         return frame.suspended_value
 
 
+def tensor_iter(builder, v: TensorVar) -> CapturedIter:
+    """``iter(t)``, as Tensor.__iter__: the rows of ``t.unbind(0)``."""
+    if v.fake.dim() == 0:
+        raise UserError(TypeError("iteration over a 0-d tensor"))
+    return CapturedIter(list(builder.call("call_method", "unbind", (v, 0), {})))
+
+
 class Frame(DataOpcodes):
     def __init__(self, tracer, code: types.CodeType, f_globals: dict, bound_locals: dict,
                  closure, *, name: str, parent=None, is_generator: bool = False,
@@ -270,10 +277,7 @@ class Frame(DataOpcodes):
 
     def get_iter(self, v):
         if isinstance(v, TensorVar):
-            if v.fake.dim() == 0:
-                raise UserError(TypeError("iteration over a 0-d tensor"))
-            parts = self.tracer.builder.call("call_method", "unbind", (v, 0), {})
-            return CapturedIter(list(parts))
+            return tensor_iter(self.tracer.builder, v)
         if numpy_values.is_array(v):
             return CapturedIter(numpy_values.iterate(self.tracer, v))
         if isinstance(v, torch.nn.Module):

@@ -173,6 +173,10 @@ class OutputPlan:
             return value.source   # an input array comes back as itself
         if isinstance(value, torch.SymInt):
             return self._size_expr(value)
+        if isinstance(value, (torch.SymBool, torch.SymFloat)) and value.node.expr.free_symbols:
+            # `len(unique(x)) > 3` on the stack at a break: a value only the run knows
+            raise Unsupported("data-dependent value", f"handing over {value} computed from "
+                              "tensor values")
         if value is NULL:
             raise Unsupported("unsupported construct", "NULL in the return value")
         copied = self.external_copies.get(id(value))

@@ -150,6 +150,22 @@ def operator_call(tracer, op, operands: tuple):
     return _make(builder, node, kind)
 
 
+# Functions that make a tensor holding a Python number given as their only argument.
+_LITERAL_TENSORS = {torch.tensor, torch.as_tensor}
+
+
+def literal_index(t: TensorVar) -> int:
+    """``t.__index__()`` (``items[torch.as_tensor(2)]``) of a tensor the graph made from a
+    Python int that no operation has used since (so nothing changed it, or a view of it):
+    that int, as torch.compile's fake tensors propagate such constants. The value of any
+    other tensor is known only when the graph runs: a graph break."""
+    node = t.node
+    if node.op == "call_function" and node.target in _LITERAL_TENSORS and not node.users and \
+            not node.kwargs and len(node.args) == 1 and type(node.args[0]) is int:
+        return node.args[0]
+    raise Unsupported("data-dependent value", "indexing a Python container with a tensor")
+
+
 # -- unbacked symbols ------------------------------------------------------------------------
 
 def symbol_of(builder, value):

@@ -173,3 +173,159 @@ def test_a_graph_holding_a_captured_scalar_says_it_runs_aten_calls(caplog):
         _run(f, FLOATS)
     assert any("data-dependent" in r.getMessage() and "eager ATen calls" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+# ---- unbacked symbols: numbers and sizes only the run knows (capture/scalars.py, graph.py) ----
+# torch.compile (CompileCounter, capture_scalar_outputs / capture_dynamic_output_shape_ops)
+# on the same code: 1 frame each, no recompile for a new value; a branch the ShapeEnv cannot
+# decide is an error under fullgraph there, a graph break here.
+
+def _same_calls(fn, calls, **kw):
+    """Each call compiled and eager, on copies (some functions write into their inputs)."""
+    fast = tempa.compile(fn, **kw)
+    for args in calls:
+        def copies():
+            return [[t.clone() for t in a] if isinstance(a, list) else a.clone() for a in args]
+        _same(fast(*copies()), fn(*copies()))
+
+
+def test_arange_of_an_item_is_one_graph_for_every_value():
+    def f(x, t):
+        n = t.item()
+        torch._check(n >= 0)
+        r = torch.arange(n, dtype=torch.float32)
+        if r.size(0) == n:   # decided by the ShapeEnv: len(arange(n)) is n
+            return r + x
+        return r
+
+    calls = [(torch.tensor(2.0), torch.tensor([3])), (torch.tensor(1.0), torch.tensor([7])),
+             (torch.tensor(5.0), torch.tensor([0]))]
+    _same_calls(f, calls, fullgraph=True)
+    assert _counts() == (1, 0, 0, 0)
+    with pytest.raises(RuntimeError):   # the graph checks n >= 0 as eager does
+        tempa.compile(f, fullgraph=True)(torch.tensor(1.0), torch.tensor([-2]))
+
+
+def test_a_dead_arange_still_raises_eagers_error_for_a_bad_value():
+    # arange's own check (n >= 0) lets the ShapeEnv decide `n >= 0`: the node that checks
+    # it stays in the graph although nothing reads its result
+    def f(x, t):
+        n = t.item()
+        torch.arange(n)
+        return x + 1 if n >= 0 else x - 1
+
+    fast = tempa.compile(f, fullgraph=True)
+    _same(fast(torch.ones(2), torch.tensor(4)), f(torch.ones(2), torch.tensor(4)))
+    with pytest.raises(RuntimeError):
+        f(torch.ones(2), torch.tensor(-1))
+    with pytest.raises(RuntimeError):
+        fast(torch.ones(2), torch.tensor(-1))
+    assert _counts() == (1, 0, 0, 0)
+
+
+def test_slice_and_index_by_a_checked_item():
+    def sliced(y, t):
+        b = t.item()
+        torch._check(b >= 0)
+        torch._check(b < y.shape[0])
+        return y[:b] * 2
+
+    def indexed(a, t):
+        i = t.item()
+        torch._check(i >= 0)
+        torch._check(i < a.size(0))
+        return a[i] + 1
+
+    y, a = torch.arange(10.0), torch.arange(12.0).view(4, 3)
+    _same_calls(sliced, [(y, torch.tensor(4)), (y, torch.tensor(9)), (y, torch.tensor(0))],
+                fullgraph=True)
+    _same_calls(indexed, [(a, torch.tensor(1)), (a, torch.tensor(3))], fullgraph=True)
+    assert _counts() == (2, 0, 0, 0)
+    with pytest.raises(RuntimeError):   # the check, as in eager
+        tempa.compile(sliced, fullgraph=True)(y, torch.tensor(10))
+
+
+def test_a_branch_the_shape_env_cannot_decide_breaks():
+    def f(x, t):
+        n = t.item()
+        torch._check(n >= 0)
+        if n == 0:
+            return x
+        return torch.arange(n) + x
+
+    with pytest.raises(tempa.GraphBreakError):
+        tempa.compile(f, fullgraph=True)(torch.tensor(1), torch.tensor([3]))
+    tempa.reset()
+    _same_calls(f, [(torch.tensor(1), torch.tensor([3])), (torch.tensor(1), torch.tensor([0]))])
+    captures, breaks, recompiles, fallbacks = _counts()
+    assert breaks >= 1 and fallbacks == 0
+
+
+def test_an_op_with_a_data_dependent_output_size_stays_in_the_graph():
+    def f(x):
+        return torch.unique_consecutive(x) * 2
+
+    calls = [(torch.tensor([1, 1, 2, 2, 1, 3]),), (torch.tensor([4, 5, 6, 7, 8, 9]),),
+             (torch.tensor([0, 0, 0, 0, 0, 0]),)]
+    _same_calls(f, calls, fullgraph=True)
+    assert _counts() == (1, 0, 0, 0)
+
+
+def test_a_decision_on_a_data_dependent_size_runs_eagerly_and_says_so():
+    # len(u) > 3 is unknown for a 6-element input: Python needs the number
+    def f(x):
+        u = torch.unique_consecutive(x)
+        return u * 2 if len(u) > 3 else u
+
+    _same_calls(f, [(torch.tensor([1, 1, 2, 3, 4, 5]),), (torch.tensor([1, 1, 1, 1, 2, 2]),)])
+    assert _counts()[3] >= 1   # an eager fallback: the rest of tempa never sees u0 > 3
+
+
+def test_foreach_ops_read_a_zero_dim_tensor_scalar_on_every_call():
+    def powers(x, ys):
+        return torch._foreach_pow(x, ys)
+
+    def lerp(xs, ys, w):
+        torch._foreach_lerp_(xs, ys, w)
+        return tuple(xs)
+
+    ys = [torch.tensor(3.4), torch.tensor(7.8)]
+    _same_calls(powers, [(torch.tensor(0.8), ys), (torch.tensor(0.5), ys)], fullgraph=True)
+    xs, targets = [torch.ones(2, 2) * 4.26, torch.ones(2, 2) * 3.14], [torch.ones(2, 2)] * 2
+    _same_calls(lerp, [(xs, targets, torch.tensor(0.5)), (xs, targets, torch.tensor(0.25))],
+                fullgraph=True)
+    assert _counts() == (2, 0, 0, 0)   # the scalar is not baked in: no recompile either
+
+
+def test_a_list_indexed_by_a_fresh_literal_tensor():
+    def f(a, b):
+        return [a, b, a + 1, b + 1][torch.as_tensor(2)]
+
+    def changed(a, b):
+        i = torch.as_tensor(2)
+        i.add_(1)   # its value is no longer the literal: Python needs it
+        return [a, b, a + 1, b + 1][i]
+
+    a, b = torch.randn(3), torch.randn(3)
+    _same(tempa.compile(f, fullgraph=True)(a, b), f(a, b))
+    assert _counts() == (1, 0, 0, 0)
+    with pytest.raises(tempa.GraphBreakError):
+        tempa.compile(changed, fullgraph=True)(a, b)
+    tempa.reset()
+    _same(tempa.compile(changed)(a, b), changed(a, b))
+
+
+def test_tensor_dunder_iter_is_iteration_over_rows():
+    def f(x):
+        for row in x.__iter__():
+            row.add_(1.0)
+        return row
+
+    x, y = torch.randn(3, 2), None
+    y = x.clone()
+    got, want = tempa.compile(f, fullgraph=True)(x), f(y)
+    _same(got, want)
+    _same(x, y)
+    assert _counts() == (1, 0, 0, 0)
+    with pytest.raises(TypeError):
+        tempa.compile(f)(torch.tensor(1.0))
