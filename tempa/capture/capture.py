@@ -106,7 +106,7 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         if retry:
             pass  # leave the finally below first: it restores grad mode and autocast
         else:
-            plan = OutputPlan(guards, tracer.is_internal, tracer.external_copies, builder.sizes,
+            plan = OutputPlan(guards, tracer.is_internal, tracer.external_copies, builder.size_nodes,
                               inputs=input_exprs(builder), recipes=tracer.recipes)
             body = tracer.side_effects.replay_lines(plan)
             break_plan = None

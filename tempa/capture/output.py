@@ -152,14 +152,22 @@ class OutputPlan:
     def _size_expr(self, value) -> str:
         from .shapes import render
         sizes = self.sizes
-        expr = value.node.expr if sizes is None else sizes.env.replace(value.node.expr)
-        names = {} if sizes is None else \
-            {sym: f"{src[0][0]}.shape[{src[0][1]}]" for sym, src in sizes.sources.items()}
+        expr = sizes.env.replace(value.node.expr)
+        names = {sym: f"{src[0][0]}.shape[{src[0][1]}]" for sym, src in sizes.sources.items()}
         if not expr.free_symbols <= set(names):
-            # a size computed from tensor values (len(unique(x))): Python needs the number
-            raise Unsupported("data-dependent value", f"returning the size {expr} computed from "
-                              "tensor values")
+            return self._computed(value)
         return render(expr, names)
+
+    def _computed(self, value) -> str:
+        """A number only the run knows (``len(unique(x))``, ``len(u) > 3`` on the stack at a
+        break): the graph computes it into a 0-d tensor, handed over as its ``.item()``."""
+        from .meta import MetaInfo
+        dtype = {torch.SymInt: torch.int64, torch.SymFloat: torch.float64,
+                 torch.SymBool: torch.bool}[type(value)]
+        number = self.sizes.expr_node(value.node.expr)
+        node = self.sizes.graph.call_function(torch.scalar_tensor, (number,), {"dtype": dtype})
+        node.meta["example_value"] = fake = MetaInfo.of(torch.empty((), dtype=dtype))
+        return f"{self.slot(TensorVar(node, fake))}.item()"
 
     def expr(self, value, depth: int = 0) -> str:
         """A Python expression (over ``___o`` and bound constants) that rebuilds ``value``."""
@@ -174,9 +182,7 @@ class OutputPlan:
         if isinstance(value, torch.SymInt):
             return self._size_expr(value)
         if isinstance(value, (torch.SymBool, torch.SymFloat)) and value.node.expr.free_symbols:
-            # `len(unique(x)) > 3` on the stack at a break: a value only the run knows
-            raise Unsupported("data-dependent value", f"handing over {value} computed from "
-                              "tensor values")
+            return self._computed(value)
         if value is NULL:
             raise Unsupported("unsupported construct", "NULL in the return value")
         copied = self.external_copies.get(id(value))

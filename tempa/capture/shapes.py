@@ -83,6 +83,14 @@ class SymbolicSizes:
         except Unsupported:
             return float(value)   # specializes: the guard keeps it correct
 
+    def expr_node(self, expr):
+        """An FX node (or constant) computing the sympy ``expr`` (a relation too) at run time."""
+        expr = self.env.replace(expr)
+        for rel, op in _OPERATORS.items():
+            if isinstance(expr, rel):
+                return self.graph.call_function(op, (self._build(expr.lhs), self._build(expr.rhs)))
+        return self._build(expr)
+
     def _build(self, expr):
         if isinstance(expr, (int, sympy.Integer)):
             return int(expr)
@@ -163,6 +171,8 @@ def int_oo():
     return oo
 
 
+_OPERATORS = {sympy.Eq: operator.eq, sympy.Ne: operator.ne, sympy.Lt: operator.lt,
+              sympy.Le: operator.le, sympy.Gt: operator.gt, sympy.Ge: operator.ge}
 _REL = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">",
         sympy.Ge: ">="}
 

@@ -271,14 +271,24 @@ def test_an_op_with_a_data_dependent_output_size_stays_in_the_graph():
     assert _counts() == (1, 0, 0, 0)
 
 
-def test_a_decision_on_a_data_dependent_size_runs_eagerly_and_says_so():
-    # len(u) > 3 is unknown for a 6-element input: Python needs the number
+def test_a_decision_on_a_data_dependent_size_is_a_graph_break():
+    # len(u) > 3 is unknown for a 6-element input: the graph computes it for Python
     def f(x):
         u = torch.unique_consecutive(x)
         return u * 2 if len(u) > 3 else u
 
     _same_calls(f, [(torch.tensor([1, 1, 2, 3, 4, 5]),), (torch.tensor([1, 1, 1, 1, 2, 2]),)])
-    assert _counts()[3] >= 1   # an eager fallback: the rest of tempa never sees u0 > 3
+    captures, breaks, recompiles, fallbacks = _counts()
+    assert breaks == 1 and recompiles == 0 and fallbacks == 0
+
+
+def test_a_returned_data_dependent_size_is_the_python_int():
+    def f(x):
+        u = torch.unique_consecutive(x)
+        return u, len(u), u.shape[0] * 2
+
+    _same_calls(f, [(torch.tensor([1, 1, 2, 3]),), (torch.tensor([1, 1, 1, 1]),)], fullgraph=True)
+    assert _counts() == (1, 0, 0, 0)
 
 
 def test_foreach_ops_read_a_zero_dim_tensor_scalar_on_every_call():
