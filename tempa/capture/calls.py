@@ -41,7 +41,7 @@ from .purity import _BUILTIN_FUNCTION, _IMPURE_BUILTINS, _PLAIN_TYPES, _PURE_C_C
     _PURE_C_MODULES, _PURE_C_TYPES, _check_pure_arguments, _check_pure_owner, _impure_reason, \
     _read_environ, _reads_environ
 from .values import CapturedIter, LazyIter, NdarrayMethod, NdarrayVar, ScalarVar, TensorVar, \
-    TensorMethod, SuperProxy, bound_self, check_own_iterator, contains_tensor
+    StorageMethod, StorageVar, TensorMethod, SuperProxy, bound_self, check_own_iterator, contains_tensor
 
 # Values whose content is only known when the graph runs: never turned into Python values.
 _SYMBOLIC = (TensorVar, NdarrayVar, ScalarVar)
@@ -98,6 +98,10 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
         return tensor_method(tracer, fn, args, kwargs)
     if type(fn) is NdarrayMethod:
         return numpy_values.call_method(tracer, fn, args, kwargs)
+    if type(fn) is StorageMethod:
+        if args or kwargs:
+            raise Unsupported("unsupported call", f"storage.{fn.name}() with arguments")
+        return fn.storage.nbytes
     if numpy_values.is_numpy_callable(fn):
         return numpy_values.call_numpy(tracer, fn, args, kwargs)
     if numpy_values.holds_array((args, kwargs)):
@@ -214,6 +218,8 @@ def tensor_method(tracer, m: TensorMethod, args, kwargs):
         return scalars.item(tracer, t)
     if name == "tolist" and not args and not kwargs:
         return scalars.tolist(tracer, t)
+    if name == "untyped_storage" and not args and not kwargs:
+        return _storage_of(tracer, t)
     if name == "__iter__" and not args and not kwargs:
         from .interpreter import tensor_iter
         return tensor_iter(tracer.builder, t)
@@ -229,6 +235,32 @@ def tensor_method(tracer, m: TensorMethod, args, kwargs):
     if rewritten is not scalar_tensors.NOT_REWRITTEN:
         return rewritten
     return tracer.builder.call("call_method", name, (t, *args), kwargs)
+
+
+# Operations after which a tensor's storage is another size than its input's was.
+_STORAGE_CHANGING = {"resize_", "set_", "resize_as_", "untyped_storage"}
+
+
+def _storage_of(tracer, t: TensorVar) -> StorageVar:
+    """``t.untyped_storage()`` of a tensor the caller gave (argument, parameter, buffer),
+    its size guarded (a view of a larger tensor has the shape of a smaller one). A storage
+    the graph makes is known only when it runs: a graph break."""
+    source = tracer.builder.input_source(t)
+    changed = any(n.target in _STORAGE_CHANGING for n in tracer.builder.graph.nodes)
+    if source is None or changed:
+        raise Unsupported("data-dependent value", "tensor.untyped_storage() of a tensor "
+                          "computed in the graph needs the real storage")
+    tensor, expr = source
+    nbytes = tensor.untyped_storage().nbytes()
+    tracer.guards.add("shape", f"{expr}.untyped_storage().nbytes() == {nbytes}",
+                      f"{expr}'s storage holds {nbytes} bytes")
+    return StorageVar(t, nbytes)
+
+
+def storage_attr(storage: StorageVar, name: str) -> StorageMethod:
+    if name not in ("size", "nbytes"):
+        raise Unsupported("data-dependent value", f"storage.{name} needs the real storage")
+    return StorageMethod(storage, name)
 
 
 def _changes_anything(t: TensorVar, name, args, kwargs) -> bool:

@@ -32,7 +32,8 @@ import torch
 
 from . import runtime
 from . import numpy_values
-from .values import NdarrayMethod, NdarrayVar, ScalarVar, TensorVar, NULL, TensorMethod, GradModeExit, \
+from .values import NdarrayMethod, NdarrayVar, ScalarVar, StorageMethod, StorageVar, TensorVar, NULL, \
+    TensorMethod, GradModeExit, \
     CapturedIter, LazyIter, GeneratorContext, GeneratorContextExit, bound_self, contains_tensor, \
     has_pending_calls
 
@@ -237,6 +238,10 @@ class OutputPlan:
             return f"{sub(value.array)}.{value.name}", False
         if t is TensorMethod:
             return f"{self.slot(value.tensor)}.{value.name}", False
+        if t is StorageVar:   # a new storage object per call, as in eager
+            return f"{self.slot(value.tensor)}.untyped_storage()", False
+        if t is StorageMethod:
+            return f"{sub(value.storage)}.{value.name}", False
         recipe = self.recipes.get(id(value))
         if recipe is not None and recipe[0] is value:
             _, fn, args, kwargs = recipe

@@ -21,7 +21,7 @@ from .breaks import Unsupported
 from .graph import GraphBuilder
 from .guards import is_constant_type
 from .side_effects import SideEffects, DELETED, MISSING, is_data_descriptor
-from .values import NdarrayVar, TensorVar, TensorMethod, bound_self
+from .values import NdarrayVar, StorageVar, TensorVar, TensorMethod, bound_self
 
 # Tensor attributes read from the fake tensor's metadata (static under static shapes).
 TENSOR_METADATA_ATTRS = {
@@ -313,6 +313,8 @@ class Tracer:
             return self.tensor_attr(obj, name)
         if type(obj) is NdarrayVar:
             return numpy_values.array_attr(self, obj, name)
+        if type(obj) is StorageVar:
+            return calls.storage_attr(obj, name)
         if self.is_internal(obj) or obj.__class__ in (list, tuple, dict) or \
                 id(obj) in self.external_copies or _method_of_copy(self, obj):
             return self._static_or_concrete(obj, name, frame, guard=False)
@@ -465,8 +467,8 @@ class Tracer:
             return self.builder.call("call_function", getattr, (t, name), {})
         if name == "grad":
             return self._grad_input(t)
-        if name in ("grad_fn", "_version", "untyped_storage", "data_ptr", "_base"):
-            if name in ("data_ptr", "untyped_storage"):
+        if name in ("grad_fn", "_version", "data_ptr", "_base"):
+            if name == "data_ptr":
                 raise Unsupported("data-dependent value", f"tensor.{name} needs the real storage")
             raise Unsupported("unsupported construct", f"reading tensor.{name} inside a graph")
         if hasattr(torch.Tensor, name):

@@ -339,3 +339,38 @@ def test_tensor_dunder_iter_is_iteration_over_rows():
     assert _counts() == (1, 0, 0, 0)
     with pytest.raises(TypeError):
         tempa.compile(f)(torch.tensor(1.0))
+
+
+# storage sizes of the caller's tensors (calls._storage_of); torch.compile: 1 frame, and a
+# recompile for the view (its storage size is not guarded there: the same graph answers)
+
+def test_the_storage_size_of_an_argument_is_guarded():
+    # a view of a larger tensor has the shape of a smaller one: its storage size decides
+    def f(x):
+        if x.untyped_storage().size() // x.element_size() == 100:
+            return x + 1
+        return x - 1
+
+    fast = tempa.compile(f, fullgraph=True)
+    for x in (torch.randn(100), torch.randn(200)[:100], torch.randn(100)):
+        _same(fast(x), f(x))
+    assert _counts() == (2, 0, 1, 0)   # one recompile, for the view
+
+
+def test_a_returned_storage_is_the_tensors_own():
+    def f(x):
+        return x.untyped_storage(), x * 2
+
+    x = torch.randn(3)
+    storage, _ = tempa.compile(f, fullgraph=True)(x)
+    assert isinstance(storage, torch.UntypedStorage) and storage.data_ptr() == x.data_ptr()
+
+
+def test_the_storage_of_a_tensor_computed_in_the_graph_is_a_break():
+    def f(x):
+        return (x + 1).untyped_storage().nbytes()
+
+    with pytest.raises(tempa.GraphBreakError):
+        tempa.compile(f, fullgraph=True)(torch.randn(3))
+    tempa.reset()
+    assert tempa.compile(f)(torch.randn(3)) == f(torch.randn(3))
