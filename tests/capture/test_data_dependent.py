@@ -341,8 +341,8 @@ def test_tensor_dunder_iter_is_iteration_over_rows():
         tempa.compile(f)(torch.tensor(1.0))
 
 
-# storage sizes of the caller's tensors (calls._storage_of); torch.compile: 1 frame, and a
-# recompile for the view (its storage size is not guarded there: the same graph answers)
+# storage sizes of the caller's tensors (calls._storage_of). torch.compile 2.13 on the first
+# test: 1 frame and a wrong answer for the view (x + 1): it does not guard the storage size
 
 def test_the_storage_size_of_an_argument_is_guarded():
     # a view of a larger tensor has the shape of a smaller one: its storage size decides
