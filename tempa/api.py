@@ -22,7 +22,8 @@ from .backend.runtime import nativeguards
 from .capture import calls, higher_order
 from .capture import runtime as capture_runtime
 from .capture.breaks import GraphBreakError, Unsupported, UserError
-from .capture.cache import MISS, CodeCache, build_entry, install_invalidation_hooks, clear_watchers
+from .capture.cache import MISS, CodeCache, build_entry, install_invalidation_hooks, clear_watchers, \
+    with_identifier_names
 from .capture.capture import capture
 from .capture.explain import ExplainOutput, has_ops
 
@@ -209,6 +210,7 @@ class CompileContext:
         if calls.runs_uncompiled(fn):
             return fn(*args, **kwargs)
         if isinstance(fn, types.FunctionType) and not calls.is_torch_op(fn):
+            fn = with_identifier_names(fn)   # a comprehension's code, called after a break
             dispatch = self._dispatchers.get(fn)
             if dispatch is None:
                 dispatch = self._dispatchers[fn] = self.dispatcher(fn, fn)

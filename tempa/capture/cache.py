@@ -8,6 +8,7 @@ the guard expressions plus one call.
 from __future__ import annotations
 
 import threading
+import types
 import weakref
 from dataclasses import dataclass, field
 
@@ -71,6 +72,29 @@ class CodeCache:
             self.warned = False
             self.last_shapes = {}
             self.dynamic_inputs = {}
+
+
+_NAMED_TWINS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # code -> twin code
+
+
+def with_identifier_names(fn: types.FunctionType) -> types.FunctionType:
+    """``fn`` itself, or, where a local of its code is no Python name (a comprehension's
+    or generator expression's iterator argument ``.0``), a twin function whose code names
+    that local ``___dot0``: an entry, its guards and a break's resume code are generated
+    Python that spell each local by its name. Only names change, not what the bytecode
+    does (locals are read by index); the twin shares globals, closure and defaults."""
+    code = fn.__code__
+    if all(name.isidentifier() for name in code.co_varnames):
+        return fn
+    twin = _NAMED_TWINS.get(code)
+    if twin is None:   # one twin per code object, so its entries are found again next call
+        names = tuple(n if n.isidentifier() else "___" + n.replace(".", "dot")
+                      for n in code.co_varnames)
+        twin = _NAMED_TWINS[code] = code.replace(co_varnames=names)
+    renamed = types.FunctionType(twin, fn.__globals__, fn.__name__, fn.__defaults__,
+                                 fn.__closure__)
+    renamed.__qualname__, renamed.__kwdefaults__ = fn.__qualname__, fn.__kwdefaults__
+    return renamed
 
 
 def signature_source(code, fn) -> str:

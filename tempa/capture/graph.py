@@ -387,6 +387,10 @@ class GraphBuilder:
         if isinstance(result, torch.Tensor) or _has_tensor(result):
             raise Unsupported("unsupported call", f"{_name(target)} returned tensors in a "
                               f"{type(result).__name__}")
+        if not _is_plain_result(result):
+            # an object of the fake tensor's (its storage, ...), not the caller's tensor's
+            raise Unsupported("data-dependent value", f"{_name(target)} returned a "
+                              f"{type(result).__name__}, which needs the real tensor")
         return result
 
     def side_effect(self, target, *args) -> None:
@@ -406,6 +410,20 @@ class GraphBuilder:
         self.graph.eliminate_dead_code(is_impure_node=_is_impure)
         gm = fx.GraphModule(torch.nn.Module(), self.graph)
         return gm
+
+
+_PLAIN_RESULT_TYPES = (type(None), bool, int, float, complex, str, torch.SymInt, torch.SymFloat,
+                       torch.SymBool, torch.dtype, torch.device, torch.layout, torch.memory_format,
+                       torch.Size)
+
+
+def _is_plain_result(value, depth=0) -> bool:
+    """A non-tensor result of an operation on fake tensors that is the same for the real
+    ones: a number, a flag, a size, a dtype, a device, a string, or a tuple or list of those."""
+    if isinstance(value, _PLAIN_RESULT_TYPES) or is_numpy_scalar(value):
+        return True
+    return isinstance(value, (tuple, list)) and depth < 4 and \
+        all(_is_plain_result(v, depth + 1) for v in value)
 
 
 # The dtype torch's argument parser reads a Python scalar type as (x.to(float) is float64).

@@ -20,7 +20,7 @@ from .context import CapturedContext
 from .instructions import PY, NULL_BEFORE_CALLABLE, decode
 from . import numpy_values, scalars
 from .opcodes_data import DataOpcodes
-from .side_effects import DELETED, MISSING, check_outside_attr_write
+from .side_effects import DELETED, MISSING, check_outside_attr_write, check_tensor_attr_write
 from .values import NULL, TensorVar, SuperProxy, GradModeExit, CapturedIter, LazyIter, \
     GeneratorContext, GeneratorContextExit, check_own_iterator, contains_tensor, \
     python_descriptor_setter
@@ -357,7 +357,11 @@ class Frame(DataOpcodes):
     def store_attr(self, obj, name, value):
         tracer = self.tracer
         if isinstance(obj, TensorVar):
-            raise Unsupported("unsupported construct", f"setting tensor.{name}")
+            # ``x.flag = v``, ``y.grad = g``: written on the tensor after the graph ran (a
+            # graph output or the input itself), read back from the record until then.
+            check_tensor_attr_write(tracer, obj, name, value)
+            tracer.side_effects.store_attr(obj, name, value)
+            return
         setter = python_descriptor_setter(obj, name)
         if setter is not None:   # a property / __set__ descriptor: its code runs, traced
             self.call(setter, [obj, value], {})
@@ -709,6 +713,9 @@ class Frame(DataOpcodes):
 
     def FOR_ITER(self, ins):
         it = self.stack[-1]
+        # GET_ITER made the iterators of this frame's loops; a comprehension's code (3.11)
+        # loops over its argument ``.0`` instead, which may come from outside the capture.
+        check_own_iterator(self.tracer, it, "iterating")
         try:
             value = next(it)
         except StopIteration:

@@ -98,7 +98,7 @@ def fill_cell(cell, value):
 def _rebuildable(cls) -> bool:
     """Can ``rebuild_object`` make a ``cls`` without its constructor's arguments?"""
     try:
-        rebuild_object(cls, {}, None)
+        rebuild_object(cls, {}, [] if issubclass(cls, list) else None)
     except Exception:
         return False
     return True
