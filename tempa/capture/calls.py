@@ -42,7 +42,8 @@ from .purity import _BUILTIN_FUNCTION, _IMPURE_BUILTINS, _PLAIN_TYPES, _PURE_C_C
     GUARDED_READERS, _PURE_C_MODULES, _PURE_C_TYPES, _check_pure_arguments, _check_pure_owner, \
     _impure_reason, _read_environ, _reads_environ
 from .values import CapturedIter, LazyIter, NdarrayMethod, NdarrayVar, ScalarVar, TensorVar, \
-    StorageMethod, StorageVar, TensorMethod, SuperProxy, bound_self, check_own_iterator, contains_tensor
+    StorageMethod, StorageVar, TensorMethod, SuperProxy, bound_self, check_own_iterator, \
+    contains_tensor
 
 # Values whose content is only known when the graph runs: never turned into Python values.
 _SYMBOLIC = (TensorVar, NdarrayVar, ScalarVar)

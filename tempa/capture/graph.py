@@ -59,6 +59,7 @@ class GraphBuilder:
         # capture made with its ShapeEnv on first need (unbacked_env)
         self.size_nodes = self.sizes
         self.scalar_symbols: dict[fx.Node, object] = {}   # captured number -> its unbacked symbol
+        self._asserts_seen = 0   # deferred runtime asserts of the ShapeEnv at the last op
         self.guards = GuardSet()
         self.user_inputs: list[tuple[fx.Node, str, torch.Tensor]] = []  # (placeholder, expr, tensor)
         self.attr_inputs: list[tuple[fx.Node, torch.Tensor]] = []  # parameters, buffers, ...
@@ -183,7 +184,8 @@ class GraphBuilder:
             self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
         for var in _vars_in(values):
             m = var.fake
-            if isinstance(m, MetaInfo) or getattr(m, "fake_mode", self.fake_mode) is not self.fake_mode:
+            if isinstance(m, MetaInfo) or \
+                    getattr(m, "fake_mode", self.fake_mode) is not self.fake_mode:
                 with self.fake_mode:
                     var.fake = torch.empty_strided(m.shape, m.stride(), dtype=m.dtype,
                                                    device=m.device, requires_grad=m.requires_grad)
@@ -252,49 +254,50 @@ class GraphBuilder:
     def _recorded(self, kind, target, arguments, result):
         """The node of an operation whose fake result is ``result``. Where the capture has
         unbacked symbols, a number of the result must not be one (Python would need its
-        value), and sizes of its tensors that are new ones get ``size`` nodes of those."""
+        value), and sizes of its tensors that are new ones get ``size`` nodes of those.
+        The checks its fake kernel made on unbacked symbols (``0 <= v`` for arange(v)) are
+        eager's own, made again when the graph runs; later decisions may rely on them
+        (``v >= 0`` is then True), so the node is never dead code."""
         args, kwargs = arguments
         node = self.graph.create_node(kind, target, _map(args, self._to_node),
                                       _map(kwargs, self._to_node))
-        unbacked = self.fake_mode is not None and self.fake_mode.shape_env is not None
-        if unbacked and _has_unbacked_number(result):
+        env = self.fake_mode.shape_env if self.fake_mode is not None else None
+        if env is not None and _has_unbacked_number(result):
             self.graph.erase_node(node)
             raise Unsupported("data-dependent value", f"{_name(target)} returns a number "
                               "computed from tensor values")
         wrapped = self._result(node, result, target, arguments)
-        if unbacked:
+        if env is not None:
             for var in _vars_in(wrapped):
                 self.size_nodes.bind_unbacked_sizes(var.fake, var.node)
+            asserts = _count_asserts(env)
+            if asserts != self._asserts_seen:
+                self._asserts_seen = asserts
+                node.meta["runtime_asserts"] = True
         return wrapped
 
     def _call_with_unbacked(self, kind, target, args, kwargs):
         """``target`` given a captured number where it needs a Python one (``torch.arange(v)``,
-        ``x[:v]``): its metadata from fake tensors, the number as an unbacked symbol. The
-        checks a fake kernel makes on the symbol (``0 <= v``) are eager's own checks, which
-        the node makes again when the graph runs, so the node is never dead code. A fake
+        ``x[:v]``): its metadata from fake tensors, the number as an unbacked symbol. A fake
         kernel that cannot work symbolically is a graph break: Python then sees the value."""
         from . import scalars
-        env = self.unbacked_env()
+        self.unbacked_env()
         self._use_fake_tensors((args, kwargs))
 
         def fake(v):
             return scalars.symbol_of(self, v) if isinstance(v, ScalarVar) else _to_fake(v)
         fake_args, fake_kwargs = _map(args, fake), _map(kwargs, fake)
-        asserts = _count_asserts(env)
         try:
             if target is operator.getitem and isinstance(args[1], ScalarVar):
                 # x[v]: Python's indexing wants an int; an int index is select(0, v)
-                result = self._run_fake("call_method", "select", (fake_args[0], 0, fake_args[1]), {})
+                result = self._run_fake("call_method", "select",
+                                        (fake_args[0], 0, fake_args[1]), {})
             else:
                 result = self._run_fake(kind, target, fake_args, fake_kwargs)
         except (UserError, DataDependentOutputException, DynamicOutputShapeException):
             raise Unsupported("data-dependent value", f"{_name(target)} of a value computed "
                               "from a tensor needs that value in Python") from None
-        result = self._recorded(kind, target, (args, kwargs), result)
-        if _count_asserts(env) != asserts:
-            for node in _nodes_of(result):
-                node.meta["runtime_asserts"] = True
-        return result
+        return self._recorded(kind, target, (args, kwargs), result)
 
     def _result(self, node: fx.Node, result, target, arguments):
         """``wrap``, except that an operation returning one of its own arguments (in-place
@@ -470,11 +473,6 @@ def _has_unbacked_number(value, depth=0) -> bool:
 
 def _count_asserts(env) -> int:
     return sum(len(v) for v in env.deferred_runtime_asserts.values())
-
-
-def _nodes_of(value):
-    """The FX nodes of the TensorVars in a recorded operation's result."""
-    return {var.node for var in _vars_in(value)}
 
 
 def _to_fake(v):

@@ -32,8 +32,8 @@ import torch
 
 from . import runtime
 from . import numpy_values
-from .values import NdarrayMethod, NdarrayVar, ScalarVar, StorageMethod, StorageVar, TensorVar, NULL, \
-    TensorMethod, GradModeExit, \
+from .values import NdarrayMethod, NdarrayVar, ScalarVar, StorageMethod, StorageVar, TensorVar, \
+    NULL, TensorMethod, GradModeExit, \
     CapturedIter, LazyIter, GeneratorContext, GeneratorContextExit, bound_self, contains_tensor, \
     has_pending_calls
 
