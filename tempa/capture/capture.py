@@ -51,7 +51,7 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
     (hooks, an overridden ``forward`` or ``__call__`` then make capture give up)."""
     symbolic = dynamic is True or bool(dynamic) or _any_marked_dynamic(args, kwargs)
     builder = GraphBuilder(symbolic=symbolic and dynamic is not False)
-    tracer = Tracer(builder, dynamic=dynamic)
+    tracer = Tracer(builder, fullgraph=not allow_breaks, dynamic=dynamic)
     guards = builder.guards
     arguments = bind_arguments(fn, args, kwargs)
     for name, value in arguments.items():

@@ -59,6 +59,11 @@ class GraphBuilder:
         # capture made with its ShapeEnv on first need (unbacked_env)
         self.size_nodes = self.sizes
         self.scalar_symbols: dict[fx.Node, object] = {}   # captured number -> its unbacked symbol
+        # Ops whose output size depends on values (nonzero, x[mask], unique_consecutive)
+        # stay in the graph only where a break is not allowed (fullgraph): the backend runs
+        # a graph holding one with eager ATen calls, so elsewhere a break before the op
+        # keeps fused kernels for the rest (torch.compile's default breaks there too).
+        self.keep_value_sized_ops = False
         self._asserts_seen = 0   # deferred runtime asserts of the ShapeEnv at the last op
         self.guards = GuardSet()
         self.user_inputs: list[tuple[fx.Node, str, torch.Tensor]] = []  # (placeholder, expr, tensor)
@@ -222,7 +227,8 @@ class GraphBuilder:
         try:
             result = self._run_fake(kind, target, fake_args, fake_kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException) as e:
-            if self.fake_mode.shape_env is not None:
+            if self.fake_mode.shape_env is not None or (
+                    isinstance(e, DynamicOutputShapeException) and not self.keep_value_sized_ops):
                 raise Unsupported("data-dependent value", f"{_name(target)} needs tensor values "
                                   f"({type(e).__name__})") from None
             # an op that reads a tensor's value (a 0-d tensor as a Scalar argument) or whose

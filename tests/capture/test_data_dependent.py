@@ -279,7 +279,12 @@ def test_a_decision_on_a_data_dependent_size_is_a_graph_break():
 
     _same_calls(f, [(torch.tensor([1, 1, 2, 3, 4, 5]),), (torch.tensor([1, 1, 1, 1, 2, 2]),)])
     captures, breaks, recompiles, fallbacks = _counts()
-    assert breaks == 1 and recompiles == 0 and fallbacks == 0
+    # outside fullgraph the break comes at unique_consecutive itself (value-sized ops stay
+    # in the graph only under fullgraph); the code after it sees u's new size once
+    assert breaks == 1 and recompiles <= 1 and fallbacks == 0
+    tempa.reset()
+    with pytest.raises(tempa.GraphBreakError):   # under fullgraph: the branch on len(u)
+        tempa.compile(f, fullgraph=True)(torch.tensor([1, 1, 2, 3, 4, 5]))
 
 
 def test_a_returned_data_dependent_size_is_the_python_int():
@@ -374,3 +379,21 @@ def test_the_storage_of_a_tensor_computed_in_the_graph_is_a_break():
         tempa.compile(f, fullgraph=True)(torch.randn(3))
     tempa.reset()
     assert tempa.compile(f)(torch.randn(3)) == f(torch.randn(3))
+
+
+def test_a_value_sized_op_outside_fullgraph_is_a_break_so_the_rest_keeps_its_kernels():
+    # The backend runs a graph holding x[mask] with eager ATen calls; without fullgraph the
+    # op is a break instead, and the pointwise work around it still compiles to kernels.
+    def f(x):
+        y = (x * 2).relu()
+        picked = y[y > 1.0]
+        return picked.sum() + (y * 3).sum()
+
+    xs = [(torch.randn(64),), (torch.randn(64),)]
+    _same_calls(f, xs)
+    captures, breaks, recompiles, fallbacks = _counts()
+    assert breaks == 1 and fallbacks == 0
+    assert tempa.stats().aten_fallbacks == 0
+    tempa.reset()
+    _same_calls(f, xs, fullgraph=True)   # one graph there, run with ATen calls
+    assert _counts()[:2] == (1, 0)
