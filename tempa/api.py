@@ -289,6 +289,11 @@ class CompileContext:
         _fallback_log.warning("tempa: running %s eagerly: %s", _where(fn), cache.eager_reason)
 
     def _capture_and_compile(self, cache: CodeCache, fn, args, kwargs):
+        if not config.capture:
+            # this call runs eagerly; a later one captures if capture is switched back on
+            _fallback_log.info("tempa: capture is off (tempa.config.capture): %s runs eagerly",
+                               _where(fn))
+            return None
         if fn.__code__ in calls.DISABLED_CODES:
             cache.eager_reason = "disabled by tempa.disable"
             return None

@@ -11,13 +11,6 @@ from tests.models import zoo
 from tests.models.compare import assert_same
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    tempa.reset()
-    yield
-    tempa.reset()
-
-
 class JaringanKecil(nn.Module):
     def __init__(self):
         super().__init__()

@@ -12,13 +12,6 @@ import torch.nn as nn
 import tempa
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    tempa.reset()
-    yield
-    tempa.reset()
-
-
 def _one_graph():
     s = tempa.stats()
     assert (s.captures, s.graph_breaks, s.eager_fallbacks) == (1, 0, 0), s

@@ -12,13 +12,6 @@ import tempa
 from tests.models.compare import assert_same
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    tempa.reset()
-    yield
-    tempa.reset()
-
-
 def both(fn, *args, backend="eager", calls=3, **kwargs):
     """Run fn eagerly and compiled on the same inputs; return the compiled function."""
     fast = tempa.compile(fn, backend=backend)

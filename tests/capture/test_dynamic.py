@@ -11,13 +11,6 @@ from tests.models import zoo, gpt as gpt_mod
 from tests.models.compare import assert_same
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    tempa.reset()
-    yield
-    tempa.reset()
-
-
 def test_seed_mlp_batch_8_to_64_at_most_two_captures():
     model = zoo.make("mlp_seed").model
     fast = tempa.compile(model, backend="eager")

@@ -20,13 +20,6 @@ DEFAULT = collections.defaultdict(float, a=1.0)
 ALLOWED = {1}
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    tempa.reset()
-    yield
-    tempa.reset()
-
-
 def _same(a, b):
     assert type(a) is type(b) and a.shape == b.shape and torch.allclose(a, b), (a, b)
 

@@ -1,7 +1,6 @@
 """Guards and recompiles (issue 2)."""
 import warnings
 
-import pytest
 import torch
 import torch.nn as nn
 
@@ -9,13 +8,6 @@ import tempa
 from tests.models.compare import assert_same
 
 FLAG = True
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    tempa.reset()
-    yield
-    tempa.reset()
 
 
 class Mlp(nn.Module):

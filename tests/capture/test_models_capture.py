@@ -7,13 +7,6 @@ from tests.models import zoo
 from tests.models.compare import assert_same, clone_case, run_eager, scalar_loss, assert_same_grads
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    tempa.reset()
-    yield
-    tempa.reset()
-
-
 @pytest.mark.parametrize("name", zoo.ONE_GRAPH)
 def test_one_graph_matches_eager(name):
     case = zoo.make(name)

@@ -12,13 +12,6 @@ import tempa
 GLOBAL_ARRAY = np.arange(4.0)
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    tempa.reset()
-    yield
-    tempa.reset()
-
-
 def _counts():
     s = tempa.stats()
     return s.captures, s.graph_breaks, s.recompiles, s.eager_fallbacks

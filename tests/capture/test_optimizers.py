@@ -30,13 +30,6 @@ OPTIMIZERS = {
 ATOL = {"adam": 1e-6, "adamw": 1e-6}
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    tempa.reset()
-    yield
-    tempa.reset()
-
-
 def _model_and_optimizer(kind, foreach):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
