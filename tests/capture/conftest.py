@@ -6,10 +6,11 @@
   reset.
 - ``TEMPA_CAPTURE=0`` (``make test-capture-off``): every compiled call runs eagerly, and
   each test here is expected to FAIL (a strict xfail): one that still passes checks only
-  what eager does, not that tempa captured, broke or fell back as it should. A test that
-  does not go through capture at all (it checks an argument refused by ``tempa.compile``,
-  a unit under capture called directly) says so with
-  ``@pytest.mark.capture_independent("why")`` and is left out of that run.
+  what eager does, not that tempa captured, broke or fell back as it should (assert the
+  path: ``tests/capture/paths.counts()``). A test that passes without capture by design
+  (an argument ``tempa.compile`` refuses, a unit of capture called directly, a compiled
+  call that must raise eager's own error) says so with
+  ``@pytest.mark.passes_without_capture("why")`` and is left out of that run.
 """
 import importlib.util
 
@@ -27,8 +28,8 @@ def _capture_off() -> bool:
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "capture_independent(reason): the test passes with capture switched off "
-        "by design (it never reaches capture); left out of `make test-capture-off`")
+        "markers", "passes_without_capture(reason): the test passes with capture switched "
+        "off by design; left out of `make test-capture-off`")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -36,7 +37,7 @@ def pytest_collection_modifyitems(config, items):
         return
     kept, left_out = [], []
     for item in items:
-        marker = item.get_closest_marker("capture_independent")
+        marker = item.get_closest_marker("passes_without_capture")
         if marker is not None:
             left_out.append(item)
             continue

@@ -8,7 +8,7 @@ import tempa
 MODEL = torch.nn.Linear(2, 2)
 
 
-@pytest.mark.capture_independent("refused by tempa.compile itself, before any call")
+@pytest.mark.passes_without_capture("refused by tempa.compile itself, before any call")
 @pytest.mark.parametrize("kwargs, error, listed", [
     (dict(options={"nonsense_option": 1}), ValueError, "cudagraph_outputs"),
     (dict(options=["cudagraph_outputs"]), TypeError, "dict"),
