@@ -222,3 +222,14 @@ def test_reassigning_a_watched_submodule_still_recaptures():
     model.fc2 = nn.Linear(64, 10)
     assert torch.allclose(fast(x), model(x))
     assert tempa.stats().captures == 2
+
+
+@pytest.mark.passes_without_capture("it switches capture off and on itself")
+def test_capture_off_runs_every_call_eagerly_until_switched_back_on(monkeypatch):
+    monkeypatch.setattr(tempa.config, "capture", False)
+    fast = tempa.compile(lambda x: x * 2)
+    torch.testing.assert_close(fast(torch.ones(2)), torch.full((2,), 2.0))
+    assert counts() == (0, 0, 0, 0) and tempa.entries(fast) == []
+    monkeypatch.setattr(tempa.config, "capture", True)
+    torch.testing.assert_close(fast(torch.ones(2)), torch.full((2,), 2.0))
+    assert counts() == (1, 0, 0, 0) and len(tempa.entries(fast)) == 1

@@ -2,6 +2,7 @@
 effects happen in order, and explain/fullgraph/disable report them."""
 import logging
 import math
+import traceback
 
 import numpy as np
 import pytest
@@ -324,3 +325,22 @@ def test_break_inside_except_body_runs_the_frame_eagerly():
 
     both(f, torch.ones(2))
     assert tempa.stats().eager_fallbacks == 1
+
+
+@torch.compiler.disable
+def _raises(t):
+    raise ValueError("raised after the break")
+
+
+def test_a_traceback_through_the_generated_entry_shows_its_source():
+    def f(x):
+        return _raises(x * 2)
+
+    with pytest.raises(ValueError) as raised:
+        tempa.compile(f, backend="eager")(torch.ones(2))
+    frames = [fr for fr in traceback.extract_tb(raised.value.__traceback__)
+              if fr.filename.startswith("<tempa entry for ")]
+    # the entry runs the breaking call itself; its line is in linecache, so the traceback
+    # (and pdb) shows it
+    assert len(frames) == 1 and frames[0].line.startswith("___r = ___F"), frames
+    assert counts() == (1, 1, 0, 0)
