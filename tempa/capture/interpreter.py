@@ -188,10 +188,10 @@ class Frame(DataOpcodes):
             tracer.instructions_run += 1
             try:
                 if FORCED_BREAKS and (self.code, ins.offset) in FORCED_BREAKS:
-                    raise Unsupported("unsupported construct", "a break forced by a test")
+                    raise Unsupported("forced break", "a break forced by a test")
                 handler = getattr(self, ins.opname, None)
                 if handler is None:
-                    raise Unsupported("unsupported construct", f"opcode {ins.opname}")
+                    raise Unsupported("unsupported opcode", f"opcode {ins.opname}")
                 nxt = handler(ins)
             except _Suspend:
                 return None
@@ -207,7 +207,7 @@ class Frame(DataOpcodes):
                 nxt = self._raise(e, ins)
             i = ins.index + 1 if nxt is None else nxt
         if tracer.instructions_run > _MAX_INSTRUCTIONS:
-            raise Unsupported("unsupported construct", "too many instructions (endless loop?)")
+            raise Unsupported("instruction limit", "too many instructions (endless loop?)")
         return self.result
 
     def _raise(self, exc: BaseException, ins) -> int:
@@ -299,7 +299,8 @@ class Frame(DataOpcodes):
             for item in iter(v):
                 items.append(item)
                 if len(items) > 100_000:
-                    raise Unsupported("unsupported construct", "iterating a huge or endless iterable")
+                    raise Unsupported("huge or endless iterator",
+                                      "iterating a huge or endless iterable")
             return CapturedIter(items)
         return iter(v)
 
@@ -346,7 +347,7 @@ class Frame(DataOpcodes):
     def store_attr(self, obj, name, value):
         tracer = self.tracer
         if isinstance(obj, TensorVar):
-            raise Unsupported("unsupported construct", f"setting tensor.{name}")
+            raise Unsupported("tensor attribute", f"setting tensor.{name}")
         setter = python_descriptor_setter(obj, name)
         if setter is not None:   # a property / __set__ descriptor: its code runs, traced
             self.call(setter, [obj, value], {})
@@ -661,7 +662,7 @@ class Frame(DataOpcodes):
 
     def JUMP_BACKWARD(self, ins):
         if self.tracer.instructions_run > _MAX_INSTRUCTIONS:
-            raise Unsupported("unsupported construct", "too many instructions (endless loop?)")
+            raise Unsupported("instruction limit", "too many instructions (endless loop?)")
         return ins.jump_index
 
     JUMP = JUMP_FORWARD
@@ -729,13 +730,14 @@ class Frame(DataOpcodes):
             return
         import contextlib
         if isinstance(ctx, contextlib._GeneratorContextManager):
-            raise Unsupported("unsupported construct", "entering a @contextmanager object made "
+            raise Unsupported("context manager",
+                              "entering a @contextmanager object made "
                               "outside the compiled call (its generator is outside state)")
         enter = getattr(type(ctx), "__enter__", None)
         exit_ = getattr(type(ctx), "__exit__", None)
         if not (isinstance(enter, types.FunctionType) and isinstance(exit_, types.FunctionType)):
-            raise Unsupported("unsupported construct", f"with {type(ctx).__name__}(): a context "
-                              "manager tempa cannot see into")
+            raise Unsupported("context manager", f"with {type(ctx).__name__}(): a context "
+                                                 "manager tempa cannot see into")
         self.push(types.MethodType(exit_, ctx))
         self.push(self.call(enter, [ctx], {}))
 

@@ -344,3 +344,15 @@ def test_a_traceback_through_the_generated_entry_shows_its_source():
     # (and pdb) shows it
     assert len(frames) == 1 and frames[0].line.startswith("___r = ___F"), frames
     assert counts() == (1, 1, 0, 0)
+
+
+def test_break_types_are_specific_and_each_has_a_hint():
+    from tempa.capture.breaks import BREAK_TYPES
+
+    def f(x):
+        return x.grad_fn, x * 2
+
+    out = tempa.explain(f)(torch.ones(2, requires_grad=True) * 1)
+    assert out.break_reasons and out.break_reasons[0].type == "tensor attribute"
+    assert "outside the compiled function" in out.break_reasons[0].hint
+    assert all(hint for hint in BREAK_TYPES.values())
