@@ -108,6 +108,7 @@ def test_bad_arguments_raise_like_eager():
         tempa.compile(JaringanKecil(), mode="fastest")
 
 
+@pytest.mark.passes_without_capture("reads tempa.config only")
 def test_config_defaults_and_environment(monkeypatch):
     from tempa.config import _from_environment
     assert tempa.config.recompile_limit == 8
