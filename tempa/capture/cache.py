@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from torch.nn.modules import module as _nn_module
 
+from ..sourcefiles import source_file
 from .guards import GuardSet
 
 
@@ -149,8 +150,8 @@ def build_entry(fn, captured, compiled, native_checks=None) -> Entry:
     why_lines.append("    return None")
     ns = dict(guards.consts)
     ns.update(___setattr=setattr, ___MISS=MISS, ___compiled=compiled, ___DESC=[d for _, d in ordered])
-    exec(compile(source + "\n\n" + "\n".join(why_lines) + "\n",
-                 f"<tempa entry for {fn.__qualname__}>", "exec"), ns)
+    text = source + "\n\n" + "\n".join(why_lines) + "\n"
+    exec(compile(text, source_file(text, f"entry for {fn.__qualname__}"), "exec"), ns)
     entry_fn, why_fn = ns["___entry"], ns["___why"]
     for f in (entry_fn, why_fn):
         f.__defaults__ = fn.__defaults__
@@ -174,8 +175,8 @@ def _fused_tensor_check(guards: GuardSet, ordered, native_checks) -> dict:
     params = [f"___t{i}" for i in range(len(specs))]
     body = " and ".join(f"({guards.tensor_expression(p, s)})" for p, s in zip(params, specs))
     ns = dict(guards.consts)
-    exec(compile(f"def ___tensor_guards({', '.join(params)}):\n    return {body}\n",
-                 "<tempa tensor guards>", "exec"), ns)
+    text = f"def ___tensor_guards({', '.join(params)}):\n    return {body}\n"
+    exec(compile(text, source_file(text, "tensor guards"), "exec"), ns)
     check = native_checks.checker(specs, ns["___tensor_guards"])
     if check is None:
         return {}

@@ -337,8 +337,8 @@ def _materialize_lazy(mod, args, kwargs):
     def example(v):
         if isinstance(v, TensorVar):
             if any(isinstance(d, torch.SymInt) for d in v.fake.shape):
-                raise Unsupported("unsupported construct", "a lazy module's first call with "
-                                  "symbolic input sizes")
+                raise Unsupported("lazy module initialisation", "a lazy module's first call with "
+                                                                "symbolic input sizes")
             return torch.zeros(v.fake.shape, dtype=v.fake.dtype, device=v.fake.device)
         if type(v) in (list, tuple):
             return type(v)(example(i) for i in v)
@@ -373,9 +373,9 @@ def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
     if code in DISABLED_CODES:
         raise Unsupported("disabled by tempa.disable", f"{fn.__qualname__} is marked @tempa.disable")
     if code.co_flags & (_CO_COROUTINE | _CO_ASYNC_GEN):
-        raise Unsupported("unsupported construct", f"{fn.__qualname__} is a coroutine")
+        raise Unsupported("async code", f"{fn.__qualname__} is a coroutine")
     if tracer.depth >= _INLINE_DEPTH_LIMIT:
-        raise Unsupported("unsupported construct", "calls nested too deeply (recursion?)")
+        raise Unsupported("call depth", "calls nested too deeply (recursion?)")
     child = _child_frame(tracer, frame, fn, args, kwargs)
     if child.is_generator:   # its body runs as it is iterated, one yield at a time
         from .interpreter import GeneratorRun
@@ -404,7 +404,8 @@ def start_generator(tracer, frame, fn, args, kwargs):
     one ``yield`` at a time when asked (``@contextmanager``'s generator)."""
     from .interpreter import GeneratorRun
     if not (isinstance(fn, types.FunctionType) and fn.__code__.co_flags & _CO_GENERATOR):
-        raise Unsupported("unsupported construct", f"@contextmanager over "
+        raise Unsupported("context manager",
+                          f"@contextmanager over "
                           f"{getattr(fn, '__qualname__', fn)!r}, which is not a Python generator")
     if fn.__code__ in DISABLED_CODES:
         raise Unsupported("disabled by tempa.disable", f"{fn.__qualname__} is marked @tempa.disable")
@@ -550,8 +551,8 @@ def _new_module(tracer, frame, cls, args, kwargs):
     is refused: eager makes new ones (new random weights) on every call."""
     mod = _instantiate(tracer, frame, cls, args, kwargs)
     if any(True for _ in mod.parameters()) or any(True for _ in mod.buffers()):
-        raise Unsupported("unsupported construct", f"creating a {cls.__name__} module with "
-                          "parameters or buffers in forward")
+        raise Unsupported("module created in forward", f"creating a {cls.__name__} module with "
+                                                       "parameters or buffers in forward")
     return mod
 
 
@@ -689,7 +690,7 @@ def _type(tracer, frame, args, kwargs):
         return type(args[0].example)
     if len(args) == 1:
         return args[0].kind if type(args[0]) is LazyIter else type(args[0])
-    raise Unsupported("unsupported construct", "type() with three arguments")
+    raise Unsupported("class created in forward", "type() with three arguments")
 
 
 def _len(tracer, frame, args, kwargs):

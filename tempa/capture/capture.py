@@ -171,8 +171,8 @@ def _guard_input_aliasing(builder, guards) -> None:
     groups = storage_groups(*tensors)
     if groups != tuple(range(len(tensors))) and any(
             _is_impure(n) and n.op not in ("placeholder", "output") for n in builder.graph.nodes):
-        raise Unsupported("unsupported construct", "tensor arguments that share storage, "
-                          "written in place")
+        raise Unsupported("aliased inputs written in place", "tensor arguments that share storage, "
+                                                             "written in place")
     exprs = [expr for _, expr, _ in builder.user_inputs]
     shared = [f"{exprs[i]} shares storage with {exprs[g]}" for i, g in enumerate(groups) if g != i]
     guards.add("global", f"{guards.const(storage_groups, 'F')}({', '.join(exprs)}) == {groups}",

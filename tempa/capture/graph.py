@@ -574,7 +574,7 @@ class _DuringCapture(logging.Filter):
 
 # PyTorch logs a failed fake kernel at error level (with its traceback) before raising.
 # Capture handles that exception (the user's error, which eager then raises; or a retry with
-# real sizes, api.py): the log record would only be noise on the user's terminal.
+# real sizes, context.py): the log record would only be noise on the user's terminal.
 logging.getLogger("torch._subclasses.fake_tensor").addFilter(_DuringCapture())
 
 

@@ -196,10 +196,10 @@ class Frame(DataOpcodes):
             tracer.instructions_run += 1
             try:
                 if FORCED_BREAKS and (self.code, ins.offset) in FORCED_BREAKS:
-                    raise Unsupported("unsupported construct", "a break forced by a test")
+                    raise Unsupported("forced break", "a break forced by a test")
                 handler = getattr(self, ins.opname, None)
                 if handler is None:
-                    raise Unsupported("unsupported construct", f"opcode {ins.opname}")
+                    raise Unsupported("unsupported opcode", f"opcode {ins.opname}")
                 try:
                     nxt = handler(ins)
                 except Exception as e:
@@ -221,7 +221,7 @@ class Frame(DataOpcodes):
                 nxt = self._raise(e, ins)
             i = ins.index + 1 if nxt is None else nxt
         if tracer.instructions_run > _MAX_INSTRUCTIONS:
-            raise Unsupported("unsupported construct", "too many instructions (endless loop?)")
+            raise Unsupported("instruction limit", "too many instructions (endless loop?)")
         return self.result
 
     def _raise(self, exc: BaseException, ins) -> int:
@@ -310,7 +310,8 @@ class Frame(DataOpcodes):
             for item in iter(v):
                 items.append(item)
                 if len(items) > 100_000:
-                    raise Unsupported("unsupported construct", "iterating a huge or endless iterable")
+                    raise Unsupported("huge or endless iterator",
+                                      "iterating a huge or endless iterable")
             return CapturedIter(items)
         return iter(v)
 
@@ -676,7 +677,7 @@ class Frame(DataOpcodes):
 
     def JUMP_BACKWARD(self, ins):
         if self.tracer.instructions_run > _MAX_INSTRUCTIONS:
-            raise Unsupported("unsupported construct", "too many instructions (endless loop?)")
+            raise Unsupported("instruction limit", "too many instructions (endless loop?)")
         return ins.jump_index
 
     JUMP = JUMP_FORWARD
@@ -747,13 +748,14 @@ class Frame(DataOpcodes):
             return
         import contextlib
         if isinstance(ctx, contextlib._GeneratorContextManager):
-            raise Unsupported("unsupported construct", "entering a @contextmanager object made "
+            raise Unsupported("context manager",
+                              "entering a @contextmanager object made "
                               "outside the compiled call (its generator is outside state)")
         enter = getattr(type(ctx), "__enter__", None)
         exit_ = getattr(type(ctx), "__exit__", None)
         if not (isinstance(enter, types.FunctionType) and isinstance(exit_, types.FunctionType)):
-            raise Unsupported("unsupported construct", f"with {type(ctx).__name__}(): a context "
-                              "manager tempa cannot see into")
+            raise Unsupported("context manager", f"with {type(ctx).__name__}(): a context "
+                                                 "manager tempa cannot see into")
         self.push(types.MethodType(exit_, ctx))
         self.push(self.call(enter, [ctx], {}))
 

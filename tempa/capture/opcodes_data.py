@@ -121,7 +121,7 @@ class DataOpcodes:
                 v = error
             self.push(v)
         else:
-            raise Unsupported("unsupported construct", f"CALL_INTRINSIC_1 {ins.argval}")
+            raise Unsupported("unsupported opcode", f"CALL_INTRINSIC_1 {ins.argval}")
 
     def UNPACK_SEQUENCE(self, ins):
         v = self.pop()

@@ -102,7 +102,7 @@ class SymbolicSizes:
         if isinstance(expr, sympy.Symbol):
             src = self.sources.get(expr)
             if not src:
-                raise Unsupported("unsupported construct", f"a size {expr} with no input")
+                raise Unsupported("symbolic size", f"a size {expr} with no input")
             _, dim, placeholder = src[0]
             node = self.graph.call_method("size", (placeholder, dim))
         elif isinstance(expr, sympy.Add):
@@ -126,7 +126,7 @@ class SymbolicSizes:
         elif isinstance(expr, (symfn.Min, sympy.Min)):
             node = self.graph.call_function(min, tuple(self._build(a) for a in expr.args))
         else:
-            raise Unsupported("unsupported construct", f"size expression {expr} ({type(expr).__name__})")
+            raise Unsupported("symbolic size", f"size expression {expr} ({type(expr).__name__})")
         self._nodes[expr] = node
         return node
 
@@ -214,4 +214,4 @@ def render(expr, names: dict) -> str:
         return "min(" + ", ".join(render(a, names) for a in expr.args) + ")"
     if isinstance(expr, symfn.CleanDiv):
         return f"({render(expr.args[0], names)} // {render(expr.args[1], names)})"
-    raise Unsupported("unsupported construct", f"cannot guard on size expression {expr}")
+    raise Unsupported("symbolic size", f"cannot guard on size expression {expr}")

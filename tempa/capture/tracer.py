@@ -101,8 +101,8 @@ class Tracer:
         if numpy_values.external_dtype_info(self, value, expr):
             return value
         if depth >= _MAX_GUARD_DEPTH and isinstance(value, (list, tuple, dict, set, frozenset)):
-            raise Unsupported("unsupported construct", f"{expr[:60]}...: a container nested "
-                              f"more than {_MAX_GUARD_DEPTH} deep")
+            raise Unsupported("deeply nested input", f"{expr[:60]}...: a container nested "
+                                                     f"more than {_MAX_GUARD_DEPTH} deep")
         t = type(value)
         guards = self.guards
         plain_subclass = _is_plain_tuple_subclass(t)
@@ -471,7 +471,7 @@ class Tracer:
         if name in ("grad_fn", "_version", "data_ptr", "_base"):
             if name == "data_ptr":
                 raise Unsupported("data-dependent value", f"tensor.{name} needs the real storage")
-            raise Unsupported("unsupported construct", f"reading tensor.{name} inside a graph")
+            raise Unsupported("tensor attribute", f"reading tensor.{name} inside a graph")
         if hasattr(torch.Tensor, name):
             return TensorMethod(t, name)
         return self._tensor_instance_attr(t, name)
@@ -498,8 +498,8 @@ class Tracer:
         backward may leave a new tensor there, so it is read by expression, not bound."""
         source = self.builder.input_source(t)
         if source is None:
-            raise Unsupported("unsupported construct", "reading .grad of a tensor computed "
-                              "inside the graph")
+            raise Unsupported("tensor attribute", "reading .grad of a tensor computed "
+                                                  "inside the graph")
         tensor, expr = source
         grad, grad_expr = tensor.grad, f"{expr}.grad"
         if grad is None:

@@ -187,8 +187,8 @@ class CapturedIter:
     def remaining(self) -> list:
         while self.source is not None:
             if len(self.items) > 100_000:
-                raise Unsupported("unsupported construct", "a huge or endless iterator lives "
-                                  "across the graph break")
+                raise Unsupported("huge or endless iterator", "a huge or endless iterator lives "
+                                                              "across the graph break")
             try:
                 self.items.append(next(self.source))
             except StopIteration:
