@@ -99,6 +99,8 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
         return tensor_method(tracer, fn, args, kwargs)
     if type(fn) is NdarrayMethod:
         return numpy_values.call_method(tracer, fn, args, kwargs)
+    if type(fn) is higher_order.VmappedOp:
+        return tracer.builder.call("call_function", fn.vmapped, tuple(args), kwargs)
     if numpy_values.is_numpy_callable(fn):
         return numpy_values.call_numpy(tracer, fn, args, kwargs)
     if numpy_values.holds_array((args, kwargs)):
@@ -1048,6 +1050,7 @@ _SPECIAL = {
 _SPECIAL.update(stdlib.MODELS)
 _SPECIAL.update(GUARDED_READERS)
 _SPECIAL.update(higher_order.MODELS)
+_SPECIAL[torch.vmap] = higher_order.vmap_model(is_torch_op)
 for _name in ("is_exporting",):
     if hasattr(torch.compiler, _name):
         _SPECIAL[getattr(torch.compiler, _name)] = _false
