@@ -108,6 +108,8 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
         # capture knows a storage's size only; whatever else reads it needs the real one
         raise Unsupported("data-dependent value", f"{getattr(fn, '__qualname__', fn)}() given "
                           "a tensor's storage needs the real storage")
+    if type(fn) is higher_order.VmappedOp:
+        return tracer.builder.call("call_function", fn.vmapped, tuple(args), kwargs)
     if numpy_values.is_numpy_callable(fn):
         return numpy_values.call_numpy(tracer, fn, args, kwargs)
     if numpy_values.holds_array((args, kwargs)):
@@ -1089,6 +1091,7 @@ _SPECIAL = {
 _SPECIAL.update(stdlib.MODELS)
 _SPECIAL.update(GUARDED_READERS)
 _SPECIAL.update(higher_order.MODELS)
+_SPECIAL[torch.vmap] = higher_order.vmap_model(is_torch_op)
 for _name in ("is_exporting",):
     if hasattr(torch.compiler, _name):
         _SPECIAL[getattr(torch.compiler, _name)] = _false

@@ -346,3 +346,52 @@ def test_out_argument_eager_refuses_raises_eagers_error():
         tempa.compile(f, backend="eager")(torch.randn(3), torch.empty(3, dtype=torch.long))
     with pytest.raises(tempa.GraphBreakError, match="out="):
         tempa.compile(f, backend="eager", fullgraph=True)(torch.randn(3), torch.empty(5))
+
+
+# -- torch.vmap of a torch operation ---------------------------------------------------------
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_vmap_of_an_in_place_method_returns_its_argument(dynamic):
+    def f(z):
+        x = z.clone()
+        y = torch.vmap(torch.Tensor.acos_)(x)
+        return y is x, y is z, y
+
+    fast = tempa.compile(f, backend="eager", fullgraph=True, dynamic=dynamic)
+    z = torch.full((4, 1), 0.5)
+    got, expected = fast(z), f(z)
+    assert got[:2] == expected[:2] == (True, False)
+    assert torch.equal(got[2], expected[2]) and torch.equal(z, torch.full((4, 1), 0.5))
+    assert _counts() == (1, 0, 0)
+
+
+def test_vmap_mutating_an_input_in_place_with_the_tempa_backend():
+    def f(x):
+        return torch.vmap(torch.Tensor.acos_)(x) is x
+
+    fast = tempa.compile(f, fullgraph=True)
+    a = torch.rand(4, 2)
+    b = a.clone()
+    assert f(a) is fast(b) is True
+    assert torch.allclose(a, b)
+    assert _counts() == (1, 0, 0)
+
+
+def test_vmap_with_in_dims():
+    def f(x, w):
+        return torch.vmap(torch.mv, in_dims=(None, 1))(w, x)
+
+    fast = tempa.compile(f, fullgraph=True)
+    x, w = torch.randn(3, 5), torch.randn(2, 3)
+    assert torch.allclose(fast(x, w), f(x, w))
+    assert _counts() == (1, 0, 0)
+
+
+def test_vmap_of_a_python_function_stays_a_break():
+    def f(x):
+        return torch.vmap(lambda v: v.sin() + 1)(x)
+
+    with pytest.raises(tempa.GraphBreakError, match="vmap"):
+        tempa.compile(f, backend="eager", fullgraph=True)(torch.randn(3, 2))
+    x = torch.randn(3, 2)
+    assert torch.allclose(tempa.compile(f, backend="eager")(x), f(x))
