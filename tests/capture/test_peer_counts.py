@@ -1,0 +1,102 @@
+"""What a capture hands its backend, counted as torch.compile counts it (the peer suite's
+CompileCounter tests): how many graphs, and which inputs and text they have. Each test
+compares the compiled result with eager and checks tempa.stats() and the backend's calls;
+the expected counts are torch.compile's on the same code."""
+import functools
+
+import torch
+
+import tempa
+
+
+class Counter:
+    """A backend that records the graphs it is handed (torch's CompileCounter)."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return gm.forward
+
+
+def setup_function():
+    tempa.reset()
+
+
+def teardown_function():
+    tempa.reset()
+
+
+# -- metadata queries ---------------------------------------------------------------------
+
+def test_channels_last_query_is_answered_at_capture_and_each_layout_compiles():
+    def f(x):
+        if x.is_contiguous():
+            return x + 1
+        if x.is_contiguous(memory_format=torch.channels_last):
+            return x + 2
+        return x + 3
+
+    inputs = [torch.rand(2, 3, 4, 4),
+              torch.rand(2, 3, 4, 4).contiguous(memory_format=torch.channels_last),
+              torch.rand(2, 3, 4, 4)[:, :, 1:, :]]
+    counter = Counter()
+    fast = tempa.compile(f, backend=counter, fullgraph=True)
+    for i, x in enumerate(inputs):
+        assert torch.equal(fast(x), f(x))
+        assert len(counter.graphs) == i + 1   # a layout change recompiles (torch.compile: 1, 2, 3)
+    for x in inputs:   # and each layout finds its own entry again
+        assert torch.equal(fast(x), f(x))
+    s = tempa.stats()
+    assert (s.captures, s.recompiles, s.graph_breaks, s.eager_fallbacks) == (3, 2, 0, 0)
+
+
+def test_channels_last_query_of_a_computed_tensor():
+    def f(x):
+        y = x.permute(0, 2, 3, 1)
+        return y.is_contiguous(memory_format=torch.channels_last), y.sum()
+
+    x = torch.rand(2, 3, 4, 5)
+    fast = tempa.compile(f, backend="eager", fullgraph=True)
+    (flag, total), (eager_flag, eager_total) = fast(x), f(x)
+    assert flag == eager_flag and torch.equal(total, eager_total)
+    s = tempa.stats()
+    assert (s.captures, s.graph_breaks, s.eager_fallbacks) == (1, 0, 0)
+
+
+# -- graphs without operations ------------------------------------------------------------
+
+def test_fullgraph_function_returning_an_input_tensor_is_handed_to_the_backend():
+    def f(x):
+        return functools.reduce(lambda a, b: (a, b), [x])   # one item: x itself
+
+    counter = Counter()
+    fast = tempa.compile(f, backend=counter, fullgraph=True)
+    for x in (torch.randn(3), torch.randn(3)):
+        assert fast(x) is x
+    assert len(counter.graphs) == 1   # torch.compile calls its backend once here too
+    assert tempa.stats().captures == 1
+
+
+def test_function_without_operations_gets_no_graph_when_not_fullgraph():
+    def f(x):
+        return x
+
+    counter = Counter()
+    fast = tempa.compile(f, backend=counter)
+    x = torch.randn(3)
+    assert fast(x) is x
+    assert counter.graphs == []   # torch.compile skips such a frame
+
+
+def test_fullgraph_function_returning_no_tensor_gets_no_graph():
+    def f(x):
+        return (x, [x])   # rebuilt from the input: nothing for a graph to compute
+
+    counter = Counter()
+    fast = tempa.compile(f, backend=counter, fullgraph=True)
+    x = torch.randn(3)
+    r = fast(x)
+    assert r[0] is x and r[1][0] is x
+    assert counter.graphs == []
