@@ -147,6 +147,7 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         isinstance(result, TensorVar) and not tracer.side_effects
     empty = not plan.outputs and not returns_tensor and \
         not any(n.op.startswith("call") for n in builder.graph.nodes)
+    input_shapes = {expr: tuple(t.shape) for _, expr, t in builder.user_inputs}
     gm = builder.finish(plan.outputs)
     op_count = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method",
                                                            "call_module"))
@@ -157,7 +158,7 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         attr_tensors=[t for _, t in builder.attr_inputs],
         body=body,
         break_reason=_stop.location if _stop is not None else None,
-        input_shapes={expr: tuple(t.shape) for _, expr, t in builder.user_inputs},
+        input_shapes=input_shapes,
         dynamic=builder.sizes is not None and builder.sizes.active,
         break_mode=break_plan.mode if break_plan is not None else None,
         modules=list(builder.modules.values()),

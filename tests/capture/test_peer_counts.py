@@ -100,3 +100,63 @@ def test_fullgraph_function_returning_no_tensor_gets_no_graph():
     r = fast(x)
     assert r[0] is x and r[1][0] is x
     assert counter.graphs == []
+
+
+# -- the graph's inputs and readable code -------------------------------------------------
+
+def test_graph_inputs_are_the_tensors_read_named_by_their_source():
+    def f(x, y):
+        if x.sum() > 0:   # the graph before the break reads x only
+            return x + y
+        return x * y
+
+    counter = Counter()
+    fast = tempa.compile(f, backend=counter)
+    a, b = torch.zeros(3), torch.ones(3)
+    assert torch.equal(fast(a, b), f(a, b))
+    first = counter.graphs[0]
+    placeholders = [n for n in first.graph.nodes if n.op == "placeholder"]
+    # torch.compile's names: the source L['x'] as L_x_ (FX names the node l_x_)
+    assert [(n.target, n.name) for n in placeholders] == [("L_x_", "l_x_")]
+    code = first.print_readable(print_output=False)
+    assert 'def forward(self, L_x_: "f32[3]"):' in code
+    assert 'sum_1: "f32[]" = l_x_.sum()' in code
+    s = tempa.stats()
+    assert (s.captures, s.graph_breaks, s.eager_fallbacks) == (2, 1, 0)
+
+
+def test_graph_nodes_carry_the_user_stack_where_they_were_recorded():
+    def scale(t):
+        return t * 2
+
+    def f(x):
+        y = scale(x)
+        return y + 1
+
+    counter = Counter()
+    fast = tempa.compile(f, backend=counter, fullgraph=True)
+    x = torch.randn(4)
+    assert torch.equal(fast(x), f(x))
+    ops = {n.name: n for n in counter.graphs[0].graph.nodes if n.op == "call_function"}
+    mul, add = ops["mul"].stack_trace, ops["add"].stack_trace
+    # outermost frame first, as a traceback writes it; the innermost line last
+    assert mul.index(", in f\n") < mul.index(", in scale\n")
+    assert mul.rstrip().endswith("return t * 2")
+    assert ", in scale" not in add and add.rstrip().endswith("return y + 1")
+
+
+def test_an_input_no_operation_reads_leaves_the_graph_but_keeps_its_guard():
+    def f(x, y):
+        return x + 1, y.shape   # y's shape is baked into the result: its guard must stay
+
+    counter = Counter()
+    fast = tempa.compile(f, backend=counter, fullgraph=True, dynamic=False)
+    x = torch.ones(3)
+    for y in (torch.zeros(2), torch.zeros(5), torch.zeros(2)):
+        r, e = fast(x, y), f(x, y)
+        assert torch.equal(r[0], e[0]) and r[1] == e[1]
+    assert len(counter.graphs) == 2 and all(
+        [n.target for n in gm.graph.nodes if n.op == "placeholder"] == ["L_x_"]
+        for gm in counter.graphs)
+    s = tempa.stats()
+    assert (s.captures, s.recompiles, s.graph_breaks) == (2, 1, 0)
