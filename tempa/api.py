@@ -129,9 +129,10 @@ class CompileContext:
         _contexts.add(self)
 
     def cache_for(self, fn) -> CodeCache:
-        cache = self.caches.get(fn.__code__)
+        key = _cache_key(fn)
+        cache = self.caches.get(key)
         if cache is None:
-            cache = self.caches.setdefault(fn.__code__, CodeCache(fn.__code__, fn.__qualname__))
+            cache = self.caches.setdefault(key, CodeCache(fn.__code__, fn.__qualname__))
         return cache
 
     def dispatcher(self, fn, eager, cache: CodeCache | None = None):
@@ -456,6 +457,18 @@ class CompileContext:
             cache.clear()
         self.caches.clear()
         self.auto_trials.clear()
+
+
+def _cache_key(fn):
+    """The functions of one code object share entries, except one made by a ``def`` or
+    lambda that runs on every call with cells or defaults of its own (an entry reads the
+    cells and binds the defaults of the function it was captured from, as constants): each
+    such function gets entries of its own, else a callee ``g`` made anew per call would run
+    with the first call's ``k`` (``def g(y): return y + k``)."""
+    made_per_call = "<locals>" in getattr(fn, "__qualname__", "") and (
+        getattr(fn, "__closure__", None) or getattr(fn, "__defaults__", None) or
+        getattr(fn, "__kwdefaults__", None))
+    return fn if made_per_call else fn.__code__
 
 
 _STATE_TARGETS = (torch._C._set_grad_enabled, autocast_mode._enter_autocast)

@@ -160,3 +160,38 @@ def test_an_input_no_operation_reads_leaves_the_graph_but_keeps_its_guard():
         for gm in counter.graphs)
     s = tempa.stats()
     assert (s.captures, s.recompiles, s.graph_breaks) == (2, 1, 0)
+
+
+# -- functions made on every call ---------------------------------------------------------
+
+def _breaks():
+    print("a graph break")
+
+
+tempa.disable(_breaks)
+
+
+def test_a_breaking_closure_made_per_call_runs_with_this_calls_cell():
+    def outer(x, k):
+        def g(y):
+            _breaks()   # g breaks: the entry calls this call's g through tempa
+            return y + k
+        return g(x)
+
+    fast = tempa.compile(outer, backend="eager")
+    x = torch.zeros(2)
+    for k in (1, 2, 3):
+        assert torch.equal(fast(x, k), outer(x, k))   # was k == 1 on every call
+
+
+def test_a_breaking_function_made_per_call_binds_this_calls_defaults():
+    def outer(x, k):
+        def g(y, k=k):
+            _breaks()
+            return y + k
+        return g(x)
+
+    fast = tempa.compile(outer, backend="eager")
+    x = torch.zeros(2)
+    for k in (1, 2, 3):
+        assert torch.equal(fast(x, k), outer(x, k))
