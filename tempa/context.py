@@ -58,7 +58,9 @@ class CompileContext:
         self.options = options or {}
         self.backend_name = backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")
         self.backend = resolve_backend(backend, mode, self.options)
-        self.caches: dict = {}
+        self.caches: dict = {}   # code object -> its entries
+        # entries of functions made per call (_made_per_call), dropped with the function
+        self._function_caches = weakref.WeakKeyDictionary()
         self._dispatchers = weakref.WeakKeyDictionary()   # function -> its dispatcher
         # module -> its forward's dispatcher, for a module whose hooks run outside it
         self._forward_dispatchers: dict = {}
@@ -76,10 +78,20 @@ class CompileContext:
         contexts.add(self)
 
     def cache_for(self, fn) -> CodeCache:
+        if _made_per_call(fn):
+            caches = self._function_caches
+            cache = caches.get(fn)
+            if cache is None:
+                cache = caches[fn] = CodeCache(fn.__code__, fn.__qualname__)
+            return cache
         cache = self.caches.get(fn.__code__)
         if cache is None:
             cache = self.caches.setdefault(fn.__code__, CodeCache(fn.__code__, fn.__qualname__))
         return cache
+
+    def all_caches(self) -> list:
+        """Every code cache, functions made per call included (for explain and entries)."""
+        return [*self.caches.values(), *self._function_caches.values()]
 
     def dispatcher(self, fn, eager, cache: CodeCache | None = None):
         cache = cache or self.cache_for(fn)
@@ -405,10 +417,22 @@ class CompileContext:
         return compiled
 
     def clear(self):
-        for cache in list(self.caches.values()):
+        for cache in [*self.caches.values(), *self._function_caches.values()]:
             cache.clear()
         self.caches.clear()
+        self._function_caches.clear()
         self.auto_trials.clear()
+
+
+def _made_per_call(fn) -> bool:
+    """The functions of one code object share entries, except one made by a ``def`` or
+    lambda that runs on every call with cells or defaults of its own (an entry reads the
+    cells and binds the defaults of the function it was captured from, as constants): each
+    such function gets entries of its own, else a callee ``g`` made anew per call would run
+    with the first call's ``k`` (``def g(y): return y + k``)."""
+    return "<locals>" in getattr(fn, "__qualname__", "") and bool(
+        getattr(fn, "__closure__", None) or getattr(fn, "__defaults__", None) or
+        getattr(fn, "__kwdefaults__", None))
 
 
 _STATE_TARGETS = (torch._C._set_grad_enabled, autocast_mode._enter_autocast)

@@ -34,7 +34,7 @@ def explain(fn_or_module):
             if not hasattr(compile_target, "__code__"):
                 compile_target = calling(compile_target)
             context.dispatcher(compile_target, compile_target)(*args, **kwargs)
-        guards = [[d for _, d in e.guards] for c in context.caches.values() for e in c.entries]
+        guards = [[d for _, d in e.guards] for c in context.all_caches() for e in c.entries]
         out = ExplainOutput(
             graphs=[gm for _, gm in context.graph_log if has_ops(gm)],
             graph_functions=[f.__qualname__ for f, gm in context.graph_log if has_ops(gm)],
@@ -70,7 +70,7 @@ def entries(compiled) -> list[EntryInfo]:
     compiled under it (resume functions and separately compiled callees included)."""
     context = context_of(compiled)
     out = []
-    for cache in context.caches.values():
+    for cache in context.all_caches():
         for e in cache.entries:
             out.append(EntryInfo(cache.name, [d for _, d in e.guards], e.captured.gm,
                                  e.captured.gm.code, e.compiled, e.captured.break_reason,
@@ -91,7 +91,7 @@ def recompile_reasons(compiled) -> list[tuple[str, str]]:
 def eager_reasons(compiled) -> list[str]:
     """Why code under ``compiled`` runs eagerly (one line per code object), if it does."""
     context = context_of(compiled)
-    return [f"{c.name}: {c.eager_reason}" for c in context.caches.values() if c.eager_reason]
+    return [f"{c.name}: {c.eager_reason}" for c in context.all_caches() if c.eager_reason]
 
 
 def context_of(compiled) -> "CompileContext":

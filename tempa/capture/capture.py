@@ -14,6 +14,7 @@ from .guards import GuardSet, storage_groups
 from .interpreter import Frame, _PyException
 from .output import OutputPlan, input_exprs
 from .tracer import Tracer
+from .values import TensorVar
 from .breakplan import plan_break
 from . import module_guards
 from .calls import bind_arguments
@@ -139,8 +140,14 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         for expr, desc in builder.sizes.guard_expressions():
             guards.add("shape", expr, desc)
     # Nothing recorded and nothing to hand back: no graph for a backend (torch.compile
-    # does not call its backend either), counted before dead code goes.
-    empty = not plan.outputs and not any(n.op.startswith("call") for n in builder.graph.nodes)
+    # does not call its backend either), counted before dead code goes. Under fullgraph a
+    # function that returns one tensor and writes nothing outside is a graph even when that
+    # tensor is an input (`return x`): torch.compile hands its backend that graph too.
+    returns_tensor = not allow_breaks and frame.stopped_at is None and \
+        isinstance(result, TensorVar) and not tracer.side_effects
+    empty = not plan.outputs and not returns_tensor and \
+        not any(n.op.startswith("call") for n in builder.graph.nodes)
+    input_shapes = {expr: tuple(t.shape) for _, expr, t in builder.user_inputs}
     gm = builder.finish(plan.outputs)
     op_count = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method",
                                                            "call_module"))
@@ -151,7 +158,7 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         attr_tensors=[t for _, t in builder.attr_inputs],
         body=body,
         break_reason=_stop.location if _stop is not None else None,
-        input_shapes={expr: tuple(t.shape) for _, expr, t in builder.user_inputs},
+        input_shapes=input_shapes,
         dynamic=builder.sizes is not None and builder.sizes.active,
         break_mode=break_plan.mode if break_plan is not None else None,
         modules=list(builder.modules.values()),

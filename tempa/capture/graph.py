@@ -14,6 +14,7 @@ import re
 
 import torch
 import torch.fx as fx
+from torch.fx.passes.shape_prop import TensorMetadata
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode, DataDependentOutputException, \
     DynamicOutputShapeException, UnsupportedOperatorException
@@ -42,9 +43,26 @@ _SIDE_EFFECT_TARGETS = {torch._C._set_grad_enabled, torch.amp.autocast_mode._ent
 _RULE_SHAPED = {operator.matmul, torch.matmul, "matmul", F.linear}
 
 
+class CapturedGraph(fx.Graph):
+    """The FX graph of a capture: each operation is stamped with the user's stack where
+    capture recorded it (``node.stack_trace``, as in torch.compile's graphs, so the printed
+    code names the user's file and line). ``where`` makes that text; the tracer sets it and
+    ``GraphBuilder.finish`` clears it (a finished graph keeps no capture state alive)."""
+
+    def __init__(self):
+        super().__init__()
+        self.where = None
+
+    def create_node(self, op, *args, **kwargs):
+        node = super().create_node(op, *args, **kwargs)
+        if self.where is not None and op.startswith("call"):
+            node.stack_trace = self.where()
+        return node
+
+
 class GraphBuilder:
     def __init__(self, *, symbolic: bool = False):
-        self.graph = fx.Graph()
+        self.graph = CapturedGraph()
         self.sizes = None
         # Static captures start on metadata rules (meta.py) and create fake tensors only
         # when an operation has no rule; symbolic sizes need fake tensors from the start.
@@ -75,15 +93,16 @@ class GraphBuilder:
         self.keepalive: list = []                       # objects whose id() we rely on
 
     # -- inputs ------------------------------------------------------------------------
-    def _placeholder(self, hint: str) -> fx.Node:
-        name = re.sub(r"\W+", "_", hint).strip("_") or "input"
-        if name[0].isdigit():
-            name = "t_" + name
-        if name == "self" or keyword.iskeyword(name):
-            # The GraphModule's forward has its own `self`: an input named so (a function
-            # whose first parameter is `self`, Tensor.backward reached after a break) would
-            # be dropped from the signature and the graph called with one argument too many.
-            name += "_arg"
+    def _placeholder(self, hint: str, name: str | None = None) -> fx.Node:
+        if name is None:
+            name = re.sub(r"\W+", "_", hint).strip("_") or "input"
+            if name[0].isdigit():
+                name = "t_" + name
+            if name == "self" or keyword.iskeyword(name):
+                # The GraphModule's forward has its own `self`: an input named so (a function
+                # whose first parameter is `self`, Tensor.backward reached after a break) would
+                # be dropped from the signature and the graph called with one argument too many.
+                name += "_arg"
         base, i = name, 1
         while name in self._names:
             name, i = f"{base}_{i}", i + 1
@@ -103,7 +122,7 @@ class GraphBuilder:
                 self.guards.add("identity", f"{expr} is {first}", f"{expr} is {first}")
             return hit
         self._expr_by_id[id(tensor)] = expr
-        node = self._placeholder(expr)
+        node = self._placeholder(expr, name=source_input_name(expr))
         dims = set(dynamic_dims) if self.sizes is not None and tensor.is_contiguous() else set()
         if dims:
             fake = self.fake_mode.from_tensor(tensor, symbolic_context=self.sizes.context_for(tensor, dims))
@@ -416,9 +435,44 @@ class GraphBuilder:
             if first is not node:
                 first.prepend(node)
         self.graph.output(tuple(v.node for v in outputs))
+        self.graph.where = None
         self.graph.eliminate_dead_code(is_impure_node=_is_impure)
+        if self.sizes is None:
+            self._drop_unread_inputs()
+        _annotate_metadata(self.graph)
         gm = fx.GraphModule(torch.nn.Module(), self.graph)
         return gm
+
+    def _drop_unread_inputs(self) -> None:
+        """A tensor argument no operation reads is no input of the graph (torch.compile
+        makes an input where a tensor is first used); its guards stay. (Symbolic captures
+        keep every input: a size symbol is bound from the input it came from.)"""
+        unread = {node for node, *_ in self.user_inputs + self.attr_inputs if not node.users}
+        for node in unread:
+            self.graph.erase_node(node)
+        self.user_inputs = [i for i in self.user_inputs if i[0] not in unread]
+        self.attr_inputs = [i for i in self.attr_inputs if i[0] not in unread]
+
+
+def source_input_name(expr: str) -> str | None:
+    """The name torch.compile gives the graph input read at ``expr``: that source as it
+    spells it (``L['x']``, ``L['fn'].keywords['y']``, a resume function's ``L['___stack0']``)
+    with each run of other characters made one ``_``: ``L_x_``, ``L_fn_keywords_y_``,
+    ``L_stack0_``. None for an input read through an object bound as a constant."""
+    root = re.match(r"[A-Za-z_]\w*", expr)
+    if root is None or root.group().startswith("___") and not root.group().startswith("___stack"):
+        return None
+    return re.sub(r"[^a-zA-Z0-9]+", "_", f"L[{root.group()!r}]{expr[root.end():]}")
+
+
+def _annotate_metadata(graph: fx.Graph) -> None:
+    """Metadata-only example values (MetaInfo) as the ``tensor_meta`` FX prints in a
+    graph's readable code (``"f32[2, 3]"``) and shape propagation would have recorded."""
+    for node in graph.nodes:
+        m = node.meta.get("example_value")
+        if isinstance(m, MetaInfo):
+            node.meta["tensor_meta"] = TensorMetadata(m.shape, m.dtype, m.requires_grad,
+                                                      m.stride(), None, False, {})
 
 
 _PLAIN_RESULT_TYPES = (type(None), bool, int, float, complex, str, torch.SymInt, torch.SymFloat,

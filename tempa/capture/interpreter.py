@@ -185,6 +185,14 @@ class Frame(DataOpcodes):
 
     # -- the loop --------------------------------------------------------------------------
     def run(self, start: int = 0):
+        tracer = self.tracer
+        caller, tracer.current_frame = tracer.current_frame, self
+        try:
+            return self._run(start)
+        finally:
+            tracer.current_frame = caller
+
+    def _run(self, start: int):
         instrs, i, tracer = self.instrs, start, self.tracer
         while not self.done:
             ins = instrs[i]

@@ -359,11 +359,10 @@ class OutputPlan:
             contents = cell.cell_contents
         except ValueError:
             return new
-        if contains_tensor(contents) or _holds_tensor(contents):
-            # A closure called later would be captured with guards on this capture's cell
-            # (the entry cannot see a function's cells): refuse instead.
-            raise Unsupported("value leaving compiled code", "a closure over tensors lives across "
-                                                             "the graph break")
+        # A tensor in it is this call's (an input, or a graph output). A closure over it that
+        # a later capture meets is guarded at its source: handed over as a value, by its
+        # code and cells (tracer._external_function); called through tempa after the break,
+        # it is a function made per call, with entries of its own (context._made_per_call).
         return f"{self.guards.const(fill_cell, 'F')}({new}, {self.expr(contents, depth + 1)})"
 
     def rebuilt(self) -> list:

@@ -11,6 +11,7 @@ import builtins
 import collections
 import functools
 import inspect
+import linecache
 import sys
 import types
 
@@ -75,6 +76,25 @@ class Tracer:
         # (a collections.namedtuple class): id -> (object, fn, args, kwargs), so the entry
         # calls fn again where the object leaves the capture.
         self.recipes: dict[int, tuple] = {}
+        self.current_frame = None   # the frame running an instruction (interpreter.Frame.run)
+        builder.graph.where = self.user_stack
+
+    def user_stack(self) -> str:
+        """Where the user's code is now: the frames being interpreted, outermost first,
+        written as a traceback writes them (a graph node's ``stack_trace``)."""
+        frames, frame = [], self.current_frame
+        while frame is not None:
+            frames.append(frame)
+            frame = frame.parent
+        lines = []
+        for frame in reversed(frames):
+            code = frame.code
+            lineno = getattr(frame.current, "lineno", None) or code.co_firstlineno
+            lines.append(f'  File "{code.co_filename}", line {lineno}, in {code.co_name}\n')
+            text = linecache.getline(code.co_filename, lineno).strip()
+            if text:
+                lines.append(f"    {text}\n")
+        return "".join(lines)
 
     # -- internal objects -------------------------------------------------------------
     def mark_internal(self, obj):
