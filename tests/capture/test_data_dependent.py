@@ -365,6 +365,7 @@ def test_a_returned_storage_is_the_tensors_own():
     x = torch.randn(3)
     storage, _ = tempa.compile(f, fullgraph=True)(x)
     assert isinstance(storage, torch.UntypedStorage) and storage.data_ptr() == x.data_ptr()
+    assert _counts()[0] == 1
 
 
 def test_the_storage_of_a_tensor_computed_in_the_graph_is_a_break():

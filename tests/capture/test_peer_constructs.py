@@ -71,6 +71,7 @@ def test_random_inside_comprehension_after_a_break():
         random.seed(seed)
         assert fast() == expected
     assert _counts()[2] == 0
+    assert _counts()[0] >= 1   # captured (fails with capture off)
 
 
 # -- results of fake tensors that are not plain values --------------------------------------
@@ -88,6 +89,7 @@ def test_share_memory_of_a_tensor_made_inside_runs_on_the_real_tensor():
     got = fast(x)
     assert torch.equal(got[0], expected[0]) and got[1] is expected[1] is True
     assert _counts()[2] == 0
+    assert _counts()[0] >= 1   # captured (fails with capture off)
 
 
 def test_is_shared_of_an_input_is_read_from_the_real_tensor():
@@ -100,6 +102,7 @@ def test_is_shared_of_an_input_is_read_from_the_real_tensor():
     x.share_memory_()
     assert fast(x)[1] is True
     assert _counts()[2] == 0
+    assert _counts()[0] >= 1   # captured (fails with capture off)
 
 
 # -- attributes written on tensors ----------------------------------------------------------
@@ -193,6 +196,7 @@ def test_next_on_a_callers_range_iterator_advances_it_once_per_call():
     with pytest.raises(StopIteration):
         fast(torch.zeros(1), it)
     assert _counts()[1:] == (0, 0)
+    assert _counts()[0] >= 1   # captured (fails with capture off)
 
 
 def test_next_on_a_callers_list_iterator_stays_a_break():
@@ -306,6 +310,7 @@ def test_dispatch_mode_stack_is_the_callers_not_captures_fake_mode():
     with _Passthrough():
         assert fast(x)[1] == 1
     assert _counts()[2] == 0
+    assert _counts()[0] >= 1   # captured (fails with capture off)
 
 
 # -- descriptors and out= --------------------------------------------------------------------
@@ -334,6 +339,7 @@ def test_out_argument_is_written_and_returned():
     x, y, t = torch.randn(3), torch.randn(3), torch.empty(3)
     assert fast(x, y, t)[1] and torch.equal(t, x + y)
     assert _counts()[1:] == (0, 0)
+    assert _counts()[0] >= 1   # captured (fails with capture off)
 
 
 def test_out_argument_eager_refuses_raises_eagers_error():

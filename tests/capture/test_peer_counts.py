@@ -88,6 +88,7 @@ def test_function_without_operations_gets_no_graph_when_not_fullgraph():
     x = torch.randn(3)
     assert fast(x) is x
     assert counter.graphs == []   # torch.compile skips such a frame
+    assert tempa.stats().captures == 1   # captured (no eager fallback), no graph to run
 
 
 def test_fullgraph_function_returning_no_tensor_gets_no_graph():
@@ -100,6 +101,7 @@ def test_fullgraph_function_returning_no_tensor_gets_no_graph():
     r = fast(x)
     assert r[0] is x and r[1][0] is x
     assert counter.graphs == []
+    assert tempa.stats().captures == 1
 
 
 # -- the graph's inputs and readable code -------------------------------------------------
@@ -182,6 +184,7 @@ def test_a_breaking_closure_made_per_call_runs_with_this_calls_cell():
     x = torch.zeros(2)
     for k in (1, 2, 3):
         assert torch.equal(fast(x, k), outer(x, k))   # was k == 1 on every call
+    assert tempa.stats().graph_breaks >= 1 and tempa.stats().eager_fallbacks == 0
 
 
 def test_a_breaking_function_made_per_call_binds_this_calls_defaults():
@@ -195,6 +198,7 @@ def test_a_breaking_function_made_per_call_binds_this_calls_defaults():
     x = torch.zeros(2)
     for k in (1, 2, 3):
         assert torch.equal(fast(x, k), outer(x, k))
+    assert tempa.stats().graph_breaks >= 1 and tempa.stats().eager_fallbacks == 0
 
 
 # -- closures over tensors across a graph break -------------------------------------------
