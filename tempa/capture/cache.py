@@ -144,7 +144,9 @@ def _gradient_accumulators(tensors) -> tuple:
     every call in grad mode would create a fresh node per parameter (~0.4 µs each, most of
     a small model's autograd cost after the node itself). A live node is eager's own state
     while any earlier output is alive (a training loop's previous loss), and holding it
-    extends no lifetime: the entry holds the parameters already."""
+    extends no lifetime: the entry holds the parameters already. (So a hook registered on
+    such a node itself, not on the tensor, stays on it across calls, as in eager while an
+    earlier output lives.)"""
     return tuple(get_gradient_edge(t).node for t in tensors
                  if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf)
 
