@@ -66,8 +66,12 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
     def backward(ctx, *grads):
         if is_grad():
             return _differentiable_backward(ctx, grads, compiled_backward, recompute, diff,
-                                            grad_inputs, joint.mutated)
+                                            grad_inputs, joint.mutated, n_in)
         return compiled_backward(ctx, grads)
+
+    # where the backward's saved arguments sit in ctx.tempa_saved (the forward's inputs,
+    # then the saved values it kept there; see _render_forward)
+    held_order = saved_inputs + tuple(range(n_in, n_in + n_saved))
 
     def compiled_backward(ctx, grads):
         tangents = []
@@ -76,10 +80,13 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
             if not g.is_contiguous():
                 g = g.contiguous()   # the backward was compiled for contiguous tangents
             tangents.append(g)
-        saved = ctx.saved_tensors if all_saved_variables else ctx.tempa_saved
+        if all_saved_variables:
+            saved = ctx.saved_tensors
+        else:
+            held = ctx.tempa_saved
+            saved = [held[i] for i in held_order]
         if has_alias:
             it = iter(ctx.saved_tensors)
-            saved = list(saved)
             for k, a in enumerate(alias):
                 if a >= 0:
                     saved[n_si + k] = next(it)
@@ -100,7 +107,7 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
 
 
 def _differentiable_backward(ctx, grads, compiled_backward, recompute, diff, grad_inputs,
-                             mutated):
+                             mutated, n_in):
     """The backward under ``create_graph``: eager's gradient, itself differentiable. Inputs
     the graph mutates (BatchNorm's running statistics) are recomputed from copies: the
     forward already updated them once."""
@@ -111,7 +118,7 @@ def _differentiable_backward(ctx, grads, compiled_backward, recompute, diff, gra
                            "higher-order gradients.")
     with torch.no_grad():
         expected = compiled_backward(ctx, grads)
-    inputs = ctx.tempa_inputs
+    inputs = ctx.tempa_saved[:n_in]
     fresh = [t.clone() if i in mutated else t for i, t in enumerate(inputs)]
     with torch.enable_grad():
         outs = recompute(*fresh)
@@ -163,27 +170,25 @@ def _render_forward(fw_call, n_in, n_out, n_saved, saved_inputs, alias, non_diff
 
     The compiled forward returns the user outputs then the saved values. Saved values that
     are also user outputs go through ``save_for_backward`` (a ctx attribute holding an
-    output would be a reference cycle through its ``grad_fn``); the rest, and the saved
-    inputs, are plain ctx attributes: fresh buffers nobody else holds, or the caller's
-    inputs, which eager would save too. ``all_saved_variables``: everything goes through
+    output would be a reference cycle through its ``grad_fn``); the rest, and the inputs,
+    are one plain ctx attribute: fresh buffers nobody else holds, or the caller's inputs,
+    which eager would save too. ``all_saved_variables``: everything goes through
     ``save_for_backward`` (inputs first, then the saved values, the backward's order)."""
     args = ", ".join(f"a{i}" for i in range(n_in))
-    # every input, for the recomputation of a double backward (see _differentiable_backward)
-    lines = [f"def forward(ctx, {args}):", f"    r = fw_call({args})",
-             "    ctx.tempa_inputs = (" + "".join(f"a{i}, " for i in range(n_in)) + ")"]
+    # One ctx attribute, one tuple: every input (the backward's saved inputs, and the
+    # recomputation of a double backward: _differentiable_backward), then the saved values
+    # kept as plain references (None where save_for_backward holds one).
+    held = "".join(f"a{i}, " for i in range(n_in))
+    lines = [f"def forward(ctx, {args}):", f"    r = fw_call({args})"]
     if all_saved_variables:
         lines.append("    ctx.save_for_backward(" + "".join(f"a{i}, " for i in saved_inputs) +
                      f"*r[{n_out}:])")
     elif any(a >= 0 for a in alias):
-        kept = [f"r[{n_out + k}]" if a < 0 else "None" for k, a in enumerate(alias)]
         lines.append(f"    ctx.save_for_backward({', '.join(f'r[{a}]' for a in alias if a >= 0)},)")
-        saved = "(" + "".join(f"a{i}, " for i in saved_inputs) + "".join(f"{k}, " for k in kept) + ")"
-        lines.append(f"    ctx.tempa_saved = {saved}")
-    elif n_saved:
-        saved = "(" + "".join(f"a{i}, " for i in saved_inputs) + f") + r[{n_out}:]"
-        lines.append(f"    ctx.tempa_saved = {saved}")
+        held += "".join(f"r[{n_out + k}], " if a < 0 else "None, " for k, a in enumerate(alias))
     else:
-        lines.append("    ctx.tempa_saved = (" + "".join(f"a{i}, " for i in saved_inputs) + ")")
+        held += "".join(f"r[{n_out + k}], " for k in range(n_saved))
+    lines.append(f"    ctx.tempa_saved = ({held})")
     if non_diff:
         lines.append("    ctx.mark_non_differentiable(*[o for o in (" +
                      "".join(f"r[{i}], " for i in non_diff) + ") if isinstance(o, torch.Tensor)])")

@@ -12,6 +12,8 @@ import types
 import weakref
 from dataclasses import dataclass, field
 
+import torch
+from torch.autograd.graph import get_gradient_edge
 from torch.nn.modules import module as _nn_module
 
 from ..sourcefiles import source_file
@@ -149,7 +151,8 @@ def build_entry(fn, captured, compiled, native_checks=None) -> Entry:
         why_lines.append(f"        return f'{{___DESC[{i}]}} (the check raised {{type(e).__name__}})'")
     why_lines.append("    return None")
     ns = dict(guards.consts)
-    ns.update(___setattr=setattr, ___MISS=MISS, ___compiled=compiled, ___DESC=[d for _, d in ordered])
+    ns.update(___setattr=setattr, ___MISS=MISS, ___compiled=compiled, ___DESC=[d for _, d in ordered],
+              ___ACC=_gradient_accumulators(captured.attr_tensors))
     text = source + "\n\n" + "\n".join(why_lines) + "\n"
     exec(compile(text, source_file(text, f"entry for {fn.__qualname__}"), "exec"), ns)
     entry_fn, why_fn = ns["___entry"], ns["___why"]
@@ -157,6 +160,20 @@ def build_entry(fn, captured, compiled, native_checks=None) -> Entry:
         f.__defaults__ = fn.__defaults__
         f.__kwdefaults__ = fn.__kwdefaults__
     return Entry(entry_fn, why_fn, ordered, source, captured, compiled, captured.modules)
+
+
+def _gradient_accumulators(tensors) -> tuple:
+    """The gradient accumulators (AccumulateGrad nodes) of the leaf tensors among the
+    entry's parameters that require grad, for the entry to hold. Why: autograd keeps a
+    leaf's node only while a graph references it, so once the last call's outputs are gone
+    every call in grad mode would create a fresh node per parameter (~0.4 µs each, most of
+    a small model's autograd cost after the node itself). A live node is eager's own state
+    while any earlier output is alive (a training loop's previous loss), and holding it
+    extends no lifetime: the entry holds the parameters already. (So a hook registered on
+    such a node itself, not on the tensor, stays on it across calls, as in eager while an
+    earlier output lives.)"""
+    return tuple(get_gradient_edge(t).node for t in tensors
+                 if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf)
 
 
 def _fused_tensor_check(guards: GuardSet, ordered, native_checks) -> dict:

@@ -74,14 +74,14 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
 
     # Global state every graph depends on.
     grad = torch.is_grad_enabled()
-    guards.add("global", f"{guards.const(torch.is_grad_enabled, 'F')}() is {grad}",
+    guards.add("mode", f"{guards.const(torch.is_grad_enabled, 'F')}() is {grad}",
                f"grad mode is {'enabled' if grad else 'disabled'}")
     autocast = torch._C._is_any_autocast_enabled()
-    guards.add("global", f"{guards.const(torch._C._is_any_autocast_enabled, 'F')}() is {autocast}",
+    guards.add("mode", f"{guards.const(torch._C._is_any_autocast_enabled, 'F')}() is {autocast}",
                f"autocast is {'on' if autocast else 'off'}")
     outer_autocast = _outer_autocast(guards) if autocast else []
     dtype = torch.get_default_dtype()
-    guards.add("global", f"{guards.const(torch.get_default_dtype, 'F')}() is {guards.const(dtype, 'D')}",
+    guards.add("mode", f"{guards.const(torch.get_default_dtype, 'F')}() is {guards.const(dtype, 'D')}",
                f"default dtype is {dtype}")
 
     tracer.active_contexts = []

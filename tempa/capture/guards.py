@@ -19,9 +19,12 @@ from dataclasses import dataclass
 import torch
 
 # The order guards run in: cheap, discriminating checks first (research memo §4: a shape
-# check first makes a 4-entry cache 2x faster to search).
-_ORDER = {"identity": 0, "tensor": 1, "shape": 2, "global": 2, "constant": 3, "length": 3,
-          "module": 4}
+# check first makes a 4-entry cache 2x faster to search). The global modes (grad mode,
+# autocast, default dtype) go before everything: one C call each, independent of the
+# arguments, and what tells a model's training entry from its no_grad one, so the entry
+# that does not apply misses at its first check.
+_ORDER = {"mode": 0, "identity": 1, "tensor": 2, "shape": 3, "global": 3, "constant": 4,
+          "length": 4, "module": 5}
 # A bound constant (``___O13``) or a resume function's stack argument (``___stack2``).
 _INTERNAL_NAME = re.compile(r"___[A-Za-z]+\d+")
 
@@ -72,7 +75,7 @@ class GuardSet:
         if expr in self._seen:
             return
         self._seen.add(expr)
-        self.guards.append((_ORDER.get(kind, 5), expr, description))
+        self.guards.append((_ORDER.get(kind, 6), expr, description))
 
     def identity(self, expr: str, obj, what: str = "") -> None:
         const = self.const(obj)
