@@ -52,6 +52,8 @@ class Case:
 def loss_of(out) -> torch.Tensor:
     """The scalar a training step differentiates: the model's own loss when it computed one
     (labels were passed), else the mean square of its first output."""
+    if isinstance(out, torch.Tensor) and out.dim() == 0:
+        return out                   # the model returns its loss
     loss = getattr(out, "loss", None)
     if loss is not None:
         return loss
@@ -102,9 +104,8 @@ def _stages(size, full):
 
 
 # --- vision ---------------------------------------------------------------------------------
-def _vision(name, size):
+def _vision(name, size, s):
     import transformers as T
-    s = _SIZES[size]
     img = s["image"]
     if name == "resnet":      # ResNet-18-like (basic blocks) below "larger", ResNet-50 there
         if size == "larger":
@@ -179,9 +180,8 @@ def _decoder_config(name, size):
     return cls(**common, **extra)
 
 
-def _text(name, size):
+def _text(name, size, s):
     import transformers as T
-    s = _SIZES[size]
     B, L = s["batch"], s["tokens"]
     if name == "bert":
         cfg = T.BertConfig(num_hidden_layers=_layers(size, 12))
@@ -233,10 +233,17 @@ def _labels(name, cfg, kwargs):
     return {}                 # the Whisper encoder has no head: loss_of squares its output
 
 
-def build(name: str, size: str = "default", train: bool = False, seed: int = 0) -> Case:
-    """One model with random weights (seeded) and its inputs, on the CPU, fp32."""
+def build(name: str, size: str = "default", train: bool = False, seed: int = 0,
+          **inputs) -> Case:
+    """One model with random weights (seeded) and its inputs, on the CPU, fp32. ``inputs``
+    overrides the size's input shapes: ``batch``, ``image``, ``tokens``, ``dec_tokens``,
+    ``whisper_frames`` (the GPU benchmark's larger batches)."""
+    unknown = set(inputs) - set(_SIZES[size])
+    if unknown:
+        raise TypeError(f"hf_models.build: unknown input sizes {sorted(unknown)}")
     torch.manual_seed(seed)
-    model, cfg, kwargs, title = (_vision if name in VISION else _text)(name, size)
+    s = {**_SIZES[size], **inputs}
+    model, cfg, kwargs, title = (_vision if name in VISION else _text)(name, size, s)
     if name in VISION:
         _calibrate_batchnorm(model, kwargs)
     if train:
