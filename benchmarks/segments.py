@@ -39,7 +39,7 @@ class Recorder:
         wno = self.wrappers
         self.wrappers += 1
         out = [f"import sys as _sys; _rec = _sys.modules[{_MOD!r}].rec.record; "
-               "from time import perf_counter as _pc"]
+               f"_pc = _sys.modules[{_MOD!r}].clock"]
         in_call = False
         for no, line in enumerate(wsrc.split("\n")):
             s = line.strip()
@@ -87,26 +87,32 @@ def _kind(stmt: str, ops: dict) -> str:
 rec = Recorder()
 
 
-def install():
-    """Make every wrapper built from now on a timed one (the C++ path's ``instantiate``)."""
-    from tempa.backend import compile_graph
-    sys.modules[_MOD] = types.SimpleNamespace(rec=rec)
+def install(clock=time.perf_counter):
+    """Make every wrapper built from now on a timed one (the C++ path's ``instantiate``).
+    ``clock``: what times each statement (``time.thread_time`` on a loaded machine, with
+    one thread: the statement's own CPU time)."""
+    from tempa.backend import compile_graph, dynamic
+    sys.modules[_MOD] = types.SimpleNamespace(rec=rec, clock=clock)
     orig = compile_graph.instantiate
+    if getattr(orig, "profiled", False):       # installed before: instrument once only
+        return rec
 
-    def instantiate(wsrc, lib, seg_codes, constants, consts):
+    def instantiate(wsrc, *rest, **kwargs):
         ops = dict(re.findall(r"^    (_o\d+) = (.+)$", wsrc, re.M))
-        return orig(rec.instrument(wsrc, ops), lib, seg_codes, constants, consts)
-    compile_graph.instantiate = instantiate
+        return orig(rec.instrument(wsrc, ops), *rest, **kwargs)
+    instantiate.profiled = True
+    compile_graph.instantiate = dynamic.instantiate = instantiate
     return rec
 
 
 def profile(run, calls: int = 50) -> str:
     """Time ``run`` (already warmed up, its wrappers built after ``install``) ``calls`` times."""
     rec.samples, rec.cur = {}, {}
+    clock = sys.modules[_MOD].clock
     totals = []
     for _ in range(calls):
-        t0 = time.perf_counter()
+        t0 = clock()
         run()
-        totals.append(time.perf_counter() - t0)
+        totals.append(clock() - t0)
         rec.end_call()
     return rec.report(statistics.median(totals) * 1e6)

@@ -46,6 +46,14 @@ class Config:
     # counter moves, as if tempa were absent. `make test-capture-off` runs the capture tests
     # so: a test that still passes then checks nothing about capture.
     capture: bool = True
+    # Time each compiled function (a function, a forward, a resume function after a graph
+    # break; read when it is compiled) against eager once, on its live inputs: its first
+    # calls alternate between the two as under stance "auto" (tempa/stance.py). A function
+    # measured slower than eager is named on the fallbacks log channel, in
+    # tempa.stance_decisions() and by `tempa explain`; it keeps running its compiled code
+    # (stance "auto" switches it to eager). Off by default: the trial's eager calls change
+    # which path runs for a few calls, which tests and profiles of the compiled code see.
+    measure_against_eager: bool = False
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")

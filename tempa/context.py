@@ -70,7 +70,8 @@ class CompileContext:
         self.fallback_log: list = []  # (function, reason)
         self.recompile_log: list = []  # (function name, the guard that failed)
         self.auto_trials: dict = {}    # CodeCache -> stance.AutoTrial (stance "auto")
-        self.stance_log: list = []     # the choices stance "auto" made, as sentences
+        self.measure_trials: dict = {}  # the same for config.measure_against_eager
+        self.stance_log: list = []     # the verdicts of those trials, as sentences
         install_invalidation_hooks()
         nativeguards.prebuild()   # its one-time compiler run overlaps the first capture
         if config.logs:
@@ -112,6 +113,8 @@ class CompileContext:
                     if result is not MISS:
                         return result
             return miss(cache, fn, eager, args, kwargs)
+        if config.measure_against_eager:
+            dispatch = self._measured(dispatch, cache, fn, eager)
         dispatch.__tempa_cache__ = cache
         return dispatch
 
@@ -134,6 +137,24 @@ class CompileContext:
         trial = self.auto_trials.get(cache)
         if trial is None:
             trial = self.auto_trials.setdefault(cache, stance.AutoTrial())
+        return self._trial_call(cache, fn, eager, trial, args, kwargs)
+
+    def _measured(self, dispatch, cache, fn, eager):
+        """``dispatch`` after a one-time trial of its compiled code against eager
+        (``config.measure_against_eager``): the verdict is said, the compiled code kept."""
+        trials = self.measure_trials
+
+        def measured(*args, **kwargs):
+            trial = trials.get(cache)
+            if trial is None:
+                trial = trials.setdefault(cache, stance.AutoTrial(switch=False))
+            if trial.choice is not None or stance.state.active:
+                return dispatch(*args, **kwargs)
+            return self._trial_call(cache, fn, eager, trial, args, kwargs)
+        return measured
+
+    def _trial_call(self, cache, fn, eager, trial, args, kwargs):
+        """One call of ``fn`` while ``trial`` times its compiled code against eager."""
         path, timed = trial.next_path(), trial.timed()
         if path == "eager":
             _stats.bump("stance_eager_calls")
@@ -156,7 +177,7 @@ class CompileContext:
         text = trial.describe(where(fn))
         self.stance_log.append(text)
         logs.get("perf").info("%s", text)
-        if trial.choice == "eager":
+        if trial.choice == "eager":          # the compiled code measured slower than eager
             _fallback_log.warning("tempa: %s", text)
 
     # -- calls made by graph-break runners ---------------------------------------------------
@@ -422,6 +443,7 @@ class CompileContext:
         self.caches.clear()
         self._function_caches.clear()
         self.auto_trials.clear()
+        self.measure_trials.clear()
 
 
 def _made_per_call(fn) -> bool:

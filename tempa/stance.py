@@ -19,6 +19,10 @@
   on ``fallbacks``), and ``tempa.stance_decisions(compiled)``, ``tempa explain`` and the
   report show it.
 
+``tempa.config.measure_against_eager`` runs the same trial under any stance but keeps the
+compiled code whatever it measures: it only says which functions measured slower than eager
+(on ``fallbacks``, in ``tempa.stance_decisions`` and ``tempa explain``).
+
 Why alternate instead of timing both paths on one call: running the function twice would
 repeat its side effects (in-place updates, RNG draws). Why medians of interleaved calls:
 machine load drifts; alternating puts both paths under the same drift, and a median ignores
@@ -91,16 +95,19 @@ class _StanceScope(contextlib.ContextDecorator):
 
 @dataclass
 class AutoTrial:
-    """One code object's trial under ``auto``: its timings and, once made, the choice."""
+    """One code object's trial under ``auto``: its timings and, once made, the choice.
+    ``switch``: whether later calls take the faster path (stance ``auto``) or stay compiled
+    (``config.measure_against_eager``, which only measures and says so)."""
     compiled_calls: int = 0
     compiled_times: list = field(default_factory=list)
     eager_times: list = field(default_factory=list)
-    choice: str | None = None       # "compiled" or "eager"
+    choice: str | None = None       # the faster path: "compiled" or "eager"
+    switch: bool = True
 
     def next_path(self) -> str:
         """Which path the next call takes (and whether it is timed)."""
         if self.choice is not None:
-            return self.choice
+            return self.choice if self.switch else "compiled"
         if self.compiled_calls < WARMUP:
             return "compiled"
         # interleaved: compiled, eager, compiled, eager, ...
@@ -128,10 +135,17 @@ class AutoTrial:
         return statistics.median(self.compiled_times if path == "compiled" else self.eager_times)
 
     def describe(self, name: str) -> str:
+        times = (f"compiled {_time(self.median('compiled'))} vs eager "
+                 f"{_time(self.median('eager'))} per call (medians of {ROUNDS} interleaved "
+                 "calls each, on live inputs)")
+        if not self.switch:
+            if self.choice == "eager":
+                return (f"measured slower than eager: {name}: {times}; it still runs its "
+                        "compiled code (tempa.set_stance('auto') would run it eagerly)")
+            return f"measured against eager: {name} is faster compiled: {times}"
         kept = "compiled code" if self.choice == "compiled" else "eager"
-        return (f"stance auto: {name} runs {kept}: compiled {_time(self.median('compiled'))} "
-                f"vs eager {_time(self.median('eager'))} per call (medians of {ROUNDS} "
-                "interleaved calls each, on live inputs)")
+        slower = "; its compiled code measured slower than eager" if self.choice == "eager" else ""
+        return f"stance auto: {name} runs {kept}: {times}{slower}"
 
 
 def _time(seconds: float) -> str:

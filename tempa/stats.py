@@ -20,7 +20,8 @@ class Stats:
     aten_fallbacks: int = 0    # ATen ops a backend ran as library calls instead of generating code
     disk_cache_hits: int = 0   # compiled artifacts loaded from the on-disk cache
     gcc_runs: int = 0          # times the C++ compiler was invoked
-    stance_eager_calls: int = 0  # calls a stance ran eagerly (force_eager, eager_on_recompile, auto)
+    stance_eager_calls: int = 0  # calls a stance ran eagerly (force_eager, eager_on_recompile,
+    #                              auto) or config.measure_against_eager's trial did
 
     def __str__(self) -> str:
         return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))

@@ -167,9 +167,9 @@ def explain(target: Target, *, backend="eager") -> Explanation:
             compiled(*args, **kwargs)
             for a, k in target.extra_inputs:
                 compiled(*a, **k)
-            if tempa.stance.state.name == "auto":
-                # enough calls for the trials to decide: a resume function after a break
-                # runs only on the calls its caller's trial ran compiled
+            if tempa.stance.state.name == "auto" or tempa.config.measure_against_eager:
+                # enough calls for the trials against eager to decide: a resume function
+                # after a break runs only on the calls its caller's trial ran compiled
                 for _ in range(3 * (tempa.stance.WARMUP + 2 * tempa.stance.ROUNDS)):
                     compiled(*args, **kwargs)
             ex.stance = tempa.stance_decisions(compiled)
@@ -183,11 +183,12 @@ def explain(target: Target, *, backend="eager") -> Explanation:
     if s.recompiles and not ex.recompiles:
         ex.recompiles = [f"{s.recompiles} recompiles (switch on TEMPA_LOGS=recompiles for "
                          "the reasons)"]
-    for msg in logs_["fallbacks"].messages:
+    # the trials' verdicts against eager are in ex.stance (a slower one came on fallbacks too)
+    said = [m for m in logs_["fallbacks"].messages if m.removeprefix("tempa: ") not in ex.stance]
+    for msg in said:
         if msg not in ex.eager_fallbacks and "eagerly" in msg:
             ex.eager_fallbacks.append(msg)
-    ex.notes = dynamic_notes + [m for m in logs_["fallbacks"].messages if m not in
-                                ex.eager_fallbacks and "stance auto:" not in m]
+    ex.notes = dynamic_notes + [m for m in said if m not in ex.eager_fallbacks]
     tempa.reset()
     return ex
 

@@ -116,6 +116,7 @@ def test_auto_keeps_the_faster_path(monkeypatch, compiled_cost, eager_cost, kept
     decisions = tempa.stance_decisions(fast)
     said = "compiled code" if kept == "compiled" else "eager"
     assert len(decisions) == 1 and f"runs {said}: compiled {compiled_cost * 1e3:.2f} ms" in decisions[0]
+    assert ("measured slower than eager" in decisions[0]) == (kept == "eager")
     eager_calls = tempa.stats().stance_eager_calls
     if kept == "compiled":     # after the trial, every call runs compiled
         assert eager_calls == stance.ROUNDS
@@ -140,3 +141,65 @@ def test_auto_trial_decision_logic():
         done = trial.record(p, times[p].pop(0))
     assert paths == ["compiled"] * stance.WARMUP + ["compiled", "eager"] * stance.ROUNDS
     assert trial.choice == "compiled" and trial.next_path() == "compiled"
+
+
+# --- config.measure_against_eager: the same trial under the default stance, reported only ---
+
+def _fallback_messages(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "tempa.fallbacks"]
+
+
+def _run_past_the_trial(fast, x):
+    for _ in range(stance.WARMUP + 2 * stance.ROUNDS + 4):
+        assert torch.equal(fast(x, 2), x * 2 + 1)
+
+
+def test_measured_slower_than_eager_is_named_and_still_runs_compiled(monkeypatch, caplog):
+    monkeypatch.setattr(tempa.config, "measure_against_eager", True)
+    backend, compiled_calls = _counting_backend()
+    monkeypatch.setattr(stance, "timer", _Clock(compiled_calls, 5.0, 1.0))   # compiled slower
+    fast = tempa.compile(f, backend=backend)
+    with caplog.at_level("INFO", logger="tempa.fallbacks"):
+        _run_past_the_trial(fast, torch.zeros(2))
+    said = _fallback_messages(caplog)
+    assert len(said) == 1
+    assert said[0].startswith("tempa: measured slower than eager: f (") and \
+        "compiled 5000.00 ms vs eager 1000.00 ms" in said[0]
+    assert tempa.stance_decisions(fast) == [said[0].removeprefix("tempa: ")]
+    # the trial ran eagerly ROUNDS times; every other call, after it too, ran compiled
+    assert tempa.stats().stance_eager_calls == stance.ROUNDS
+    assert len(compiled_calls) == stance.WARMUP + stance.ROUNDS + 4
+
+
+def test_measured_faster_than_eager_is_no_fallback(monkeypatch, caplog):
+    monkeypatch.setattr(tempa.config, "measure_against_eager", True)
+    backend, compiled_calls = _counting_backend()
+    monkeypatch.setattr(stance, "timer", _Clock(compiled_calls, 1.0, 5.0))
+    fast = tempa.compile(f, backend=backend)
+    with caplog.at_level("INFO", logger="tempa.fallbacks"):
+        _run_past_the_trial(fast, torch.zeros(2))
+    assert _fallback_messages(caplog) == []
+    decisions = tempa.stance_decisions(fast)
+    assert len(decisions) == 1 and decisions[0].startswith("measured against eager: f (")
+
+
+def test_no_measurement_unless_asked(monkeypatch):
+    backend, compiled_calls = _counting_backend()
+    monkeypatch.setattr(stance, "timer", _Clock(compiled_calls, 5.0, 1.0))
+    fast = tempa.compile(f, backend=backend)
+    _run_past_the_trial(fast, torch.zeros(2))
+    assert tempa.stance_decisions(fast) == []
+    assert tempa.stats().stance_eager_calls == 0
+    assert len(compiled_calls) == stance.WARMUP + 2 * stance.ROUNDS + 4
+
+
+def test_explain_names_a_function_measured_slower(monkeypatch):
+    from tempa.tools import explain
+    from tempa.tools.load import Target
+    monkeypatch.setattr(tempa.config, "measure_against_eager", True)
+    backend, compiled_calls = _counting_backend()
+    monkeypatch.setattr(stance, "timer", _Clock(compiled_calls, 5.0, 1.0))
+    ex = explain.explain(Target("f", f, (torch.zeros(2), 2)), backend=backend)
+    text = explain.render_text(ex)
+    assert text.count("measured slower than eager: f (") == 1, text   # in Stance:, not twice
+    assert ex.stance and ex.stance[0].startswith("measured slower than eager: f (")

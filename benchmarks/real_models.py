@@ -1,0 +1,278 @@
+"""Real-size HF models on the CPU (fp32): eager vs tempa vs torch.compile, one process.
+
+    python benchmarks/real_models.py [--models resnet,bert,...] [--mode infer|train|both]
+                                     [--size quick|default|larger] [--quick] [--rounds N]
+                                     [--threads N] [--clock wall|cpu] [--no-torch-compile]
+                                     [--profile]
+                                     [--json PATH]
+
+The models are hf_models.py's (transformers configs, random weights). For each model and
+mode, each system gets its own copy of the same weights; its first call is timed (the
+compile time: tempa starts from an empty cache directory, so gcc runs) and its result
+checked against eager's: inference compares every output tensor, a training step the loss
+and every parameter's gradient (``torch.allclose``, rtol 1e-3, atol 1e-3 of the tensor's
+largest value, for gradients at least 1e-5 of the largest gradient; fp32 reassociation over
+a deep net moves values by ~1e-5 relative). A
+mismatch is printed as MISMATCH and makes the exit status 1. Then the three are timed
+interleaved round by round (models.py's ``interleaved``: load from other jobs hits all
+alike), medians of per-call times after warm-up. A training step is forward, the model's
+loss (labels passed in), backward and an SGD step.
+
+``--quick``: the "quick" size (fewer layers, batch 1) and 3 rounds.
+``--profile``: also time each statement of tempa's generated wrappers (segments.py: the C++
+kernels, each ATen op it calls, allocations) and print where a call's time goes.
+
+Prints one line per row as it finishes, then a Markdown table (README.md, "Real-size
+models"). Speedups are eager time / compiled time (above 1: faster than eager).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import hf_models  # noqa: E402
+import models  # noqa: E402
+import tempa  # noqa: E402
+from models import interleaved  # noqa: E402
+
+RTOL = 1e-3
+
+
+class Mismatch(AssertionError):
+    pass
+
+
+# --- what one call of each system is ---------------------------------------------------------
+def make_step(fn, model, kwargs, train):
+    """One call: inference under no_grad, or a training step (forward, loss, backward, SGD)."""
+    if not train:
+        def infer():
+            with torch.no_grad():
+                return fn(**kwargs)
+        return infer
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+    def step():
+        loss = hf_models.loss_of(fn(**kwargs))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+    return step
+
+
+def first_result(fn, model, kwargs, train):
+    """What the first call computes, for the comparison with eager: the output tensors, or
+    for a training step the loss and the gradients (taken before the SGD step that
+    ``make_step`` does on later calls)."""
+    if not train:
+        with torch.no_grad():
+            return _tensors(fn(**kwargs))
+    loss = hf_models.loss_of(fn(**kwargs))
+    loss.backward()
+    grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    return [loss.detach()] + grads
+
+
+def _tensors(out):
+    if isinstance(out, torch.Tensor):
+        return [out.detach()]
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _tensors(o)]
+    return []
+
+
+def check_close(got, ref, who, floor=0.0):
+    """Raise Mismatch naming the first tensor that differs from eager's beyond fp32 tolerances
+    (rtol, and atol: rtol of the tensor's largest value, or ``floor`` where that is larger)."""
+    if len(got) != len(ref):
+        raise Mismatch(f"{who}: {len(got)} result tensors, eager {len(ref)}")
+    worst = 0.0
+    for i, (g, r) in enumerate(zip(got, ref)):
+        if g.shape != r.shape:
+            raise Mismatch(f"{who}: result {i} has shape {tuple(g.shape)}, eager {tuple(r.shape)}")
+        scale = r.abs().max().item() if r.numel() else 0.0
+        err = (g.float() - r.float()).abs().max().item() if r.numel() else 0.0
+        worst = max(worst, err / (scale or 1.0))
+        if not torch.allclose(g.float(), r.float(), rtol=RTOL, atol=max(RTOL * scale, floor)):
+            raise Mismatch(f"{who}: result {i} (shape {tuple(r.shape)}) differs from eager: max abs "
+                           f"error {err:.3g}, largest eager value {scale:.3g}")
+    return worst
+
+
+def _floor(ref, train):
+    """The absolute tolerance below which a gradient's difference is rounding: a gradient
+    that is zero in exact arithmetic (a bias in front of a LayerNorm) comes out as rounding
+    noise of the terms that cancel, whose size is that of the other gradients; 1e-5 of the
+    largest one. Inference outputs have none: each is compared at its own scale."""
+    if not train:
+        return 0.0
+    return 1e-5 * max((g.abs().max().item() for g in ref[1:] if g.numel()), default=0.0)
+
+
+# --- one row -------------------------------------------------------------------------------
+def bench_row(name, size, train, use_tc, rounds, profile_calls=0):
+    case = hf_models.build(name, size, train)
+    row = {"model": name, "title": case.title, "mode": "train" if train else "infer"}
+    copies = {"eager": case.model, "tempa": copy.deepcopy(case.model)}
+    if use_tc:
+        copies["torch.compile"] = copy.deepcopy(case.model)
+    ref = first_result(case.model, case.model, case.kwargs, train)
+    runs = {"eager": make_step(case.model, case.model, case.kwargs, train)}
+
+    tempa.reset()
+    with tempfile.TemporaryDirectory() as d:
+        old = tempa.config.cache_dir
+        tempa.config.cache_dir = d
+        try:
+            if profile_calls:
+                import segments
+                segments.install(models.CLOCK)
+            fast = tempa.compile(copies["tempa"])
+            t0 = time.perf_counter()
+            got = first_result(fast, copies["tempa"], case.kwargs, train)
+            row["tempa_compile_s"] = time.perf_counter() - t0
+        finally:
+            tempa.config.cache_dir = old
+    s = tempa.stats()
+    row["tempa_info"] = (f"{s.graphs_compiled} graphs, {s.graph_breaks} breaks, "
+                         f"{s.kernels_compiled} kernels, {s.aten_fallbacks} ATen fallbacks")
+    row["tempa_err"] = check_close(got, ref, f"{name} {row['mode']} tempa", _floor(ref, train))
+    runs["tempa"] = make_step(fast, copies["tempa"], case.kwargs, train)
+
+    if use_tc:
+        try:
+            torch._dynamo.reset()
+            tc = torch.compile(copies["torch.compile"])
+            t0 = time.perf_counter()
+            got = first_result(tc, copies["torch.compile"], case.kwargs, train)
+            row["tc_compile_s"] = time.perf_counter() - t0
+            row["tc_err"] = check_close(got, ref, f"{name} {row['mode']} torch.compile", _floor(ref, train))
+            runs["torch.compile"] = make_step(tc, copies["torch.compile"], case.kwargs, train)
+        except Mismatch:
+            raise
+        except Exception as e:  # noqa: BLE001 - torch.compile failing is a row note, not ours
+            row["tc_error"] = f"{type(e).__name__}: {e}"[:100]
+
+    row.update({k + "_us": v for k, v in interleaved(runs, rounds, target_s=0.2).items()})
+    if profile_calls:
+        import segments
+        row["profile"] = segments.profile(runs["tempa"], profile_calls)
+    return row
+
+
+# --- output --------------------------------------------------------------------------------
+def _ms(us):
+    return f"{us / 1e3:.2f}" if us is not None else "—"
+
+
+def print_line(r):
+    e, t, c = r["eager_us"], r["tempa_us"], r.get("torch.compile_us")
+    tc = (f"torch.compile {_ms(c)} ms ({e / c:5.2f}x, compile {r['tc_compile_s']:5.1f} s)" if c
+          else f"torch.compile: {r.get('tc_error', 'not run')}")
+    print(f"{r['model']:16s} {r['mode']:5s} eager {_ms(e)} ms  tempa {_ms(t)} ms ({e / t:5.2f}x, "
+          f"compile {r['tempa_compile_s']:5.1f} s)  {tc}  [{r['tempa_info']}]", file=sys.stderr,
+          flush=True)
+
+
+def geomean(xs):
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def table(rows) -> str:
+    out = ["| model | mode | eager ms | tempa ms | tempa speedup | tempa compile s | "
+           "torch.compile ms | torch.compile speedup | torch.compile compile s |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    st, sc = [], []
+    for r in rows:
+        e, t, c = r["eager_us"], r["tempa_us"], r.get("torch.compile_us")
+        st.append(e / t)
+        if c:
+            sc.append(e / c)
+        tc = f"{_ms(c)} | {e / c:.2f}x | {r['tc_compile_s']:.1f}" if c else f"— | — | {r.get('tc_error', '')}"
+        out.append(f"| {r['title']} | {r['mode']} | {_ms(e)} | {_ms(t)} | {e / t:.2f}x | "
+                   f"{r['tempa_compile_s']:.1f} | {tc} |")
+    out.append(f"| **geomean** | | | | **{geomean(st):.2f}x** | | | **{geomean(sc):.2f}x** | |")
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default=",".join(hf_models.NAMES),
+                    help="comma-separated, from: " + ", ".join(hf_models.NAMES))
+    ap.add_argument("--mode", choices=["infer", "train", "both"], default="both")
+    ap.add_argument("--size", choices=["quick", "default", "larger"], default="default")
+    ap.add_argument("--quick", action="store_true", help="--size quick and 3 rounds")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads for all three")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="cpu: time calls by this thread's CPU time, which does not count the "
+                         "time other jobs hold the cores (use with --threads 1)")
+    ap.add_argument("--no-torch-compile", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print where each tempa call's time goes (segments.py)")
+    ap.add_argument("--json", default="", help="write the rows (and profiles) to this path")
+    a = ap.parse_args()
+    if a.quick:
+        a.size, a.rounds = "quick", min(a.rounds, 3)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    models.CLOCK = time.thread_time if a.clock == "cpu" else time.perf_counter
+    if not hf_models.available():
+        sys.exit("real_models.py needs transformers (pip install transformers)")
+    warnings.filterwarnings("ignore")
+    import transformers
+    transformers.logging.set_verbosity_error()
+    modes = {"infer": [False], "train": [True], "both": [False, True]}[a.mode]
+    load = os.getloadavg()
+    rows, failed = [], []
+    for name in a.models.split(","):
+        for train in modes:
+            try:
+                r = bench_row(name, a.size, train, not a.no_torch_compile, a.rounds,
+                              profile_calls=5 * a.rounds if a.profile else 0)
+            except Mismatch as e:
+                print(f"MISMATCH {e}", file=sys.stderr, flush=True)
+                failed.append(str(e))
+                continue
+            except Exception as e:  # noqa: BLE001 - one model failing must not end the run
+                traceback.print_exc()
+                failed.append(f"{name} {'train' if train else 'infer'}: {type(e).__name__}: {e}")
+                continue
+            rows.append(r)
+            print_line(r)
+            if a.profile:
+                print(f"## {r['title']} {r['mode']}: where tempa's call goes\n{r['profile']}\n",
+                      file=sys.stderr, flush=True)
+    print(f"\n{time.strftime('%Y-%m-%d %H:%M')}, size {a.size}, {os.cpu_count()} cores, "
+          f"{torch.get_num_threads()} threads, {a.clock} clock, torch {torch.__version__}, transformers "
+          f"{transformers.__version__}, load average at start {load[0]:.2f}, at end "
+          f"{os.getloadavg()[0]:.2f}; per call ms, medians of {a.rounds} interleaved rounds\n")
+    print(table(rows))
+    if failed:
+        print("\nFAILED:\n" + "\n".join(f"- {f}" for f in failed))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"rows": rows, "failed": failed, "size": a.size, "torch": torch.__version__}, f, indent=1)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
