@@ -21,7 +21,7 @@ from .config import config
 from .backend.runtime import nativeguards
 from .capture import calls, higher_order
 from .capture import runtime as capture_runtime
-from .capture.breaks import GraphBreakError, Unsupported, UserError
+from .capture.breaks import BreakReason, GraphBreakError, Unsupported, UserError, fullgraph_error
 from .capture.cache import MISS, CodeCache, build_entry, install_invalidation_hooks, clear_watchers
 from .capture.capture import capture
 from .capture.explain import ExplainOutput, has_ops
@@ -87,6 +87,18 @@ def _check_settings(fullgraph, dynamic, mode, options) -> None:
     if unknown:
         raise ValueError(f"tempa.compile: unknown option(s) {', '.join(map(repr, unknown))}; "
                          "the options are " + "; ".join(f"{k}: {v}" for k, v in OPTIONS.items()))
+
+
+def _raised_at(fn, exc: BaseException) -> BreakReason:
+    """Where ``exc`` left the compiled function ``fn`` (its innermost line there)."""
+    where = (fn.__code__.co_filename, fn.__code__.co_firstlineno)
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is fn.__code__:
+            where = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+        tb = tb.tb_next
+    return BreakReason("user exception", f"{type(exc).__name__}: {exc}", where[0], where[1],
+                       fn.__qualname__)
 
 
 class _CaptureRaised:
@@ -266,7 +278,10 @@ class CompileContext:
                         logs.compiling_for(logs._compiling_for or logs.user_frame()):
                     entry = self._capture_and_compile(cache, fn, args, kwargs)
         if type(entry) is _CaptureRaised:
-            result = eager(*args, **kwargs)   # the user's error: eager raises it, from their code
+            if self.fullgraph:
+                result = self._eager_under_fullgraph(fn, eager, args, kwargs)
+            else:
+                result = eager(*args, **kwargs)   # the user's error: eager raises it, from their code
             self._capture_error_was_ours(cache, fn, entry.error)   # eager did not raise
             return result
         if entry is None:
@@ -277,6 +292,17 @@ class CompileContext:
                                   "eagerly", cache.name, entry.why(*args, **kwargs))
             return eager(*args, **kwargs)
         return result
+
+    def _eager_under_fullgraph(self, fn, eager, args, kwargs):
+        """Capture found the user's code raising, so there is no graph: the call runs eagerly
+        (eager, not capture, decides whether it raises and what), and an exception that
+        leaves it is raised as eager's class and GraphBreakError at once (``fullgraph_error``
+        says why). Without fullgraph, eager's exception passes through unchanged."""
+        try:
+            return eager(*args, **kwargs)
+        except Exception as exc:
+            _stats.bump("graph_breaks")
+            raise fullgraph_error(exc, _raised_at(fn, exc)) from exc
 
     def _capture_error_was_ours(self, cache: CodeCache, fn, error: BaseException) -> None:
         """Capture raised ``error`` as if the user's code had, but eager ran the same call
