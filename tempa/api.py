@@ -6,6 +6,7 @@ what the user sees.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import weakref
 import torch
 from torch.amp import autocast_mode
 from torch.nn.modules.lazy import LazyModuleMixin
+from torch.utils._python_dispatch import _disable_current_modes, any_torch_dispatch_mode_on_stack
 
 from . import distributed, logs, stance, stats as _stats
 from .config import config
@@ -89,6 +91,15 @@ def _check_settings(fullgraph, dynamic, mode, options) -> None:
                          "the options are " + "; ".join(f"{k}: {v}" for k, v in OPTIONS.items()))
 
 
+_dispatch_stack_len = torch._C._len_torch_dispatch_stack
+
+
+def _outside_dispatch_modes():
+    """Capture and compile with the torch dispatch modes off when any is on the stack (only
+    modes that ignore compile internals can be: see ``_eager_under_dispatch_mode``)."""
+    return _disable_current_modes() if _dispatch_stack_len() else contextlib.nullcontext()
+
+
 def _raised_at(fn, exc: BaseException) -> BreakReason:
     """Where ``exc`` left the compiled function ``fn`` (its innermost line there)."""
     where = (fn.__code__.co_filename, fn.__code__.co_firstlineno)
@@ -131,6 +142,7 @@ class CompileContext:
         self.graph_log: list = []  # (function, GraphModule)
         self.break_log: list = []  # (function, BreakReason)
         self.fallback_log: list = []  # (function, reason)
+        self._mode_eager_noted = weakref.WeakSet()   # caches said to run under a dispatch mode
         self.recompile_log: list = []  # (function name, the guard that failed)
         self.auto_trials: dict = {}    # CodeCache -> stance.AutoTrial (stance "auto")
         self.stance_log: list = []     # the choices stance "auto" made, as sentences
@@ -152,6 +164,8 @@ class CompileContext:
         miss = self._miss
 
         def dispatch(*args, **kwargs):
+            if _dispatch_stack_len() and any_torch_dispatch_mode_on_stack():
+                return self._eager_under_dispatch_mode(cache, fn, eager, args, kwargs)
             if stance.state.active:
                 return self._with_stance(cache, fn, eager, args, kwargs)
             if kwargs:
@@ -167,6 +181,20 @@ class CompileContext:
             return miss(cache, fn, eager, args, kwargs)
         dispatch.__tempa_cache__ = cache
         return dispatch
+
+    def _eager_under_dispatch_mode(self, cache, fn, eager, args, kwargs):
+        """A torch dispatch mode on the stack must see each op this call runs, as in eager
+        (it may log, count or change them); a compiled graph's kernels bypass it, so the
+        call runs eagerly (as torch.compile skips such frames), said once per function.
+        Modes whose ``ignore_compile_internals()`` is True, and infra modes (fake tensors),
+        do not count: compiled code is opaque to them by their own declaration."""
+        if cache not in self._mode_eager_noted:
+            self._mode_eager_noted.add(cache)
+            _stats.bump("eager_fallbacks")
+            reason = "a torch dispatch mode is active that sees every op (its ignore_compile_internals() is False)"
+            self.fallback_log.append((fn, reason))
+            _fallback_log.warning("tempa: running %s eagerly: %s", _where(fn), reason)
+        return eager(*args, **kwargs)
 
     def _compiled_call(self, cache, fn, eager, args, kwargs):
         for entry in cache.entries:
@@ -274,7 +302,9 @@ class CompileContext:
                     break
             if entry is None and cache.eager_reason is None:
                 # (capture's own saves must not reach activation checkpointing's hooks)
-                with distributed.outside_saved_tensors_hooks(), \
+                # (nor reach the dispatch modes that ignore compile internals: capture's
+                # ops on fake tensors are such internals; the compiled graph runs under them)
+                with distributed.outside_saved_tensors_hooks(), _outside_dispatch_modes(), \
                         logs.compiling_for(logs._compiling_for or logs.user_frame()):
                     entry = self._capture_and_compile(cache, fn, args, kwargs)
         if type(entry) is _CaptureRaised:

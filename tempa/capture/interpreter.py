@@ -261,12 +261,22 @@ class Frame(DataOpcodes):
         result = operators.truth(self, v)
         return bool(v) if result is operators.NATIVE else result
 
+    def _tensor_rows(self, v: TensorVar) -> list:
+        """The rows iterating ``v`` gives. Eager iterates ``v.unbind(0)``; a row is the same
+        view as ``v[i]``, which is what the graph records (one op a row, as torch.compile),
+        unless ``v`` requires grad: then an in-place op on a row of unbind's multi-output
+        views raises in eager where one on ``v[i]`` does not, so the graph keeps unbind."""
+        rows = v.fake.shape[0]
+        if v.fake.requires_grad or not isinstance(rows, int):
+            return list(self.tracer.builder.call("call_method", "unbind", (v, 0), {}))
+        return [self.tracer.builder.call("call_function", operator.getitem, (v, i), {})
+                for i in range(rows)]
+
     def get_iter(self, v):
         if isinstance(v, TensorVar):
             if v.fake.dim() == 0:
                 raise UserError(TypeError("iteration over a 0-d tensor"))
-            parts = self.tracer.builder.call("call_method", "unbind", (v, 0), {})
-            return CapturedIter(list(parts))
+            return CapturedIter(self._tensor_rows(v))
         if numpy_values.is_array(v):
             return CapturedIter(numpy_values.iterate(self.tracer, v))
         if isinstance(v, torch.nn.Module):

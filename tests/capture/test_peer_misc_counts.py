@@ -116,3 +116,105 @@ def test_without_fullgraph_eagers_exception_passes_unchanged(fn, args, cls):
     assert type(info.value) is type(expected) and not isinstance(info.value, tempa.GraphBreakError)
     assert str(info.value) == str(expected) and info.value.__cause__ is None
     assert tempa.stats().graph_breaks == 0
+
+
+# -- iterating a tensor: one getitem a row, as torch.compile --------------------------------
+
+def add_to_rows(x):
+    for y in x:
+        y.add_(1.0)
+    return y
+
+
+def test_tensor_iteration_is_one_op_a_row_and_mutates_eagers_rows():
+    rec = Recorder()
+    x = torch.randn(10, 4)
+    expected_x = x.clone()
+    expected = add_to_rows(expected_x)
+    out = tempa.compile(add_to_rows, backend=rec)(x)
+    assert_same(out, expected)
+    assert_same(x, expected_x)
+    assert out._base is x and out.data_ptr() == x[9].data_ptr()   # the last row, a view of x
+    assert (len(rec.graphs), rec.op_count) == (1, 20)   # torch.compile: 10 getitem + 10 add_
+    assert tempa.stats().captures == 1 and tempa.stats().graph_breaks == 0
+
+
+def test_star_unpacking_a_tensor_is_its_rows():
+    rec = Recorder()
+    fn = lambda x: torch.cat([*x], dim=-1)   # noqa: E731
+    x = torch.randn(1, 1, 5, 6)
+    assert_same(tempa.compile(fn, backend=rec)(x), fn(x))
+    assert (len(rec.graphs), rec.op_count) == (1, 2)   # getitem + cat, as torch.compile
+
+
+def test_iterating_a_tensor_that_requires_grad_keeps_eagers_error():
+    """Eager's rows are unbind's multi-output views: an in-place op on one raises when the
+    tensor requires grad (a select view would not), so that case keeps unbind."""
+    def fn(a):
+        return add_to_rows(a * 2)
+    a = torch.randn(3, 2, requires_grad=True)
+    with pytest.raises(RuntimeError, match="multiple views"):
+        fn(a)
+    with pytest.raises(RuntimeError, match="multiple views"):
+        tempa.compile(fn, backend="eager")(a)
+
+
+# -- torch dispatch modes --------------------------------------------------------------------
+
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+
+class AddIsMul(TorchDispatchMode):
+    """Sees every op (ignore_compile_internals() is False) and changes add into mul."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.add.Tensor:
+            func = torch.ops.aten.mul.Tensor
+        return func(*args, **(kwargs or {}))
+
+
+class CountsOps(TorchDispatchMode):
+    """Compiled code is opaque to it by its own declaration."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+    @classmethod
+    def ignore_compile_internals(cls):
+        return True
+
+
+def add_sin(x):
+    return (x + x).sin()
+
+
+@pytest.mark.parametrize("backend", ["eager", "tempa"])
+def test_a_mode_that_sees_every_op_gets_eagers_answer(backend):
+    x = torch.full((3,), 3.0)
+    with AddIsMul():
+        expected = add_sin(x)
+    fast = tempa.compile(add_sin, backend=backend)
+    for first_without_mode in (False, True):
+        if first_without_mode:
+            assert_same(fast(x), add_sin(x))   # compiled, without the mode
+        with AddIsMul():
+            assert_same(fast(x), expected)   # eagerly: the mode turns add into mul
+    assert tempa.stats().eager_fallbacks == 1   # said once
+    assert tempa.stats().captures == 1          # only the call without the mode captured
+
+
+def test_a_mode_that_ignores_compile_internals_gets_a_graph_and_no_capture_ops():
+    rec = Recorder()
+    x = torch.randn(4)
+    mode = CountsOps()
+    with mode:
+        out = tempa.compile(add_sin, backend=rec, fullgraph=True)(x)
+    assert_same(out, add_sin(x))
+    assert len(rec.graphs) == 1 and tempa.stats().captures == 1
+    # capture's fake-tensor ops did not reach it; the eager-run graph's two ops did
+    assert mode.ops == 2
