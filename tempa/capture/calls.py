@@ -172,6 +172,8 @@ def is_torch_op(fn) -> bool:
         return True   # torch.ops.aten.add.Tensor, a torch.library.custom_op's overload
     if t is _BUILTIN_FUNCTION:
         mod = getattr(fn, "__module__", None) or ""
+        if mod.startswith("torch._C._dynamo"):
+            return False   # Dynamo's frame-evaluation and guard machinery: no tensor op
         if mod.startswith("torch"):
             return True
         owner = getattr(fn, "__self__", None)

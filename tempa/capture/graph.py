@@ -339,7 +339,33 @@ def _is_impure(node: fx.Node) -> bool:
         return True
     if node.target in _SIDE_EFFECT_TARGETS or node.meta.get("returns_argument"):
         return True
-    return _mutates_arguments(node.target)
+    return _mutates_arguments(node.target) or _draws_random_numbers(node)
+
+
+# Operations that draw from a random generator. Unused or not, each advances the generator
+# as in eager, so that the draws after it (in the graph or after it) get eager's numbers.
+_RANDOM_FUNCTIONS = {torch.rand, torch.randn, torch.randint, torch.randperm, torch.rand_like,
+                     torch.randn_like, torch.randint_like, torch.normal, torch.poisson,
+                     torch.bernoulli, torch.multinomial, torch.dropout, torch.alpha_dropout,
+                     torch.feature_alpha_dropout, torch.rrelu, F.dropout, F.dropout1d,
+                     F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout,
+                     F.rrelu, F.gumbel_softmax}
+_RANDOM_METHODS = {"bernoulli", "multinomial"}   # (in-place ones end in _: kept as mutations)
+
+
+def _draws_random_numbers(node: fx.Node) -> bool:
+    if "generator" in node.kwargs:
+        return True
+    if node.op == "call_method":
+        return node.target in _RANDOM_METHODS
+    return node.op == "call_function" and _key_in(node.target, _RANDOM_FUNCTIONS)
+
+
+def _key_in(target, table) -> bool:
+    try:
+        return target in table
+    except TypeError:   # an unhashable callable
+        return False
 
 
 def _mutates_arguments(target) -> bool:

@@ -218,3 +218,43 @@ def test_a_mode_that_ignores_compile_internals_gets_a_graph_and_no_capture_ops()
     assert len(rec.graphs) == 1 and tempa.stats().captures == 1
     # capture's fake-tensor ops did not reach it; the eager-run graph's two ops did
     assert mode.ops == 2
+
+
+# -- a random draw nothing reads still moves the generator -----------------------------------
+
+def unused_draws(x):
+    torch.randn(3)
+    torch.nn.functional.dropout(x, 0.5, training=True)
+    x.bernoulli()
+    torch.rand(2, generator=None)
+    return x + torch.rand(2)
+
+
+@pytest.mark.parametrize("backend", ["eager", "tempa"])
+def test_unused_random_draws_advance_the_generator_as_in_eager(backend):
+    x = torch.full((2,), 0.5)
+    torch.manual_seed(0)
+    expected, expected_next = unused_draws(x), torch.rand(2)
+    fast = tempa.compile(unused_draws, backend=backend)
+    for _ in range(2):
+        torch.manual_seed(0)
+        out, next_draw = fast(x), torch.rand(2)
+        assert_same(out, expected)
+        assert_same(next_draw, expected_next)   # the generator is where eager left it
+    assert tempa.stats().captures == 1 and tempa.stats().graph_breaks == 0
+
+
+# -- torch._C._dynamo's functions are not tensor operations ----------------------------------
+
+def test_dynamos_c_helpers_are_a_graph_break_not_an_op():
+    from torch._dynamo.testing import unsupported   # a C builtin of torch._C._dynamo
+    rec = Recorder()
+
+    def fn(a, b):
+        c = unsupported(a, b)
+        return a + b * 10 + c
+    v = torch.Tensor([100])
+    assert_same(tempa.compile(fn, backend=rec)(v, v), fn(v, v))
+    # torch.compile: 3 ops (it breaks the graph at unsupported, which runs in Python)
+    assert rec.op_count == 3 and tempa.stats().graph_breaks == 1
+    assert all(n.target is not unsupported for g in rec.graphs for n in g.graph.nodes)
