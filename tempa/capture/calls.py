@@ -33,7 +33,7 @@ import torch
 import torch.optim.optimizer as torch_optimizer
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from . import context, higher_order, numpy_values, scalar_tensors, scalars, stdlib
+from . import context, higher_order, numpy_values, scalar_tensors, scalars, shapes, stdlib
 from .breaks import Unsupported, UserError
 from .instructions import PY
 from .module_guards import _MODULE_CALL, _guard_module_class, guard_function, guard_module_call
@@ -516,10 +516,19 @@ def call_c(tracer, frame, fn, args, kwargs):
                 tracer.is_internal(owner) and name in ("__setattr__", "__setitem__", "__init__")):
             raise Unsupported("unsupported call", f"{getattr(fn, '__qualname__', fn)} with "
                               "tensor arguments")
+    if _makes_text(fn, owner):   # of a size: its value, not its symbol (shapes.specialized)
+        args = [shapes.specialized(a) for a in args]
+        kwargs = {k: shapes.specialized(v) for k, v in kwargs.items()}
     result = fn(*args, **kwargs)
     if getattr(fn, "__name__", "") in ("__new__", "copy", "__copy__"):
         tracer.mark_internal(result)   # list.__new__(MyList), deque.copy(): new objects
     return result
+
+
+def _makes_text(fn, owner) -> bool:
+    """repr/ascii/format, and str's methods (``"{}".format(n)``, ``"%s" % (n,)``)."""
+    return fn in (builtins.repr, builtins.ascii, builtins.format) or isinstance(owner, str) or \
+        getattr(fn, "__objclass__", None) is str
 
 
 def _copy(tracer, fn, args, kwargs):
@@ -922,6 +931,8 @@ def _builtin_type(tracer, frame, cls, args, kwargs):
         return frame.truth(args[0])
     if cls is str and args and isinstance(args[0], _SYMBOLIC):
         raise Unsupported("data-dependent value", "str(tensor) needs its value")
+    if cls is str:
+        args = [shapes.specialized(a) for a in args]   # str(size): its value, not its symbol
     handler = _ITERATING_TYPES.get(cls)
     if handler is not None:
         return handler(tracer, frame, args, kwargs)

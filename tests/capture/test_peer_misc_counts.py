@@ -4,6 +4,7 @@ graphs handed to the backend and their op counts match torch.compile's on the sa
 returns. Also: under fullgraph=True, a call whose code raises raises eager's exception that
 is a tempa.GraphBreakError too."""
 import itertools
+import os
 
 import pytest
 import torch
@@ -258,3 +259,61 @@ def test_dynamos_c_helpers_are_a_graph_break_not_an_op():
     # torch.compile: 3 ops (it breaks the graph at unsupported, which runs in Python)
     assert rec.op_count == 3 and tempa.stats().graph_breaks == 1
     assert all(n.target is not unsupported for g in rec.graphs for n in g.graph.nodes)
+
+
+# -- a break at `container[key] = value`: the store runs, the rest stays compiled -----------
+
+def set_environ_between(x):
+    x = x + 1
+    os.environ["TEMPA_PEER_MISC_TEST"] = str(x.shape[0])
+    return torch.sin(x)
+
+
+def test_a_store_that_breaks_runs_and_the_rest_is_compiled(monkeypatch):
+    monkeypatch.setenv("TEMPA_PEER_MISC_TEST", "unset")
+    rec = Recorder()
+    fast = tempa.compile(set_environ_between, backend=rec)
+    for n in (3, 3, 5):
+        os.environ["TEMPA_PEER_MISC_TEST"] = "unset"
+        x = torch.ones(n)
+        assert_same(fast(x), torch.sin(x + 1))
+        assert os.environ["TEMPA_PEER_MISC_TEST"] == str(n)   # the store ran, every call
+    # torch.compile: 2 graphs (x + 1, then sin after the break), per shape
+    assert [g.code.count("torch.sin") for g in rec.graphs[:2]] == [0, 1]
+    assert tempa.stats().graph_breaks >= 1 and tempa.stats().eager_fallbacks == 0
+
+
+def test_a_store_that_breaks_keeps_the_identity_of_a_made_container():
+    def fn(x):
+        d = {}
+        box = [d]
+        os.environ["TEMPA_PEER_MISC_TEST2"] = "1"   # the break
+        d["y"] = x * 2
+        return box, d
+    fast = tempa.compile(fn, backend="eager")
+    box, d = fast(torch.ones(2))
+    assert box[0] is d and torch.equal(d["y"], torch.full((2,), 2.0))
+    os.environ.pop("TEMPA_PEER_MISC_TEST2", None)
+
+
+# -- the text of a symbolic size is its value ------------------------------------------------
+
+TEXT_OF_SIZES = [lambda x: str(x.shape[0]), lambda x: f"{x.shape[0]}", lambda x: f"{x.shape[0]:>4}",
+                 lambda x: repr(x.shape[0]), lambda x: format(x.shape[0], "d"),
+                 lambda x: "{}-{}".format(x.shape[0], 7), lambda x: "%s" % (x.shape[0],),
+                 lambda x: str(x.shape), lambda x: repr(x.size())]
+
+
+@pytest.mark.parametrize("fn", TEXT_OF_SIZES)
+def test_text_of_a_dynamic_size_is_its_value_not_its_symbol(fn):
+    fast = tempa.compile(fn, backend="eager")
+    for n in (3, 4, 5, 4):   # 4 and 5 come after a size change: symbolic sizes
+        assert fast(torch.ones(n)) == fn(torch.ones(n))
+
+
+def test_arithmetic_on_a_dynamic_size_stays_symbolic():
+    fn = lambda x: x.view(-1) * (x.shape[0] * 2)   # noqa: E731
+    fast = tempa.compile(fn, backend="eager")
+    for n in (3, 4, 5, 6):
+        assert_same(fast(torch.ones(n)), fn(torch.ones(n)))
+    assert tempa.stats().captures == 2   # static, then one symbolic graph for every size
