@@ -324,6 +324,7 @@ class GraphBuilder:
             if first is not node:
                 first.prepend(node)
         self.graph.output(tuple(v.node for v in outputs))
+        _unbind_rows_written_with_grad(self.graph)
         self.graph.eliminate_dead_code(is_impure_node=_is_impure)
         gm = fx.GraphModule(torch.nn.Module(), self.graph)
         return gm
@@ -332,6 +333,42 @@ class GraphBuilder:
 # The dtype torch's argument parser reads a Python scalar type as (x.to(float) is float64).
 _PYTHON_SCALAR_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64,
                          complex: torch.complex128}
+
+
+def _unbind_rows_written_with_grad(graph: fx.Graph) -> None:
+    """Rows of a tensor iteration are recorded as ``x[i]`` (interpreter ``_tensor_rows``);
+    eager's are ``x.unbind(0)``'s multi-output views, and an in-place op that makes one
+    require grad raises there ("... is a view and is being modified inplace"). Such a
+    row's iteration goes back to unbind, so the graph raises eager's error."""
+    groups: dict = {}
+    for node in graph.nodes:
+        group = node.meta.get("unbind_rows")
+        if group is not None:
+            groups.setdefault(group, []).append(node)
+    for rows in groups.values():
+        if any(_written_with_grad(row) for row in rows):
+            source = rows[0].args[0]
+            with graph.inserting_before(rows[0]):
+                parts = graph.call_method("unbind", (source, 0))
+                parts.meta["example_value"] = tuple(r.meta.get("example_value") for r in rows)
+                new_rows = [graph.call_function(operator.getitem, (parts, i))
+                            for i in range(len(rows))]
+            for row, new in zip(rows, new_rows):
+                new.meta.update(row.meta)
+                del new.meta["unbind_rows"]
+                row.replace_all_uses_with(new)
+                graph.erase_node(row)
+
+
+def _written_with_grad(row: fx.Node) -> bool:
+    """An in-place op writes into ``row`` with an operand that requires grad (unbind is
+    eager's exact behaviour, so a false positive only costs the op count)."""
+    for user in row.users:
+        if user.args and user.args[0] is row and _mutates_arguments(user.target):
+            operands = [a for a in (*user.args[1:], *user.kwargs.values()) if isinstance(a, fx.Node)]
+            if any(getattr(a.meta.get("example_value"), "requires_grad", False) for a in operands):
+                return True
+    return False
 
 
 def _is_impure(node: fx.Node) -> bool:

@@ -265,12 +265,18 @@ class Frame(DataOpcodes):
         """The rows iterating ``v`` gives. Eager iterates ``v.unbind(0)``; a row is the same
         view as ``v[i]``, which is what the graph records (one op a row, as torch.compile),
         unless ``v`` requires grad: then an in-place op on a row of unbind's multi-output
-        views raises in eager where one on ``v[i]`` does not, so the graph keeps unbind."""
+        views raises in eager where one on ``v[i]`` does not, so the graph keeps unbind
+        (and ``GraphBuilder.finish`` goes back to unbind for rows that an in-place op with
+        an operand that requires grad writes into, for the same reason)."""
         rows = v.fake.shape[0]
         if v.fake.requires_grad or not isinstance(rows, int):
             return list(self.tracer.builder.call("call_method", "unbind", (v, 0), {}))
-        return [self.tracer.builder.call("call_function", operator.getitem, (v, i), {})
-                for i in range(rows)]
+        group = object()
+        out = [self.tracer.builder.call("call_function", operator.getitem, (v, i), {})
+               for i in range(rows)]
+        for row in out:
+            row.node.meta["unbind_rows"] = group
+        return out
 
     def get_iter(self, v):
         if isinstance(v, TensorVar):

@@ -317,3 +317,29 @@ def test_arithmetic_on_a_dynamic_size_stays_symbolic():
     for n in (3, 4, 5, 6):
         assert_same(fast(torch.ones(n)), fn(torch.ones(n)))
     assert tempa.stats().captures == 2   # static, then one symbolic graph for every size
+
+
+def test_rows_written_with_an_operand_that_requires_grad_keep_eagers_error():
+    """``y.add_(w)`` with ``w`` requiring grad makes a row of unbind's multi-output views
+    require grad in place, which eager refuses; the graph goes back to unbind for it."""
+    rec = Recorder()
+
+    def fn(x, w):
+        for y in x:
+            y.add_(w)
+        return y
+    x, w = torch.randn(3, 2), torch.randn(2, requires_grad=True)
+    with pytest.raises(RuntimeError) as expected:
+        fn(x.clone(), w)
+    with pytest.raises(RuntimeError) as got:
+        tempa.compile(fn, backend=rec)(x.clone(), w)
+    assert str(got.value) == str(expected.value)
+    assert "unbind" in rec.graphs[0].code
+    # without grad the rows stay x[i] (torch.compile's graph) and the values are eager's
+    tempa.reset()
+    rec = Recorder()
+    w = w.detach()
+    a, b = x.clone(), x.clone()
+    assert_same(tempa.compile(fn, backend=rec)(a, w), fn(b, w))
+    assert_same(a, b)
+    assert "unbind" not in rec.graphs[0].code and rec.op_count == 6
