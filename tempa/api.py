@@ -16,7 +16,8 @@ import weakref
 import torch
 from torch.amp import autocast_mode
 from torch.nn.modules.lazy import LazyModuleMixin
-from torch.utils._python_dispatch import _disable_current_modes, any_torch_dispatch_mode_on_stack
+from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack, \
+    any_torch_dispatch_mode_on_stack
 
 from . import distributed, logs, stance, stats as _stats
 from .config import config
@@ -95,9 +96,13 @@ _dispatch_stack_len = torch._C._len_torch_dispatch_stack
 
 
 def _outside_dispatch_modes():
-    """Capture and compile with the torch dispatch modes off when any is on the stack (only
-    modes that ignore compile internals can be: see ``_eager_under_dispatch_mode``)."""
-    return _disable_current_modes() if _dispatch_stack_len() else contextlib.nullcontext()
+    """Capture and compile with the torch dispatch modes off when a user's mode is on the
+    stack (only modes that ignore compile internals can be: see
+    ``_eager_under_dispatch_mode``). Infra modes alone (fake tensors) stay as they are."""
+    if _dispatch_stack_len() and not all(m.is_infra_mode()
+                                         for m in _get_current_dispatch_mode_stack()):
+        return _disable_current_modes()
+    return contextlib.nullcontext()
 
 
 def _raised_at(fn, exc: BaseException) -> BreakReason:
