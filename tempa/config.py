@@ -42,6 +42,10 @@ class Config:
     fast_guards: bool = True
     # Automatic dynamic shapes: after a size changes once, recapture with that dim symbolic.
     automatic_dynamic_shapes: bool = True
+    # Capture at all. Off (TEMPA_CAPTURE=0): every call of compiled code runs eagerly and no
+    # counter moves, as if tempa were absent. `make test-capture-off` runs the capture tests
+    # so: a test that still passes then checks nothing about capture.
+    capture: bool = True
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from .compile_graph import finish, plan_graph
-from .pipeline import source_file
+from ..sourcefiles import source_file
 
 _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
 

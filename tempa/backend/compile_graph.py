@@ -14,7 +14,8 @@ import importlib
 logs = importlib.import_module("tempa.logs")
 stats = importlib.import_module("tempa.stats")  # the module; tempa.stats is also a function
 from .codegen import cpp, wrapper
-from .pipeline import Target, memory_summary, plan_graph as run_passes, show, source_file
+from ..sourcefiles import source_file
+from .pipeline import Target, memory_summary, plan_graph as run_passes, show
 from .runtime import build as _build, fastcall
 from .schedule import plan_memory
 

@@ -16,8 +16,6 @@ what it saved, the loop IR, the schedule with its fusion decisions, the kernels,
 """
 from __future__ import annotations
 
-import hashlib
-import linecache
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -311,11 +309,3 @@ def show(passes: dict, heading: str = "") -> str:
         text = value.code if hasattr(value, "code") and hasattr(value, "graph") else str(value)
         out.append(f"=== {name} ===\n{text.strip()}")
     return "\n\n".join(out)
-
-
-def source_file(src: str, what: str) -> str:
-    """A file name for generated Python ``src``, registered with linecache so that
-    tracebacks, pdb and inspect show its lines (``<tempa wrapper inference 1a2b3c4d>``)."""
-    name = f"<tempa {what} {hashlib.sha1(src.encode()).hexdigest()[:10]}>"
-    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
-    return name

@@ -102,8 +102,8 @@ def plan_break(fn, frame, plan: OutputPlan, runtime) -> BreakPlan:
             rc = make_resume_code(code, offset, stack_size=len(real), null_positions=nulls,
                                   live_locals=live)
         except (ResumeUnsupported, ValueError) as e:
-            raise Unsupported("unsupported construct", f"cannot resume {fn.__qualname__} at "
-                              f"offset {offset}: {e}") from None
+            raise Unsupported("cannot resume", f"cannot resume {fn.__qualname__} at "
+                                               f"offset {offset}: {e}") from None
         qualname = f"{fn.__qualname__}.<resume at line {_line(frame, offset)}>"
         args = [a if isinstance(a, str) else temp(a) for a in real]
         args += [temp(frame.locals[name]) for name in live]

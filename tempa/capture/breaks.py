@@ -33,6 +33,49 @@ BREAK_TYPES = {
     "generator": "generators are run in Python; use a list comprehension",
     "try block": "a try/except around tensor code is run in Python",
     "hooks": "forward hooks on this module are not captured; remove them or accept eager",
+    "unsupported opcode": "tempa's interpreter has no handler for this bytecode instruction "
+                          "yet; write the statement another way, or move it into a helper "
+                          "marked @tempa.disable",
+    "forced break": "a test asked for a break at this instruction (interpreter.FORCED_BREAKS)",
+    "instruction limit": "capture runs the bytecode and stops after 5 million instructions; "
+                         "make the long Python loop tensor operations, or move it out of the "
+                         "compiled function",
+    "huge or endless iterator": "capture unrolls loops over what it iterates; iterate "
+                                "something bounded (a range, a list), or move the loop out of "
+                                "the compiled function",
+    "tensor attribute": "this attribute of a graph tensor (.grad_fn, ._version, ._base, the "
+                        ".grad of a tensor computed in the graph, an attribute set on it) is "
+                        "not part of a graph; read or set it outside the compiled function",
+    "value leaving compiled code": "a value made in the compiled code that Python receives "
+                                   "(after a graph break, or as the return value) is rebuilt "
+                                   "there; a generator, lazy iterator, @contextmanager or "
+                                   "closure over tensors cannot be: consume it (list(...)) or "
+                                   "finish with it before the break, or make it outside",
+    "deeply nested input": "an argument nested deeper than tempa guards; pass a flatter "
+                           "structure",
+    "module call": "a module whose __call__ is overridden, or whose forward was replaced on "
+                   "the instance after compiling, runs eagerly; define forward on the class",
+    "cannot resume": "tempa cannot continue this function after the break at this place; put "
+                     "the call that breaks in a statement of its own, outside loops and "
+                     "with-blocks, or into a helper marked @tempa.disable",
+    "aliased inputs written in place": "arguments that share memory, written in place, run "
+                                       "eagerly; pass tensors that do not overlap (clone "
+                                       "one), or return new tensors instead",
+    "lazy module initialisation": "call the lazy module once before compiling (or compile "
+                                  "with dynamic=False) so that its parameters exist",
+    "async code": "coroutines and async generators run eagerly; await them outside the "
+                  "compiled function",
+    "call depth": "calls nest deeper than tempa inlines (recursion?); write the recursion as "
+                  "a loop, or mark the recursive function @tempa.disable",
+    "context manager": "tempa captures no_grad / enable_grad / set_grad_enabled(constant) / "
+                       "autocast and context managers written in Python (classes, "
+                       "@contextmanager functions called in the compiled code); enter this "
+                       "one outside the compiled function, or accept the break",
+    "module created in forward": "a module with parameters made in forward gets new "
+                                 "parameters on every call; create it in __init__",
+    "class created in forward": "define the class outside the compiled function",
+    "symbolic size": "a size expression tempa cannot turn into a guard or a graph node; mark "
+                     "the dimension static (tempa.mark_static) or compile with dynamic=False",
 }
 
 

@@ -8,11 +8,13 @@ the guard expressions plus one call.
 from __future__ import annotations
 
 import threading
+import types
 import weakref
 from dataclasses import dataclass, field
 
 from torch.nn.modules import module as _nn_module
 
+from ..sourcefiles import source_file
 from .guards import GuardSet
 
 
@@ -73,6 +75,29 @@ class CodeCache:
             self.dynamic_inputs = {}
 
 
+_NAMED_TWINS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # code -> twin code
+
+
+def with_identifier_names(fn: types.FunctionType) -> types.FunctionType:
+    """``fn`` itself, or, where a local of its code is no Python name (a comprehension's
+    or generator expression's iterator argument ``.0``), a twin function whose code names
+    that local ``___dot0``: an entry, its guards and a break's resume code are generated
+    Python that spell each local by its name. Only names change, not what the bytecode
+    does (locals are read by index); the twin shares globals, closure and defaults."""
+    code = fn.__code__
+    if all(name.isidentifier() for name in code.co_varnames):
+        return fn
+    twin = _NAMED_TWINS.get(code)
+    if twin is None:   # one twin per code object, so its entries are found again next call
+        names = tuple(n if n.isidentifier() else "___" + n.replace(".", "dot")
+                      for n in code.co_varnames)
+        twin = _NAMED_TWINS[code] = code.replace(co_varnames=names)
+    renamed = types.FunctionType(twin, fn.__globals__, fn.__name__, fn.__defaults__,
+                                 fn.__closure__)
+    renamed.__qualname__, renamed.__kwdefaults__ = fn.__qualname__, fn.__kwdefaults__
+    return renamed
+
+
 def signature_source(code, fn) -> str:
     """The parameter list of ``fn`` as source text, defaults filled in afterwards."""
     names = code.co_varnames
@@ -125,8 +150,8 @@ def build_entry(fn, captured, compiled, native_checks=None) -> Entry:
     why_lines.append("    return None")
     ns = dict(guards.consts)
     ns.update(___setattr=setattr, ___MISS=MISS, ___compiled=compiled, ___DESC=[d for _, d in ordered])
-    exec(compile(source + "\n\n" + "\n".join(why_lines) + "\n",
-                 f"<tempa entry for {fn.__qualname__}>", "exec"), ns)
+    text = source + "\n\n" + "\n".join(why_lines) + "\n"
+    exec(compile(text, source_file(text, f"entry for {fn.__qualname__}"), "exec"), ns)
     entry_fn, why_fn = ns["___entry"], ns["___why"]
     for f in (entry_fn, why_fn):
         f.__defaults__ = fn.__defaults__
@@ -150,8 +175,8 @@ def _fused_tensor_check(guards: GuardSet, ordered, native_checks) -> dict:
     params = [f"___t{i}" for i in range(len(specs))]
     body = " and ".join(f"({guards.tensor_expression(p, s)})" for p, s in zip(params, specs))
     ns = dict(guards.consts)
-    exec(compile(f"def ___tensor_guards({', '.join(params)}):\n    return {body}\n",
-                 "<tempa tensor guards>", "exec"), ns)
+    text = f"def ___tensor_guards({', '.join(params)}):\n    return {body}\n"
+    exec(compile(text, source_file(text, "tensor guards"), "exec"), ns)
     check = native_checks.checker(specs, ns["___tensor_guards"])
     if check is None:
         return {}

@@ -22,6 +22,7 @@ import builtins
 import collections
 import copy
 import functools
+import inspect
 import logging
 import math
 import operator
@@ -38,10 +39,11 @@ from .breaks import Unsupported, UserError
 from .instructions import PY
 from .module_guards import _MODULE_CALL, _guard_module_class, guard_function, guard_module_call
 from .purity import _BUILTIN_FUNCTION, _IMPURE_BUILTINS, _PLAIN_TYPES, _PURE_C_CLASSES, \
-    _PURE_C_MODULES, _PURE_C_TYPES, _check_pure_arguments, _check_pure_owner, _impure_reason, \
-    _read_environ, _reads_environ
+    GUARDED_READERS, _PURE_C_MODULES, _PURE_C_TYPES, _check_pure_arguments, _check_pure_owner, \
+    _impure_reason, _read_environ, _reads_environ
 from .values import CapturedIter, LazyIter, NdarrayMethod, NdarrayVar, ScalarVar, TensorVar, \
-    TensorMethod, SuperProxy, bound_self, check_own_iterator, contains_tensor
+    StorageMethod, StorageVar, TensorMethod, SuperProxy, bound_self, check_own_iterator, \
+    contains_tensor
 
 # Values whose content is only known when the graph runs: never turned into Python values.
 _SYMBOLIC = (TensorVar, NdarrayVar, ScalarVar)
@@ -98,6 +100,16 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
         return tensor_method(tracer, fn, args, kwargs)
     if type(fn) is NdarrayMethod:
         return numpy_values.call_method(tracer, fn, args, kwargs)
+    if type(fn) is StorageMethod:
+        if args or kwargs:
+            raise Unsupported("unsupported call", f"storage.{fn.name}() with arguments")
+        return fn.storage.nbytes
+    if any(type(v) is StorageVar for v in (*args, *kwargs.values())):
+        # capture knows a storage's size only; whatever else reads it needs the real one
+        raise Unsupported("data-dependent value", f"{getattr(fn, '__qualname__', fn)}() given "
+                          "a tensor's storage needs the real storage")
+    if type(fn) is higher_order.VmappedOp:
+        return tracer.builder.call("call_function", fn.vmapped, tuple(args), kwargs)
     if numpy_values.is_numpy_callable(fn):
         return numpy_values.call_numpy(tracer, fn, args, kwargs)
     if numpy_values.holds_array((args, kwargs)):
@@ -109,6 +121,9 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
     special = _SPECIAL.get(_key(fn))
     if special is not None:
         return special(tracer, frame, args, kwargs)
+    if type(fn) is types.MethodWrapperType and fn.__name__ == "__get__" and \
+            type(fn.__self__) in (types.GetSetDescriptorType, types.MemberDescriptorType):
+        return _descriptor_get(tracer, frame, fn.__self__, args, kwargs)
     if _reads_environ(fn, args):
         return _read_environ(tracer, fn, args, kwargs)
     impure = _impure_reason(fn)
@@ -120,9 +135,7 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
     if isinstance(fn, types.MethodType):
         return call(tracer, frame, fn.__func__, [fn.__self__, *args], kwargs)
     if kwargs.get("out") is not None and is_torch_op(fn):
-        # Eager writes into (and resizes) the given tensors; the graph has no such node.
-        raise Unsupported("unsupported call", f"{getattr(fn, '__name__', fn)}(out=...) writes "
-                          "into a tensor given to it")
+        return _call_with_out(tracer, fn, args, kwargs)
     if isinstance(fn, types.FunctionType):
         if is_torch_op(fn):
             return tracer.builder.call("call_function", fn, tuple(args), kwargs)
@@ -199,6 +212,7 @@ _PY_TENSOR_METHOD_OPS = {"split", "unique", "norm", "stft", "istft", "lu", "unfl
 
 # A flag of a tensor argument that its guard checks (GuardSet.tensor) but fake tensors lack.
 _INPUT_FLAG_METHODS = {"is_inference"}
+_STORAGE_STATE_METHODS = {"is_shared", "is_pinned"}
 
 
 def tensor_method(tracer, m: TensorMethod, args, kwargs):
@@ -216,8 +230,15 @@ def tensor_method(tracer, m: TensorMethod, args, kwargs):
         return scalars.item(tracer, t)
     if name == "tolist" and not args and not kwargs:
         return scalars.tolist(tracer, t)
+    if name == "untyped_storage" and not args and not kwargs:
+        return _storage_of(tracer, t)
+    if name == "__iter__" and not args and not kwargs:
+        from .interpreter import tensor_iter
+        return tensor_iter(tracer.builder, t)
     if name in _TENSOR_DATA_METHODS:
         raise Unsupported("data-dependent value", f"tensor.{name}() needs the tensor's value")
+    if name in _STORAGE_STATE_METHODS:   # a fake tensor's storage is never shared or pinned
+        raise Unsupported("data-dependent value", f"tensor.{name}() reads the real storage")
     if name in ("backward", "register_hook", "retain_grad", "record_stream", "share_memory_"):
         raise Unsupported("unsupported call", f"tensor.{name}() inside a captured graph")
     if name == "type" and not args and not kwargs:
@@ -228,6 +249,71 @@ def tensor_method(tracer, m: TensorMethod, args, kwargs):
     if rewritten is not scalar_tensors.NOT_REWRITTEN:
         return rewritten
     return tracer.builder.call("call_method", name, (t, *args), kwargs)
+
+
+# Operations after which a tensor's storage is another size than its input's was.
+_STORAGE_CHANGING = {"resize_", "set_", "resize_as_", "untyped_storage"}
+
+
+def _storage_of(tracer, t: TensorVar) -> StorageVar:
+    """``t.untyped_storage()`` of a tensor the caller gave (argument, parameter, buffer),
+    its size guarded (a view of a larger tensor has the shape of a smaller one). A storage
+    the graph makes is known only when it runs: a graph break."""
+    source = tracer.builder.input_source(t)
+    changed = any(n.target in _STORAGE_CHANGING for n in tracer.builder.graph.nodes)
+    if source is None or changed:
+        raise Unsupported("data-dependent value", "tensor.untyped_storage() of a tensor "
+                          "computed in the graph needs the real storage")
+    tensor, expr = source
+    nbytes = tensor.untyped_storage().nbytes()
+    tracer.guards.add("shape", f"{expr}.untyped_storage().nbytes() == {nbytes}",
+                      f"{expr}'s storage holds {nbytes} bytes")
+    return StorageVar(t, nbytes)
+
+
+def storage_attr(storage: StorageVar, name: str) -> StorageMethod:
+    if name not in ("size", "nbytes"):
+        raise Unsupported("data-dependent value", f"storage.{name} needs the real storage")
+    return StorageMethod(storage, name)
+
+
+def _call_with_out(tracer, fn, args, kwargs):
+    """``torch.add(a, b, out=t)``: eager computes the result, writes it into ``t`` (cast to
+    ``t``'s dtype) and returns ``t``. Recorded as the operation without ``out`` and
+    ``t.copy_(result)`` where that is exactly what eager does: one tensor of the result's
+    shape and device, a dtype the result casts to, no autograd; anything else (a resize,
+    a tuple of outs, a cast eager refuses) stays in Python, as eager runs it."""
+    name = getattr(fn, "__name__", fn)
+    out = kwargs["out"]
+    if not isinstance(out, TensorVar):
+        raise Unsupported("unsupported call", f"{name}(out=...) with an out that is not one tensor")
+    rest = {k: v for k, v in kwargs.items() if k != "out"}
+    result = tracer.builder.call("call_function", fn, tuple(args), rest)
+    if not isinstance(result, TensorVar) or not _fits_out(result.fake, out.fake):
+        raise Unsupported("unsupported call", f"{name}(out=...) resizes, casts or records "
+                          "autograd history in a way a copy into out does not")
+    return tracer.builder.call("call_method", "copy_", (out, result), {})
+
+
+def _fits_out(result, out) -> bool:
+    """Does writing ``result`` into ``out`` leave what eager's out= variant leaves?"""
+    return tuple(result.shape) == tuple(out.shape) and result.device == out.device and \
+        result.layout == out.layout and torch.can_cast(result.dtype, out.dtype) and \
+        not (torch.is_grad_enabled() and (result.requires_grad or out.requires_grad))
+
+
+def _descriptor_get(tracer, frame, descriptor, args, kwargs):
+    """``torch.Tensor.shape.__get__(x)``: a C attribute descriptor read on ``obj`` is
+    ``obj.<name>`` wherever the class of ``obj`` finds that same descriptor under its name
+    (then the attribute read is modelled, with its guards); elsewhere C code that is not
+    known to be pure."""
+    obj = args[0] if len(args) in (1, 2) and not kwargs else None
+    cls = _tensor_type(tracer, obj) if isinstance(obj, TensorVar) else type(obj)
+    if obj is None or inspect.getattr_static(cls, descriptor.__name__, None) is not descriptor:
+        raise Unsupported("non-torch library call", f"{type(descriptor).__name__}.__get__ of "
+                          f"{descriptor.__objclass__.__name__}.{descriptor.__name__} on a "
+                          f"{cls.__name__}")
+    return tracer.load_attr(obj, descriptor.__name__, frame)
 
 
 def _changes_anything(t: TensorVar, name, args, kwargs) -> bool:
@@ -255,8 +341,8 @@ def _materialize_lazy(mod, args, kwargs):
     def example(v):
         if isinstance(v, TensorVar):
             if any(isinstance(d, torch.SymInt) for d in v.fake.shape):
-                raise Unsupported("unsupported construct", "a lazy module's first call with "
-                                  "symbolic input sizes")
+                raise Unsupported("lazy module initialisation", "a lazy module's first call with "
+                                                                "symbolic input sizes")
             return torch.zeros(v.fake.shape, dtype=v.fake.dtype, device=v.fake.device)
         if type(v) in (list, tuple):
             return type(v)(example(i) for i in v)
@@ -291,9 +377,9 @@ def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
     if code in DISABLED_CODES:
         raise Unsupported("disabled by tempa.disable", f"{fn.__qualname__} is marked @tempa.disable")
     if code.co_flags & (_CO_COROUTINE | _CO_ASYNC_GEN):
-        raise Unsupported("unsupported construct", f"{fn.__qualname__} is a coroutine")
+        raise Unsupported("async code", f"{fn.__qualname__} is a coroutine")
     if tracer.depth >= _INLINE_DEPTH_LIMIT:
-        raise Unsupported("unsupported construct", "calls nested too deeply (recursion?)")
+        raise Unsupported("call depth", "calls nested too deeply (recursion?)")
     child = _child_frame(tracer, frame, fn, args, kwargs)
     if child.is_generator:   # its body runs as it is iterated, one yield at a time
         from .interpreter import GeneratorRun
@@ -322,7 +408,8 @@ def start_generator(tracer, frame, fn, args, kwargs):
     one ``yield`` at a time when asked (``@contextmanager``'s generator)."""
     from .interpreter import GeneratorRun
     if not (isinstance(fn, types.FunctionType) and fn.__code__.co_flags & _CO_GENERATOR):
-        raise Unsupported("unsupported construct", f"@contextmanager over "
+        raise Unsupported("context manager",
+                          f"@contextmanager over "
                           f"{getattr(fn, '__qualname__', fn)!r}, which is not a Python generator")
     if fn.__code__ in DISABLED_CODES:
         raise Unsupported("disabled by tempa.disable", f"{fn.__qualname__} is marked @tempa.disable")
@@ -405,6 +492,8 @@ def call_class(tracer, frame, cls: type, args, kwargs):
         return stdlib.structseq(tracer, frame, cls, args, kwargs)
     if mod.startswith("torch") and not hasattr(cls, "__dataclass_fields__") and \
             not mod.startswith("torch.distributions"):
+        if _stores_items(cls, args, kwargs):   # torch.fx's immutable_list(...), immutable_dict
+            return tracer.mark_internal(cls(*args))
         if contains_tensor(args) or contains_tensor(kwargs):
             raise Unsupported("unsupported call", f"{cls.__name__}(tensor)")
         return cls(*args, **kwargs)  # torch.Size, torch.device, torch.finfo, ...
@@ -428,6 +517,16 @@ def call_class(tracer, frame, cls: type, args, kwargs):
             raise Unsupported("unsupported call", f"{cls.__qualname__}(tensor)")
         return tracer.mark_internal(cls(*args, **kwargs))
     return _instantiate(tracer, frame, cls, args, kwargs)
+
+
+def _stores_items(cls: type, args, kwargs) -> bool:
+    """``cls(items)`` for a list or dict subclass whose construction is list's or dict's
+    own C code: it only stores the items of a list, tuple or dict made or copied by this
+    capture (tensors included), running no code of the program."""
+    return issubclass(cls, (list, dict)) and not kwargs and len(args) == 1 and \
+        type(args[0]) in (list, tuple, dict) and \
+        all(getattr(cls, m) is getattr(base, m) for base in (list, dict) if issubclass(cls, base)
+            for m in ("__new__", "__init__"))
 
 
 def _instantiate(tracer, frame, cls: type, args, kwargs):
@@ -456,8 +555,8 @@ def _new_module(tracer, frame, cls, args, kwargs):
     is refused: eager makes new ones (new random weights) on every call."""
     mod = _instantiate(tracer, frame, cls, args, kwargs)
     if any(True for _ in mod.parameters()) or any(True for _ in mod.buffers()):
-        raise Unsupported("unsupported construct", f"creating a {cls.__name__} module with "
-                          "parameters or buffers in forward")
+        raise Unsupported("module created in forward", f"creating a {cls.__name__} module with "
+                                                       "parameters or buffers in forward")
     return mod
 
 
@@ -520,8 +619,12 @@ def call_c(tracer, frame, fn, args, kwargs):
         args = [shapes.specialized(a) for a in args]
         kwargs = {k: shapes.specialized(v) for k, v in kwargs.items()}
     result = fn(*args, **kwargs)
-    if getattr(fn, "__name__", "") in ("__new__", "copy", "__copy__"):
+    name = getattr(fn, "__name__", "")
+    if name in ("__new__", "copy", "__copy__"):
         tracer.mark_internal(result)   # list.__new__(MyList), deque.copy(): new objects
+    elif name == "__iter__" and type(bound_self(fn) or (args[0] if args else None)) in \
+            _PLAIN_ITERABLES:
+        tracer.mark_internal(result)   # range(3).__iter__(), as iter(range(3)): a new iterator
     return result
 
 
@@ -600,7 +703,7 @@ def _type(tracer, frame, args, kwargs):
         return type(args[0].example)
     if len(args) == 1:
         return args[0].kind if type(args[0]) is LazyIter else type(args[0])
-    raise Unsupported("unsupported construct", "type() with three arguments")
+    raise Unsupported("class created in forward", "type() with three arguments")
 
 
 def _len(tracer, frame, args, kwargs):
@@ -664,7 +767,11 @@ _PLAIN_ITERABLES = {list, tuple, range, str, bytes, dict, set, frozenset, type({
 
 
 def _next(tracer, frame, args, kwargs):
-    check_own_iterator(tracer, args[0], "next()")
+    it = args[0] if args else None
+    if len(args) == 1 and not kwargs and type(it) is not CapturedIter and \
+            not tracer.is_internal(it):
+        return tracer.side_effects.advance_outside_iterator(tracer.guards, it)
+    check_own_iterator(tracer, it, "next()")
     return next(*args)
 
 
@@ -995,7 +1102,9 @@ _SPECIAL = {
     torch._check: scalars.check,
 }
 _SPECIAL.update(stdlib.MODELS)
+_SPECIAL.update(GUARDED_READERS)
 _SPECIAL.update(higher_order.MODELS)
+_SPECIAL[torch.vmap] = higher_order.vmap_model(is_torch_op)
 for _name in ("is_exporting",):
     if hasattr(torch.compiler, _name):
         _SPECIAL[getattr(torch.compiler, _name)] = _false

@@ -51,7 +51,7 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
     (hooks, an overridden ``forward`` or ``__call__`` then make capture give up)."""
     symbolic = dynamic is True or bool(dynamic) or _any_marked_dynamic(args, kwargs)
     builder = GraphBuilder(symbolic=symbolic and dynamic is not False)
-    tracer = Tracer(builder, dynamic=dynamic)
+    tracer = Tracer(builder, fullgraph=not allow_breaks, dynamic=dynamic)
     guards = builder.guards
     arguments = bind_arguments(fn, args, kwargs)
     for name, value in arguments.items():
@@ -106,7 +106,7 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         if retry:
             pass  # leave the finally below first: it restores grad mode and autocast
         else:
-            plan = OutputPlan(guards, tracer.is_internal, tracer.external_copies, builder.sizes,
+            plan = OutputPlan(guards, tracer.is_internal, tracer.external_copies, builder.size_nodes,
                               inputs=input_exprs(builder), recipes=tracer.recipes)
             body = tracer.side_effects.replay_lines(plan)
             break_plan = None
@@ -171,8 +171,8 @@ def _guard_input_aliasing(builder, guards) -> None:
     groups = storage_groups(*tensors)
     if groups != tuple(range(len(tensors))) and any(
             _is_impure(n) and n.op not in ("placeholder", "output") for n in builder.graph.nodes):
-        raise Unsupported("unsupported construct", "tensor arguments that share storage, "
-                          "written in place")
+        raise Unsupported("aliased inputs written in place", "tensor arguments that share storage, "
+                                                             "written in place")
     exprs = [expr for _, expr, _ in builder.user_inputs]
     shared = [f"{exprs[i]} shares storage with {exprs[g]}" for i, g in enumerate(groups) if g != i]
     guards.add("global", f"{guards.const(storage_groups, 'F')}({', '.join(exprs)}) == {groups}",

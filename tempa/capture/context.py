@@ -88,7 +88,7 @@ def make(tracer, cls, args, kwargs):
     if cls is torch.set_grad_enabled:
         mode = args[0] if args else kwargs["mode"]
         if not isinstance(mode, bool):
-            raise Unsupported("unsupported construct", "set_grad_enabled with a non-constant mode")
+            raise Unsupported("context manager", "set_grad_enabled with a non-constant mode")
         ctx = CapturedContext("grad", mode)
         # set_grad_enabled(mode) switches immediately, even without `with`.
         ctx.prev = torch.is_grad_enabled()
@@ -102,7 +102,7 @@ def make(tracer, cls, args, kwargs):
     if is_autocast_class(cls):
         real = cls(*args, **kwargs)
         return tracer.mark_internal(CapturedContext("autocast", autocast=real))
-    raise Unsupported("unsupported construct", f"context manager {cls.__name__}")
+    raise Unsupported("context manager", f"context manager {cls.__name__}")
 
 
 class _AlreadyEntered(CapturedContext):

@@ -55,6 +55,16 @@ class GraphBuilder:
             env = make_shape_env()
             self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=env)
             self.sizes = SymbolicSizes(self.graph, env)
+        # the FX nodes of sizes the graph computes (symbolic and unbacked ones); in a static
+        # capture made with its ShapeEnv on first need (unbacked_env)
+        self.size_nodes = self.sizes
+        self.scalar_symbols: dict[fx.Node, object] = {}   # captured number -> its unbacked symbol
+        # Ops whose output size depends on values (nonzero, x[mask], unique_consecutive)
+        # stay in the graph only where a break is not allowed (fullgraph): the backend runs
+        # a graph holding one with eager ATen calls, so elsewhere a break before the op
+        # keeps fused kernels for the rest (torch.compile's default breaks there too).
+        self.keep_value_sized_ops = False
+        self._asserts_seen = 0   # deferred runtime asserts of the ShapeEnv at the last op
         self.guards = GuardSet()
         self.user_inputs: list[tuple[fx.Node, str, torch.Tensor]] = []  # (placeholder, expr, tensor)
         self.attr_inputs: list[tuple[fx.Node, torch.Tensor]] = []  # parameters, buffers, ...
@@ -159,13 +169,28 @@ class GraphBuilder:
             return MetaInfo.of(tensor)
         return self.fake_mode.from_tensor(tensor, static_shapes=True)
 
+    def unbacked_env(self):
+        """The ShapeEnv that gives numbers computed from tensor values (a captured ``.item()``,
+        the length of ``unique_consecutive``'s result) unbacked symbols, as torch.compile's
+        ``capture_scalar_outputs`` and ``capture_dynamic_output_shape_ops`` do. A static
+        capture starts without one (it imports sympy) and switches its fake tensors to a
+        mode with one on first need; their metadata carries over (``_use_fake_tensors``)."""
+        if self.fake_mode is None or self.fake_mode.shape_env is None:
+            from .shapes import SymbolicSizes, make_shape_env
+            env = make_shape_env()
+            self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=env)
+            self.size_nodes = SymbolicSizes(self.graph, env)
+        return self.fake_mode.shape_env
+
     def _use_fake_tensors(self, values) -> None:
-        """Switch this capture to fake tensors: every TensorVar in ``values`` gets one."""
+        """Switch this capture to fake tensors: every TensorVar in ``values`` gets one (of
+        the current fake mode: one made before a switch to a ShapeEnv is made again)."""
         if self.fake_mode is None:
             self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
         for var in _vars_in(values):
             m = var.fake
-            if isinstance(m, MetaInfo):
+            if isinstance(m, MetaInfo) or \
+                    getattr(m, "fake_mode", self.fake_mode) is not self.fake_mode:
                 with self.fake_mode:
                     var.fake = torch.empty_strided(m.shape, m.stride(), dtype=m.dtype,
                                                    device=m.device, requires_grad=m.requires_grad)
@@ -178,9 +203,9 @@ class GraphBuilder:
         in place of tensors."""
         args, kwargs = self._lift_constants(args), self._lift_constants(kwargs)
         if target not in _SCALAR_CONSUMERS and _has_scalar((args, kwargs)):
-            # its metadata could depend on the value (torch.arange(v), x[v], a size)
-            raise Unsupported("data-dependent value", f"{_name(target)} of a value computed "
-                              "from a tensor needs that value in Python")
+            # its metadata can depend on the value (torch.arange(v), x[:v]): worked out by
+            # fake tensors with the value as an unbacked symbol
+            return self._call_with_unbacked(kind, target, args, kwargs)
         node_args = _map(args, self._to_node)
         node_kwargs = _map(kwargs, self._to_node)
         if self.sizes is None:
@@ -200,22 +225,85 @@ class GraphBuilder:
                 node = self.graph.create_node(kind, target, node_args, node_kwargs)
                 return self._result(node, result, target, (args, kwargs))
         try:
+            result = self._run_fake(kind, target, fake_args, fake_kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException) as e:
+            if self.fake_mode.shape_env is not None or (
+                    isinstance(e, DynamicOutputShapeException) and not self.keep_value_sized_ops):
+                raise Unsupported("data-dependent value", f"{_name(target)} needs tensor values "
+                                  f"({type(e).__name__})") from None
+            # an op that reads a tensor's value (a 0-d tensor as a Scalar argument) or whose
+            # result's size does (unique_consecutive): again, with unbacked symbols for those
+            self.unbacked_env()
+            return self.call(kind, target, args, kwargs)
+        return self._recorded(kind, target, (args, kwargs), result)
+
+    def _run_fake(self, kind, target, fake_args, fake_kwargs):
+        """The operation on fake tensors; Unsupported for a decision on an unbacked value,
+        UserError for the user's own error (bad shapes...), which eager raises too."""
+        try:
             with self.fake_mode, _quiet_fake_kernel_errors():
                 if kind == "call_method":
-                    result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
-                else:
-                    result = target(*fake_args, **fake_kwargs)
-        except (DataDependentOutputException, DynamicOutputShapeException) as e:
-            raise Unsupported("data-dependent value", f"{_name(target)} needs tensor values "
-                              f"({type(e).__name__})") from None
+                    return getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+                return target(*fake_args, **fake_kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException):
+            raise
         except UnsupportedOperatorException as e:
             raise Unsupported("unsupported call", f"{_name(target)}: no fake-tensor rule ({e})") from None
         except Unsupported:
             raise
-        except Exception as e:  # the user's own error (bad shapes...): eager will raise it
+        except Exception as e:
+            if is_data_dependent_guard(e):
+                raise Unsupported("data-dependent branch", f"{_name(target)} decides on a value "
+                                  "computed from a tensor") from None
             raise UserError(e) from None
-        node = self.graph.create_node(kind, target, node_args, node_kwargs)
-        return self._result(node, result, target, (args, kwargs))
+
+    def _recorded(self, kind, target, arguments, result):
+        """The node of an operation whose fake result is ``result``. Where the capture has
+        unbacked symbols, a number of the result must not be one (Python would need its
+        value), and sizes of its tensors that are new ones get ``size`` nodes of those.
+        The checks its fake kernel made on unbacked symbols (``0 <= v`` for arange(v)) are
+        eager's own, made again when the graph runs; later decisions may rely on them
+        (``v >= 0`` is then True), so the node is never dead code."""
+        args, kwargs = arguments
+        node = self.graph.create_node(kind, target, _map(args, self._to_node),
+                                      _map(kwargs, self._to_node))
+        env = self.fake_mode.shape_env if self.fake_mode is not None else None
+        if env is not None and _has_unbacked_number(result):
+            self.graph.erase_node(node)
+            raise Unsupported("data-dependent value", f"{_name(target)} returns a number "
+                              "computed from tensor values")
+        wrapped = self._result(node, result, target, arguments)
+        if env is not None:
+            for var in _vars_in(wrapped):
+                self.size_nodes.bind_unbacked_sizes(var.fake, var.node)
+            asserts = _count_asserts(env)
+            if asserts != self._asserts_seen:
+                self._asserts_seen = asserts
+                node.meta["runtime_asserts"] = True
+        return wrapped
+
+    def _call_with_unbacked(self, kind, target, args, kwargs):
+        """``target`` given a captured number where it needs a Python one (``torch.arange(v)``,
+        ``x[:v]``): its metadata from fake tensors, the number as an unbacked symbol. A fake
+        kernel that cannot work symbolically is a graph break: Python then sees the value."""
+        from . import scalars
+        self.unbacked_env()
+        self._use_fake_tensors((args, kwargs))
+
+        def fake(v):
+            return scalars.symbol_of(self, v) if isinstance(v, ScalarVar) else _to_fake(v)
+        fake_args, fake_kwargs = _map(args, fake), _map(kwargs, fake)
+        try:
+            if target is operator.getitem and isinstance(args[1], ScalarVar):
+                # x[v]: Python's indexing wants an int; an int index is select(0, v)
+                result = self._run_fake("call_method", "select",
+                                        (fake_args[0], 0, fake_args[1]), {})
+            else:
+                result = self._run_fake(kind, target, fake_args, fake_kwargs)
+        except (UserError, DataDependentOutputException, DynamicOutputShapeException):
+            raise Unsupported("data-dependent value", f"{_name(target)} of a value computed "
+                              "from a tensor needs that value in Python") from None
+        return self._recorded(kind, target, (args, kwargs), result)
 
     def _result(self, node: fx.Node, result, target, arguments):
         """``wrap``, except that an operation returning one of its own arguments (in-place
@@ -275,9 +363,9 @@ class GraphBuilder:
         if isinstance(v, (TensorVar, ScalarVar)):
             return v.node
         if isinstance(v, torch.SymInt):
-            return self.sizes.node_for(v) if self.sizes is not None else int(v)
+            return self.size_nodes.node_for(v) if self.size_nodes is not None else int(v)
         if isinstance(v, torch.SymFloat):
-            return self.sizes.float_node_for(v)
+            return self.size_nodes.float_node_for(v)
         if is_numpy_scalar(v):
             return v.item()   # FX prints constants as source; numpy's repr is not valid there
         return v
@@ -308,6 +396,10 @@ class GraphBuilder:
         if isinstance(result, torch.Tensor) or _has_tensor(result):
             raise Unsupported("unsupported call", f"{_name(target)} returned tensors in a "
                               f"{type(result).__name__}")
+        if not _is_plain_result(result):
+            # an object of the fake tensor's (its storage, ...), not the caller's tensor's
+            raise Unsupported("data-dependent value", f"{_name(target)} returned a "
+                              f"{type(result).__name__}, which needs the real tensor")
         return result
 
     def side_effect(self, target, *args) -> None:
@@ -328,6 +420,20 @@ class GraphBuilder:
         self.graph.eliminate_dead_code(is_impure_node=_is_impure)
         gm = fx.GraphModule(torch.nn.Module(), self.graph)
         return gm
+
+
+_PLAIN_RESULT_TYPES = (type(None), bool, int, float, complex, str, torch.SymInt, torch.SymFloat,
+                       torch.SymBool, torch.dtype, torch.device, torch.layout, torch.memory_format,
+                       torch.Size)
+
+
+def _is_plain_result(value, depth=0) -> bool:
+    """A non-tensor result of an operation on fake tensors that is the same for the real
+    ones: a number, a flag, a size, a dtype, a device, a string, or a tuple or list of those."""
+    if isinstance(value, _PLAIN_RESULT_TYPES) or is_numpy_scalar(value):
+        return True
+    return isinstance(value, (tuple, list)) and depth < 4 and \
+        all(_is_plain_result(v, depth + 1) for v in value)
 
 
 # The dtype torch's argument parser reads a Python scalar type as (x.to(float) is float64).
@@ -374,7 +480,8 @@ def _written_with_grad(row: fx.Node) -> bool:
 def _is_impure(node: fx.Node) -> bool:
     if node.op in ("placeholder", "output"):
         return True
-    if node.target in _SIDE_EFFECT_TARGETS or node.meta.get("returns_argument"):
+    if node.target in _SIDE_EFFECT_TARGETS or node.meta.get("returns_argument") or \
+            node.meta.get("runtime_asserts"):
         return True
     return _mutates_arguments(node.target) or _draws_random_numbers(node)
 
@@ -414,6 +521,27 @@ def _mutates_arguments(target) -> bool:
     return name.endswith("_") and not name.endswith("__")
 
 
+
+
+def is_data_dependent_guard(e: BaseException) -> bool:
+    """``e`` is the ShapeEnv refusing to decide on an unbacked symbol (a value only the run
+    knows). Its module is loaded only once a ShapeEnv exists, and so is the error."""
+    import sys
+    shapes = sys.modules.get("torch.fx.experimental.symbolic_shapes")
+    return shapes is not None and isinstance(e, shapes.GuardOnDataDependentSymNode)
+
+
+def _has_unbacked_number(value, depth=0) -> bool:
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+        return bool(free_unbacked_symbols(value))
+    if depth < 6 and isinstance(value, (list, tuple)):
+        return any(_has_unbacked_number(v, depth + 1) for v in value)
+    return False
+
+
+def _count_asserts(env) -> int:
+    return sum(len(v) for v in env.deferred_runtime_asserts.values())
 
 
 def _to_fake(v):
@@ -509,7 +637,7 @@ class _DuringCapture(logging.Filter):
 
 # PyTorch logs a failed fake kernel at error level (with its traceback) before raising.
 # Capture handles that exception (the user's error, which eager then raises; or a retry with
-# real sizes, api.py): the log record would only be noise on the user's terminal.
+# real sizes, context.py): the log record would only be noise on the user's terminal.
 logging.getLogger("torch._subclasses.fake_tensor").addFilter(_DuringCapture())
 
 

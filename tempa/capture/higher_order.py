@@ -1,15 +1,17 @@
 """Higher-order constructs user code applies to its functions: torch.compiler.disable,
-user autograd Functions, torch.utils.checkpoint.
+user autograd Functions, torch.utils.checkpoint, torch.vmap of a torch operation.
 
 Each is recognised by the object the user calls (an attribute the decorator sets, the
 class's base), never by importing the compiler it rebuilds.
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.utils.checkpoint as checkpoint_module
 
-from .breaks import Unsupported
+from .breaks import Unsupported, UserError
 
 
 def is_disabled(fn) -> bool:
@@ -71,6 +73,51 @@ def _checkpoint(tracer, frame, args, kwargs):
         raise Unsupported("unsupported call", "torch.utils.checkpoint.checkpoint without a function")
     fn, *fn_args = args
     return tracer.call(frame, fn, fn_args, kwargs)
+
+
+class VmappedOp:
+    """``torch.vmap(op, ...)`` of a torch operation, made during capture. Calling it records
+    one graph node whose target is the real vmapped callable: functorch's batching runs
+    on the fake tensors for the result's metadata (an in-place ``op`` hands back its
+    argument, as eager's vmap does) and on the real ones in the graph."""
+    __slots__ = ("vmapped",)
+
+    def __init__(self, vmapped):
+        def run_vmapped(*args, **kwargs):
+            # a function of ours: torch.fx binds it as a global of the graph's code, where
+            # vmap's own wrapper (named after the op, in a torch module) it would import
+            return vmapped(*args, **kwargs)
+        self.vmapped = run_vmapped
+
+    def __call__(self, *args, **kwargs):   # only ever called through the interpreter
+        raise Unsupported("unsupported call", "a torch.vmap function called outside capture")
+
+
+_VMAP_OPTIONS = ("in_dims", "out_dims", "randomness", "chunk_size")
+
+
+def vmap_model(is_torch_op):
+    """The model of ``torch.vmap(func, in_dims=0, out_dims=0, randomness='error', *,
+    chunk_size=None)``. Only a torch operation is vmapped inside the graph: it runs on
+    fake tensors at capture and again in the graph, so it must have no Python effects.
+    A Python function stays in Python (its code would run at capture), as does a
+    randomness other than 'error' (random draws under vmap)."""
+    def vmap(tracer, frame, args, kwargs):
+        from .values import contains_tensor
+        try:
+            bound = inspect.signature(torch.vmap).bind(*args, **kwargs).arguments
+        except TypeError as e:
+            raise UserError(e) from None
+        func = bound["func"]
+        options = {k: bound[k] for k in _VMAP_OPTIONS if k in bound}
+        if not is_torch_op(func):
+            raise Unsupported("unsupported call", f"torch.vmap of {getattr(func, '__qualname__', func)!r}: "
+                              "only a torch operation is vmapped inside the graph")
+        if contains_tensor(list(options.values())) or options.get("randomness", "error") != "error":
+            raise Unsupported("unsupported call", "torch.vmap with tensor options or randomness "
+                              "other than 'error'")
+        return tracer.mark_internal(VmappedOp(torch.vmap(func, **options)))
+    return vmap
 
 
 MODELS = {checkpoint_module.checkpoint: _checkpoint}

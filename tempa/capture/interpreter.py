@@ -15,11 +15,12 @@ import torch
 
 from . import operators
 from .breaks import Unsupported, UserError
+from .graph import is_data_dependent_guard
 from .context import CapturedContext
 from .instructions import PY, NULL_BEFORE_CALLABLE, decode
 from . import numpy_values, scalars
 from .opcodes_data import DataOpcodes
-from .side_effects import DELETED, MISSING, check_outside_attr_write
+from .side_effects import DELETED, MISSING, check_outside_attr_write, check_tensor_attr_write
 from .values import NULL, TensorVar, SuperProxy, GradModeExit, CapturedIter, LazyIter, \
     GeneratorContext, GeneratorContextExit, check_own_iterator, contains_tensor, \
     python_descriptor_setter
@@ -140,6 +141,25 @@ class GeneratorRun:
         return frame.suspended_value
 
 
+def tensor_iter(builder, v: TensorVar) -> CapturedIter:
+    """``iter(t)``, as Tensor.__iter__: the rows of ``t.unbind(0)``. A row is the same view
+    as ``t[i]``, which is what the graph records (one op a row, as torch.compile), unless
+    ``t`` requires grad: then an in-place op on a row of unbind's multi-output views raises
+    in eager where one on ``t[i]`` does not, so the graph keeps unbind (and
+    ``GraphBuilder.finish`` goes back to unbind for rows that an in-place op with an
+    operand that requires grad writes into, for the same reason)."""
+    if v.fake.dim() == 0:
+        raise UserError(TypeError("iteration over a 0-d tensor"))
+    rows = v.fake.shape[0]
+    if v.fake.requires_grad or not isinstance(rows, int):
+        return CapturedIter(list(builder.call("call_method", "unbind", (v, 0), {})))
+    group = object()
+    out = [builder.call("call_function", operator.getitem, (v, i), {}) for i in range(rows)]
+    for row in out:
+        row.node.meta["unbind_rows"] = group
+    return CapturedIter(out)
+
+
 class Frame(DataOpcodes):
     def __init__(self, tracer, code: types.CodeType, f_globals: dict, bound_locals: dict,
                  closure, *, name: str, parent=None, is_generator: bool = False,
@@ -188,11 +208,17 @@ class Frame(DataOpcodes):
             tracer.instructions_run += 1
             try:
                 if FORCED_BREAKS and (self.code, ins.offset) in FORCED_BREAKS:
-                    raise Unsupported("unsupported construct", "a break forced by a test")
+                    raise Unsupported("forced break", "a break forced by a test")
                 handler = getattr(self, ins.opname, None)
                 if handler is None:
-                    raise Unsupported("unsupported construct", f"opcode {ins.opname}")
-                nxt = handler(ins)
+                    raise Unsupported("unsupported opcode", f"opcode {ins.opname}")
+                try:
+                    nxt = handler(ins)
+                except Exception as e:
+                    if is_data_dependent_guard(e):   # `if len(unique(x)) > 2:`, not the user's
+                        raise Unsupported("data-dependent branch", "a decision on a size "
+                                          "computed from tensor values") from None
+                    raise
             except _Suspend:
                 return None
             except Unsupported as u:
@@ -207,7 +233,7 @@ class Frame(DataOpcodes):
                 nxt = self._raise(e, ins)
             i = ins.index + 1 if nxt is None else nxt
         if tracer.instructions_run > _MAX_INSTRUCTIONS:
-            raise Unsupported("unsupported construct", "too many instructions (endless loop?)")
+            raise Unsupported("instruction limit", "too many instructions (endless loop?)")
         return self.result
 
     def _raise(self, exc: BaseException, ins) -> int:
@@ -261,28 +287,9 @@ class Frame(DataOpcodes):
         result = operators.truth(self, v)
         return bool(v) if result is operators.NATIVE else result
 
-    def _tensor_rows(self, v: TensorVar) -> list:
-        """The rows iterating ``v`` gives. Eager iterates ``v.unbind(0)``; a row is the same
-        view as ``v[i]``, which is what the graph records (one op a row, as torch.compile),
-        unless ``v`` requires grad: then an in-place op on a row of unbind's multi-output
-        views raises in eager where one on ``v[i]`` does not, so the graph keeps unbind
-        (and ``GraphBuilder.finish`` goes back to unbind for rows that an in-place op with
-        an operand that requires grad writes into, for the same reason)."""
-        rows = v.fake.shape[0]
-        if v.fake.requires_grad or not isinstance(rows, int):
-            return list(self.tracer.builder.call("call_method", "unbind", (v, 0), {}))
-        group = object()
-        out = [self.tracer.builder.call("call_function", operator.getitem, (v, i), {})
-               for i in range(rows)]
-        for row in out:
-            row.node.meta["unbind_rows"] = group
-        return out
-
     def get_iter(self, v):
         if isinstance(v, TensorVar):
-            if v.fake.dim() == 0:
-                raise UserError(TypeError("iteration over a 0-d tensor"))
-            return CapturedIter(self._tensor_rows(v))
+            return tensor_iter(self.tracer.builder, v)
         if numpy_values.is_array(v):
             return CapturedIter(numpy_values.iterate(self.tracer, v))
         if isinstance(v, torch.nn.Module):
@@ -315,7 +322,8 @@ class Frame(DataOpcodes):
             for item in iter(v):
                 items.append(item)
                 if len(items) > 100_000:
-                    raise Unsupported("unsupported construct", "iterating a huge or endless iterable")
+                    raise Unsupported("huge or endless iterator",
+                                      "iterating a huge or endless iterable")
             return CapturedIter(items)
         return iter(v)
 
@@ -362,7 +370,11 @@ class Frame(DataOpcodes):
     def store_attr(self, obj, name, value):
         tracer = self.tracer
         if isinstance(obj, TensorVar):
-            raise Unsupported("unsupported construct", f"setting tensor.{name}")
+            # ``x.flag = v``, ``y.grad = g``: written on the tensor after the graph ran (a
+            # graph output or the input itself), read back from the record until then.
+            check_tensor_attr_write(tracer, obj, name, value)
+            tracer.side_effects.store_attr(obj, name, value)
+            return
         setter = python_descriptor_setter(obj, name)
         if setter is not None:   # a property / __set__ descriptor: its code runs, traced
             self.call(setter, [obj, value], {})
@@ -677,7 +689,7 @@ class Frame(DataOpcodes):
 
     def JUMP_BACKWARD(self, ins):
         if self.tracer.instructions_run > _MAX_INSTRUCTIONS:
-            raise Unsupported("unsupported construct", "too many instructions (endless loop?)")
+            raise Unsupported("instruction limit", "too many instructions (endless loop?)")
         return ins.jump_index
 
     JUMP = JUMP_FORWARD
@@ -714,6 +726,9 @@ class Frame(DataOpcodes):
 
     def FOR_ITER(self, ins):
         it = self.stack[-1]
+        # GET_ITER made the iterators of this frame's loops; a comprehension's code (3.11)
+        # loops over its argument ``.0`` instead, which may come from outside the capture.
+        check_own_iterator(self.tracer, it, "iterating")
         try:
             value = next(it)
         except StopIteration:
@@ -745,13 +760,14 @@ class Frame(DataOpcodes):
             return
         import contextlib
         if isinstance(ctx, contextlib._GeneratorContextManager):
-            raise Unsupported("unsupported construct", "entering a @contextmanager object made "
+            raise Unsupported("context manager",
+                              "entering a @contextmanager object made "
                               "outside the compiled call (its generator is outside state)")
         enter = getattr(type(ctx), "__enter__", None)
         exit_ = getattr(type(ctx), "__exit__", None)
         if not (isinstance(enter, types.FunctionType) and isinstance(exit_, types.FunctionType)):
-            raise Unsupported("unsupported construct", f"with {type(ctx).__name__}(): a context "
-                              "manager tempa cannot see into")
+            raise Unsupported("context manager", f"with {type(ctx).__name__}(): a context "
+                                                 "manager tempa cannot see into")
         self.push(types.MethodType(exit_, ctx))
         self.push(self.call(enter, [ctx], {}))
 

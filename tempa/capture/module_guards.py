@@ -30,11 +30,11 @@ def guard_root_module_call(tracer, mod: torch.nn.Module, fn) -> None:
     if _guard_module_class(tracer, mod):
         if type(mod).__call__ is fn:
             return   # the compiled code is the override itself; its super().__call__ guards the rest
-        raise Unsupported("unsupported construct", f"{type(mod).__name__} overrides __call__")
+        raise Unsupported("module call", f"{type(mod).__name__} overrides __call__")
     forward = guard_module_call(tracer, mod)
     if getattr(forward, "__func__", None) is not fn:
-        raise Unsupported("unsupported construct", f"{type(mod).__name__}.forward was replaced "
-                          "after compiling")
+        raise Unsupported("module call", f"{type(mod).__name__}.forward was replaced "
+                                         "after compiling")
 
 
 def _guard_module_class(tracer, mod) -> bool:

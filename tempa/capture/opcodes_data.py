@@ -121,7 +121,7 @@ class DataOpcodes:
                 v = error
             self.push(v)
         else:
-            raise Unsupported("unsupported construct", f"CALL_INTRINSIC_1 {ins.argval}")
+            raise Unsupported("unsupported opcode", f"CALL_INTRINSIC_1 {ins.argval}")
 
     def UNPACK_SEQUENCE(self, ins):
         v = self.pop()
@@ -231,6 +231,8 @@ class DataOpcodes:
             return numpy_values.getitem(tracer, container, key)
         if isinstance(key, TensorVar) and isinstance(container, (dict, set, frozenset)):
             key = tracer.tensor_key(container, key)   # a dict keyed by tensors (an optimizer's state)
+        elif isinstance(key, TensorVar) and isinstance(container, (list, tuple)):
+            key = scalars.literal_index(key)   # items[torch.as_tensor(2)]
         elif contains_symbolic(key):
             raise Unsupported("data-dependent value", "indexing a Python container with a tensor")
         if isinstance(container, torch.nn.Module):

@@ -32,7 +32,8 @@ import torch
 
 from . import runtime
 from . import numpy_values
-from .values import NdarrayMethod, NdarrayVar, ScalarVar, TensorVar, NULL, TensorMethod, GradModeExit, \
+from .values import NdarrayMethod, NdarrayVar, ScalarVar, StorageMethod, StorageVar, TensorVar, \
+    NULL, TensorMethod, GradModeExit, \
     CapturedIter, LazyIter, GeneratorContext, GeneratorContextExit, bound_self, contains_tensor, \
     has_pending_calls
 
@@ -97,7 +98,7 @@ def fill_cell(cell, value):
 def _rebuildable(cls) -> bool:
     """Can ``rebuild_object`` make a ``cls`` without its constructor's arguments?"""
     try:
-        rebuild_object(cls, {}, None)
+        rebuild_object(cls, {}, [] if issubclass(cls, list) else None)
     except Exception:
         return False
     return True
@@ -154,12 +155,25 @@ class OutputPlan:
         sizes = self.sizes
         expr = sizes.env.replace(value.node.expr)
         names = {sym: f"{src[0][0]}.shape[{src[0][1]}]" for sym, src in sizes.sources.items()}
+        if not expr.free_symbols <= set(names):
+            return self._computed(value)
         return render(expr, names)
+
+    def _computed(self, value) -> str:
+        """A number only the run knows (``len(unique(x))``, ``len(u) > 3`` on the stack at a
+        break): the graph computes it into a 0-d tensor, handed over as its ``.item()``."""
+        from .meta import MetaInfo
+        dtype = {torch.SymInt: torch.int64, torch.SymFloat: torch.float64,
+                 torch.SymBool: torch.bool}[type(value)]
+        number = self.sizes.expr_node(value.node.expr)
+        node = self.sizes.graph.call_function(torch.scalar_tensor, (number,), {"dtype": dtype})
+        node.meta["example_value"] = fake = MetaInfo.of(torch.empty((), dtype=dtype))
+        return f"{self.slot(TensorVar(node, fake))}.item()"
 
     def expr(self, value, depth: int = 0) -> str:
         """A Python expression (over ``___o`` and bound constants) that rebuilds ``value``."""
         if depth > 20:
-            raise Unsupported("unsupported construct", "return value nested too deeply")
+            raise Unsupported("value leaving compiled code", "return value nested too deeply")
         if isinstance(value, TensorVar):
             return self.slot(value)
         if type(value) is ScalarVar:
@@ -168,8 +182,10 @@ class OutputPlan:
             return value.source   # an input array comes back as itself
         if isinstance(value, torch.SymInt):
             return self._size_expr(value)
+        if isinstance(value, (torch.SymBool, torch.SymFloat)) and value.node.expr.free_symbols:
+            return self._computed(value)
         if value is NULL:
-            raise Unsupported("unsupported construct", "NULL in the return value")
+            raise Unsupported("value leaving compiled code", "NULL in the return value")
         copied = self.external_copies.get(id(value))
         if copied is not None and copied[0] is value:
             return copied[1]   # the caller's own list/dict, not our copy of it
@@ -222,6 +238,10 @@ class OutputPlan:
             return f"{sub(value.array)}.{value.name}", False
         if t is TensorMethod:
             return f"{self.slot(value.tensor)}.{value.name}", False
+        if t is StorageVar:   # a new storage object per call, as in eager
+            return f"{self.slot(value.tensor)}.untyped_storage()", False
+        if t is StorageMethod:
+            return f"{sub(value.storage)}.{value.name}", False
         recipe = self.recipes.get(id(value))
         if recipe is not None and recipe[0] is value:
             _, fn, args, kwargs = recipe
@@ -237,7 +257,8 @@ class OutputPlan:
                 getattr(value, "__dict__", None) is not None)
         if t is CapturedIter:
             if has_pending_calls(value, lazy_builtins=False):
-                raise Unsupported("unsupported construct", "a generator (or a lazy tool over "
+                raise Unsupported("value leaving compiled code",
+                                  "a generator (or a lazy tool over "
                                   "one) suspended inside the compiled code leaves it: its "
                                   "code cannot run early, nor be handed to Python")
             return f"{const(iter, 'F')}([{joined(value.remaining())}])", True
@@ -260,7 +281,8 @@ class OutputPlan:
             # A `def` or lambda run during capture: a new function per call, over this
             # call's cells (the resume function shares them) and defaults.
             if _holds_tensor(value):
-                raise Unsupported("unsupported construct", "a function attribute holding a "
+                raise Unsupported("value leaving compiled code",
+                                  "a function attribute holding a "
                                   "tensor lives across the graph break")
             closure = "None" if value.__closure__ is None else f"({joined(value.__closure__)},)"
             bound = self._bound.get(id(value))
@@ -270,7 +292,8 @@ class OutputPlan:
             return (f"{const(rebuild_function, 'F')}({const(value, 'R')}, "
                     f"{sub(value.__defaults__)}, {sub(value.__kwdefaults__)}, {closure})"), True
         if t is LazyIter and value.kind not in (map, filter, zip):
-            raise Unsupported("unsupported construct", f"a lazy itertools.{value.kind.__name__} "
+            raise Unsupported("value leaving compiled code",
+                              f"a lazy itertools.{value.kind.__name__} "
                               "whose items run Python code leaves the compiled code (taking "
                               "them now would run that code before eager does)")
         if t is LazyIter:
@@ -281,7 +304,8 @@ class OutputPlan:
             return (f"{const(rebuild_lazy, 'F')}({const(value.kind, 'C')}, {sub(value.fn)}, "
                     f"{sources}, {sub(value.kwargs)})"), True
         if t is GeneratorContext or t is GeneratorContextExit:
-            raise Unsupported("unsupported construct", "a @contextmanager's generator, "
+            raise Unsupported("value leaving compiled code",
+                              "a @contextmanager's generator, "
                               "suspended at its yield, lives across the graph break or is "
                               "returned (it cannot be handed to Python)")
         if t is collections.deque and self.is_internal(value):
@@ -300,11 +324,12 @@ class OutputPlan:
             # An iterator of this capture (enumerate, iter(range)): the items it has left.
             left = list(itertools.islice(value, _MAX_ITEMS + 1))
             if len(left) > _MAX_ITEMS:
-                raise Unsupported("unsupported construct", f"a huge or endless {t.__name__} "
-                                  "leaves the compiled code")
+                raise Unsupported("huge or endless iterator", f"a huge or endless {t.__name__} "
+                                                              "leaves the compiled code")
             return f"{const(rebuild_iterator, 'F')}({const(t, 'C')}, [{joined(left)}])", True
         if hasattr(t, "__next__") and not self._guarded(value):
-            raise Unsupported("unsupported construct", f"a {t.__name__} iterator created inside "
+            raise Unsupported("value leaving compiled code",
+                              f"a {t.__name__} iterator created inside "
                               "the compiled function lives across the graph break")
         if is_constant_type(value) or not self.is_internal(value) and not _holds_tensor(value):
             return const(value, "R"), False
@@ -320,7 +345,8 @@ class OutputPlan:
             if isinstance(value, dict):
                 items = "[" + ", ".join(f"({sub(k)}, {sub(v)})" for k, v in dict.items(value)) + "]"
             return f"{const(rebuild_object, 'F')}({const(t, 'C')}, {attrs}, {items})", True
-        raise Unsupported("unsupported construct", f"returning a {t.__name__} built inside the "
+        raise Unsupported("value leaving compiled code",
+                          f"returning a {t.__name__} built inside the "
                           "compiled function")
 
     def _cell(self, cell, depth: int) -> str:
@@ -336,8 +362,8 @@ class OutputPlan:
         if contains_tensor(contents) or _holds_tensor(contents):
             # A closure called later would be captured with guards on this capture's cell
             # (the entry cannot see a function's cells): refuse instead.
-            raise Unsupported("unsupported construct", "a closure over tensors lives across "
-                              "the graph break")
+            raise Unsupported("value leaving compiled code", "a closure over tensors lives across "
+                                                             "the graph break")
         return f"{self.guards.const(fill_cell, 'F')}({new}, {self.expr(contents, depth + 1)})"
 
     def rebuilt(self) -> list:

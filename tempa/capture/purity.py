@@ -15,6 +15,7 @@ import functools
 import inspect
 import os
 import re
+import sys
 import types
 
 import torch
@@ -109,6 +110,26 @@ def _read_environ(tracer, fn, args, kwargs):
         from .breaks import UserError
         raise UserError(KeyError(key))
     return value if value is not None else params.get("default")
+
+
+def _guarded_reader(fn):
+    """A model of ``fn()``, a reader of one interpreter setting: the value now, guarded by
+    calling ``fn`` again (cheap, no effects), so a changed setting recompiles."""
+    def read(tracer, frame, args, kwargs):
+        if args or kwargs:
+            raise Unsupported("impure call", f"{fn.__module__}.{fn.__name__}() with arguments")
+        value = fn()
+        tracer.guards.constant(f"{tracer.guards.const(fn, 'F')}()", value)
+        return value
+    return read
+
+
+GUARDED_READERS = {fn: _guarded_reader(fn) for fn in (
+    sys.getrecursionlimit, sys.getdefaultencoding, sys.getfilesystemencoding,
+    sys.getswitchinterval,
+    # the caller's torch dispatch modes (capture's own fake mode is not one of them:
+    # run as a torch operation, it would count that mode)
+    torch._C._len_torch_dispatch_stack)}
 
 
 def _is_impure_object(value) -> bool:

@@ -18,7 +18,8 @@ import operator
 import sympy
 import torch
 import torch.fx as fx
-from torch.fx.experimental.symbolic_shapes import ShapeEnv, DimDynamic, StatelessSymbolicContext
+from torch.fx.experimental.symbolic_shapes import ShapeEnv, DimDynamic, StatelessSymbolicContext, \
+    free_unbacked_symbols
 from torch.utils._sympy import functions as symfn
 
 from .breaks import Unsupported
@@ -50,6 +51,20 @@ class SymbolicSizes:
                 if isinstance(sym, sympy.Symbol):
                     self.sources.setdefault(sym, []).append((expr, d, node))
 
+    def bind(self, symbol: sympy.Symbol, node: fx.Node) -> None:
+        """``node`` computes the unbacked ``symbol`` (a captured ``.item()``)."""
+        self._nodes[symbol] = node
+
+    def bind_unbacked_sizes(self, fake: torch.Tensor, node: fx.Node) -> None:
+        """A size of the result ``node`` that is a new unbacked symbol (the length of
+        ``unique_consecutive``'s result) is computed as ``node.size(d)``."""
+        for d, size in enumerate(fake.shape):
+            if isinstance(size, torch.SymInt):
+                sym = size.node.expr
+                if isinstance(sym, sympy.Symbol) and sym not in self._nodes and \
+                        sym not in self.sources and free_unbacked_symbols(size):
+                    self._nodes[sym] = self.graph.call_method("size", (node, d))
+
     @property
     def active(self) -> bool:
         return bool(self.sources)
@@ -68,6 +83,14 @@ class SymbolicSizes:
         except Unsupported:
             return float(value)   # specializes: the guard keeps it correct
 
+    def expr_node(self, expr):
+        """An FX node (or constant) computing the sympy ``expr`` (a relation too) at run time."""
+        expr = self.env.replace(expr)
+        for rel, op in _OPERATORS.items():
+            if isinstance(expr, rel):
+                return self.graph.call_function(op, (self._build(expr.lhs), self._build(expr.rhs)))
+        return self._build(expr)
+
     def _build(self, expr):
         if isinstance(expr, (int, sympy.Integer)):
             return int(expr)
@@ -79,7 +102,7 @@ class SymbolicSizes:
         if isinstance(expr, sympy.Symbol):
             src = self.sources.get(expr)
             if not src:
-                raise Unsupported("unsupported construct", f"a size {expr} with no input")
+                raise Unsupported("symbolic size", f"a size {expr} with no input")
             _, dim, placeholder = src[0]
             node = self.graph.call_method("size", (placeholder, dim))
         elif isinstance(expr, sympy.Add):
@@ -103,7 +126,7 @@ class SymbolicSizes:
         elif isinstance(expr, (symfn.Min, sympy.Min)):
             node = self.graph.call_function(min, tuple(self._build(a) for a in expr.args))
         else:
-            raise Unsupported("unsupported construct", f"size expression {expr} ({type(expr).__name__})")
+            raise Unsupported("symbolic size", f"size expression {expr} ({type(expr).__name__})")
         self._nodes[expr] = node
         return node
 
@@ -168,6 +191,8 @@ def int_oo():
     return oo
 
 
+_OPERATORS = {sympy.Eq: operator.eq, sympy.Ne: operator.ne, sympy.Lt: operator.lt,
+              sympy.Le: operator.le, sympy.Gt: operator.gt, sympy.Ge: operator.ge}
 _REL = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">",
         sympy.Ge: ">="}
 
@@ -209,4 +234,4 @@ def render(expr, names: dict) -> str:
         return "min(" + ", ".join(render(a, names) for a in expr.args) + ")"
     if isinstance(expr, symfn.CleanDiv):
         return f"({render(expr.args[0], names)} // {render(expr.args[1], names)})"
-    raise Unsupported("unsupported construct", f"cannot guard on size expression {expr}")
+    raise Unsupported("symbolic size", f"cannot guard on size expression {expr}")

@@ -41,6 +41,7 @@ class _Deleted:
 
 
 DELETED = _Deleted()
+_RANGE_ITERATOR = type(iter(range(0)))
 MISSING = object()   # no pending write
 
 
@@ -68,6 +69,26 @@ class SideEffects:
 
     def store_cell(self, cell: types.CellType, value) -> None:
         self.writes[("cell", id(cell))] = ("cell", cell, None, value)
+
+    def advance_outside_iterator(self, guards, it):
+        """``next(it)`` of a caller's ``range_iterator``: answered by a twin of it that starts
+        where ``it`` stands at capture (its position guarded); the entry moves ``it`` to
+        where the twin ends. Its position is plain state (``__reduce__`` /
+        ``__setstate__``), so the replay is exact. Other outside iterators (a list's, a
+        data loader's) stay a graph break: their items are the caller's objects, not numbers."""
+        if type(it) is not _RANGE_ITERATOR or not any(v is it for v in guards.consts.values()):
+            raise Unsupported("impure call", f"next() advances a {type(it).__name__} that "
+                              "lives outside the compiled call")
+        write = self.writes.get(("iter", id(it)))
+        if write is None or write[1] is not it:
+            maker, args, position = it.__reduce__()
+            guards.add("constant", f"{guards.const(it)}.__reduce__() == "
+                       f"{guards.const((maker, args, position), 'V')}",
+                       f"{it!r} starts at item {position} of {args[0]!r}")
+            twin = maker(*args)
+            twin.__setstate__(position)
+            write = self.writes[("iter", id(it))] = ("iter", it, None, twin)
+        return next(write[3])
 
     def mutated_copy(self, copy) -> None:
         """``copy`` (our copy of a caller's list/dict/set) was written: write it back."""
@@ -140,6 +161,8 @@ class SideEffects:
         for kind, target, name, value in self.writes.values():
             if kind == "copy":
                 values.append(_contents_expr(plan, target))
+            elif kind == "iter":   # where the twin stands now
+                values.append(repr(value.__reduce__()[2]))
             elif value is DELETED:
                 values.append(None)
             else:
@@ -157,6 +180,11 @@ class SideEffects:
 def _apply(kind, target, name, temp, plan, const) -> str:
     # A deletion is of what existed at the call's start, or of what the code itself made
     # (written, then deleted: nothing to undo), so it is a delete-if-present.
+    if kind == "attr" and isinstance(target, TensorVar):   # an input, or a graph output
+        obj = plan.expr(target)
+        if temp is None:
+            return f"{const(delete_attr_if_present, 'F')}({obj}, {name!r})"
+        return f"___setattr({obj}, {name!r}, {temp})"
     if kind == "attr":
         copied = plan.external_copies.get(id(target))
         # our copy of a caller's namedtuple/partial/function stands for the caller's object
@@ -167,6 +195,8 @@ def _apply(kind, target, name, temp, plan, const) -> str:
     if kind == "global":
         g = const(target, "G")
         return f"{g}.pop({name!r}, None)" if temp is None else f"{g}[{name!r}] = {temp}"
+    if kind == "iter":
+        return f"{const(target, 'SE')}.__setstate__({temp})"
     if kind == "cell":
         cell = const(target, "CELL")
         if temp is None:
@@ -244,6 +274,34 @@ def check_outside_attr_write(obj, name: str, value, what: str) -> None:
             name in obj.__dict__.get("_parameters", ()):
         raise Unsupported("mutation of outside state", f"assigning a tensor to parameter "
                           f"{name!r} of a {type(obj).__name__}")
+
+
+def check_tensor_attr_write(tracer, t: TensorVar, name: str, value) -> None:
+    """Refuse the writes to a tensor that a recorded plain store would get wrong: a
+    property or slot of the tensor class other than ``grad`` (``requires_grad``, ``data``:
+    they change the tensor the graph computes with), a tensor subclass's own
+    ``__setattr__``, a ``grad`` that eager's setter would refuse (another shape, dtype or
+    device: its error would come after the graph instead of at the write)."""
+    real = tracer.builder.argument_tensor(t)
+    cls = type(real) if real is not None else torch.Tensor
+    if cls.__setattr__ is not torch.Tensor.__setattr__:
+        raise Unsupported("mutation of outside state", f"setting tensor.{name} on a "
+                          f"{cls.__name__} with a custom __setattr__")
+    if name == "grad":
+        if value is None:
+            return
+        if not isinstance(value, TensorVar) or _grad_metadata(value) != _grad_metadata(t):
+            raise Unsupported("unsupported construct", "setting tensor.grad to a value of "
+                              "another type, shape, dtype or device")
+        return
+    if hasattr(cls, name):
+        raise Unsupported("unsupported construct", f"setting tensor.{name} (an attribute of "
+                          f"{cls.__name__} itself)")
+
+
+def _grad_metadata(t: TensorVar) -> tuple:
+    fake = t.fake
+    return tuple(fake.shape), fake.dtype, fake.device, fake.layout
 
 
 def defaultdict_missing(frame, copy, key):

@@ -33,11 +33,12 @@ import functools
 import itertools
 import operator
 import types
+import warnings
 
 from .breaks import Unsupported, UserError
 from .context import CapturedContext
 from .values import GeneratorContext, GeneratorContextExit, LazyIter, TensorVar, \
-    has_pending_calls
+    contains_tensor, has_pending_calls
 
 _CO_GENERATOR = 0x20
 
@@ -382,8 +383,22 @@ def _context_decorated(ctx, fn):
     return decorated
 
 
+def _catch_warnings(tracer, frame, args, kwargs):
+    """``warnings.catch_warnings(...)`` only stores its arguments (the warnings module it
+    will save and restore included): an object of this capture, rebuilt for each call
+    where it leaves it. Entering it changes the warnings module, which stays a graph break."""
+    if contains_tensor(args) or contains_tensor(kwargs):
+        raise Unsupported("unsupported call", "warnings.catch_warnings(tensor)")
+    try:
+        made = warnings.catch_warnings(*args, **kwargs)
+    except Exception as e:   # a positional or unknown argument: eager's TypeError
+        raise UserError(e) from None
+    return tracer.mark_internal(made)
+
+
 MODELS = {
     **_ITERTOOLS,
+    warnings.catch_warnings: _catch_warnings,
     **_OPERATOR,
     functools.reduce: _reduce,
     collections.deque: _deque,

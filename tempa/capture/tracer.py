@@ -21,7 +21,7 @@ from .breaks import Unsupported
 from .graph import GraphBuilder
 from .guards import is_constant_type
 from .side_effects import SideEffects, DELETED, MISSING, is_data_descriptor
-from .values import NdarrayVar, TensorVar, TensorMethod, bound_self
+from .values import NdarrayVar, StorageVar, TensorVar, TensorMethod, bound_self
 
 # Tensor attributes read from the fake tensor's metadata (static under static shapes).
 TENSOR_METADATA_ATTRS = {
@@ -60,6 +60,7 @@ class Tracer:
         self.dynamic = dynamic
         self.guards = builder.guards
         self.fullgraph = fullgraph
+        builder.keep_value_sized_ops = fullgraph
         self._internal: dict[int, object] = {}      # objects created during capture
         # Our copies of the caller's lists/dicts: id(copy) -> (copy, expression of the original)
         self.external_copies: dict[int, tuple] = {}
@@ -100,8 +101,8 @@ class Tracer:
         if numpy_values.external_dtype_info(self, value, expr):
             return value
         if depth >= _MAX_GUARD_DEPTH and isinstance(value, (list, tuple, dict, set, frozenset)):
-            raise Unsupported("unsupported construct", f"{expr[:60]}...: a container nested "
-                              f"more than {_MAX_GUARD_DEPTH} deep")
+            raise Unsupported("deeply nested input", f"{expr[:60]}...: a container nested "
+                                                     f"more than {_MAX_GUARD_DEPTH} deep")
         t = type(value)
         guards = self.guards
         plain_subclass = _is_plain_tuple_subclass(t)
@@ -313,6 +314,8 @@ class Tracer:
             return self.tensor_attr(obj, name)
         if type(obj) is NdarrayVar:
             return numpy_values.array_attr(self, obj, name)
+        if type(obj) is StorageVar:
+            return calls.storage_attr(obj, name)
         if self.is_internal(obj) or obj.__class__ in (list, tuple, dict) or \
                 id(obj) in self.external_copies or _method_of_copy(self, obj):
             return self._static_or_concrete(obj, name, frame, guard=False)
@@ -465,10 +468,10 @@ class Tracer:
             return self.builder.call("call_function", getattr, (t, name), {})
         if name == "grad":
             return self._grad_input(t)
-        if name in ("grad_fn", "_version", "untyped_storage", "data_ptr", "_base"):
-            if name in ("data_ptr", "untyped_storage"):
+        if name in ("grad_fn", "_version", "data_ptr", "_base"):
+            if name == "data_ptr":
                 raise Unsupported("data-dependent value", f"tensor.{name} needs the real storage")
-            raise Unsupported("unsupported construct", f"reading tensor.{name} inside a graph")
+            raise Unsupported("tensor attribute", f"reading tensor.{name} inside a graph")
         if hasattr(torch.Tensor, name):
             return TensorMethod(t, name)
         return self._tensor_instance_attr(t, name)
@@ -495,8 +498,8 @@ class Tracer:
         backward may leave a new tensor there, so it is read by expression, not bound."""
         source = self.builder.input_source(t)
         if source is None:
-            raise Unsupported("unsupported construct", "reading .grad of a tensor computed "
-                              "inside the graph")
+            raise Unsupported("tensor attribute", "reading .grad of a tensor computed "
+                                                  "inside the graph")
         tensor, expr = source
         grad, grad_expr = tensor.grad, f"{expr}.grad"
         if grad is None:

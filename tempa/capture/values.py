@@ -110,6 +110,25 @@ class TensorMethod:
         return f"TensorMethod({self.tensor!r}.{self.name})"
 
 
+class StorageVar:
+    """``t.untyped_storage()`` of a tensor argument or attribute (``tensor``): capture knows
+    its size in bytes (``nbytes``, guarded); handed to Python it is that tensor's storage."""
+    __slots__ = ("tensor", "nbytes")
+
+    def __init__(self, tensor: TensorVar, nbytes: int):
+        self.tensor = tensor
+        self.nbytes = nbytes
+
+
+class StorageMethod:
+    """``storage.size`` / ``storage.nbytes`` before it is called."""
+    __slots__ = ("storage", "name")
+
+    def __init__(self, storage: StorageVar, name: str):
+        self.storage = storage
+        self.name = name
+
+
 class GradModeExit:
     """The ``__exit__`` of a grad-mode or autocast context active in the captured code."""
     __slots__ = ("restore", "context")
@@ -168,8 +187,8 @@ class CapturedIter:
     def remaining(self) -> list:
         while self.source is not None:
             if len(self.items) > 100_000:
-                raise Unsupported("unsupported construct", "a huge or endless iterator lives "
-                                  "across the graph break")
+                raise Unsupported("huge or endless iterator", "a huge or endless iterator lives "
+                                                              "across the graph break")
             try:
                 self.items.append(next(self.source))
             except StopIteration:

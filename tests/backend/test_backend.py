@@ -410,7 +410,7 @@ def test_code_is_logged_and_counted(caplog):
         c = compile_fn(lambda x: (x * x).exp() + 3.25, torch.randn(3, 3))
     assert any("extern \"C\"" in r.getMessage() for r in caplog.records)
     after = stats.snapshot()
-    # graphs are counted by the frontend (tempa/api.py), once per graph it hands a backend
+    # graphs are counted by the frontend (tempa/context.py), once per graph it hands a backend
     assert after.graphs_compiled == before.graphs_compiled
     assert after.kernels_compiled == before.kernels_compiled + c.tempa_info.kernel_count >= 1
 

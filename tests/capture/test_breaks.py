@@ -2,6 +2,7 @@
 effects happen in order, and explain/fullgraph/disable report them."""
 import logging
 import math
+import traceback
 
 import numpy as np
 import pytest
@@ -9,14 +10,8 @@ import torch
 import torch.nn as nn
 
 import tempa
+from tests.capture.paths import counts
 from tests.models.compare import assert_same
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    tempa.reset()
-    yield
-    tempa.reset()
 
 
 def both(fn, *args, backend="eager", calls=3, **kwargs):
@@ -40,6 +35,9 @@ class JaringanPutus(nn.Module):
         return self.fc2(y)
 
 
+BRANCH_LINE = JaringanPutus.forward.__code__.co_firstlineno + 2   # `if y.sum() > 0:`
+
+
 def test_seed_explain_prints_2_graphs_1_break_5_ops():
     torch.manual_seed(0)
     model = JaringanPutus()
@@ -48,7 +46,7 @@ def test_seed_explain_prints_2_graphs_1_break_5_ops():
     assert (laporan.graph_count, laporan.graph_break_count, laporan.op_count) == (2, 1, 5)
     reason = laporan.break_reasons[0]
     assert reason.type == "data-dependent branch"
-    assert reason.filename == __file__ and reason.lineno == 38 and reason.hint
+    assert reason.filename == __file__ and reason.lineno == BRANCH_LINE and reason.hint
     text = str(laporan)
     assert "if y.sum() > 0:" in text and "Graph count: 2" in text
 
@@ -79,6 +77,7 @@ def test_seed_graph_break_model_matches_eager_on_both_branches():
     with torch.no_grad():
         model.fc1.bias.fill_(-1e4)            # y == 0: the other branch
     assert_same(fast(x), model(x))
+    assert counts() == (3, 1, 0, 0)
 
 
 def test_print_happens_every_call_in_order(capsys):
@@ -115,6 +114,7 @@ def test_appending_to_a_list_and_setting_attributes():
     assert model.calls == 3 and log == [1, 2, 3]
     for i, out in enumerate(outs, 1):
         assert_same(out, model.lin(x) * i)
+    assert counts() == (3, 0, 2, 0)
 
 
 def test_logging_is_a_side_effect_each_call(caplog):
@@ -128,6 +128,7 @@ def test_logging_is_a_side_effect_each_call(caplog):
         both(f, torch.ones(2))
     assert [r.getMessage() for r in caplog.records if r.name == "tempa.test.user"] == \
         ["value torch.Size([2])"] * 6
+    assert counts() == (5, 3, 0, 0)
 
 
 def test_numpy_and_math_on_item_values():
@@ -146,6 +147,7 @@ def test_tolist_used_by_python():
         return torch.ones(int(sum(sizes)))
 
     both(f, torch.tensor([1, 2, 3]))
+    assert counts() == (2, 1, 0, 0)
 
 
 def test_unknown_c_function_breaks():
@@ -155,6 +157,7 @@ def test_unknown_c_function_breaks():
         return y * float(z)
 
     both(f, torch.ones(3))
+    assert counts() == (1, 0, 0, 0)
 
 
 def test_try_except_around_tensor_code():
@@ -171,6 +174,7 @@ def test_try_except_around_tensor_code():
     fast = tempa.compile(f, backend="eager")
     for x in (torch.ones(3), torch.full((3,), 100.0), torch.ones(3)):
         assert_same(fast(x), f(x))
+    assert counts() == (1, 1, 0, 0)
 
 
 def test_generator_inside_forward():
@@ -179,6 +183,7 @@ def test_generator_inside_forward():
         return tuple(t.relu() for t in xs), total
 
     both(f, [torch.randn(3), torch.randn(3)])
+    assert counts() == (1, 0, 0, 0)
 
 
 class Inner(nn.Module):
@@ -227,6 +232,7 @@ def test_break_inside_a_loop():
 
     for start in (0.1, 3.0):
         both(f, torch.full((3,), start), 4)
+    assert counts() == (2, 2, 0, 0)
 
 
 def test_break_inside_no_grad_and_autocast_blocks():
@@ -251,6 +257,7 @@ def test_break_inside_no_grad_and_autocast_blocks():
         assert out[0].requires_grad and not out[1].requires_grad
         assert out[2].dtype == torch.bfloat16 and out[3] is True
     assert torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+    assert counts() == (5, 4, 0, 0)
 
 
 def test_user_exception_propagates_with_the_users_line():
@@ -266,6 +273,7 @@ def test_user_exception_propagates_with_the_users_line():
     frames = [fr for fr in err.traceback if str(fr.path) == __file__]
     assert any("raise KeyError" in str(fr.statement) for fr in frames)
     assert_same(fast(torch.ones(2)), torch.ones(2) + 1)
+    assert counts() == (1, 0, 0, 0)
 
 
 def test_fullgraph_raises_graph_break_error_naming_the_place():
@@ -273,7 +281,7 @@ def test_fullgraph_raises_graph_break_error_naming_the_place():
     with pytest.raises(tempa.GraphBreakError) as err:
         fast(torch.randn(4, 32))
     msg = str(err.value)
-    assert "data-dependent branch" in msg and f"{__file__}:38" in msg and "hint" in msg
+    assert "data-dependent branch" in msg and f"{__file__}:{BRANCH_LINE}" in msg and "hint" in msg
 
 
 def test_disable_runs_eagerly_and_breaks_the_caller():
@@ -317,3 +325,34 @@ def test_break_inside_except_body_runs_the_frame_eagerly():
 
     both(f, torch.ones(2))
     assert tempa.stats().eager_fallbacks == 1
+
+
+@torch.compiler.disable
+def _raises(t):
+    raise ValueError("raised after the break")
+
+
+def test_a_traceback_through_the_generated_entry_shows_its_source():
+    def f(x):
+        return _raises(x * 2)
+
+    with pytest.raises(ValueError) as raised:
+        tempa.compile(f, backend="eager")(torch.ones(2))
+    frames = [fr for fr in traceback.extract_tb(raised.value.__traceback__)
+              if fr.filename.startswith("<tempa entry for ")]
+    # the entry runs the breaking call itself; its line is in linecache, so the traceback
+    # (and pdb) shows it
+    assert len(frames) == 1 and frames[0].line.startswith("___r = ___F"), frames
+    assert counts() == (1, 1, 0, 0)
+
+
+def test_break_types_are_specific_and_each_has_a_hint():
+    from tempa.capture.breaks import BREAK_TYPES
+
+    def f(x):
+        return x.grad_fn, x * 2
+
+    out = tempa.explain(f)(torch.ones(2, requires_grad=True) * 1)
+    assert out.break_reasons and out.break_reasons[0].type == "tensor attribute"
+    assert "outside the compiled function" in out.break_reasons[0].hint
+    assert all(hint for hint in BREAK_TYPES.values())

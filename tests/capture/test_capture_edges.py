@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import tempa
+from tests.capture.paths import counts
 
 
 @contextlib.contextmanager
@@ -58,6 +59,7 @@ def test_backward_called_after_a_graph_break():
     x = torch.ones(2, requires_grad=True)
     out = tempa.compile(g, backend="eager")(x)
     assert torch.allclose(out, torch.cos(torch.ones(2)))
+    assert counts() == (3, 2, 0, 0)
 
 
 # -- an error capture raised that eager does not ------------------------------------------
@@ -89,6 +91,7 @@ def test_an_error_only_capture_raises_is_a_said_eager_run(monkeypatch, caplog):
     assert len(reasons) == 1 and "a tempa bug" in reasons[0] and "TypeError" in reasons[0]
 
 
+@pytest.mark.passes_without_capture("eager's own error is the outcome expected of capture")
 def test_the_users_own_error_is_still_eagers_error():
     def f(x):
         raise ValueError("the user's own")

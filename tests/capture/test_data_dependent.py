@@ -10,13 +10,6 @@ import torch
 import tempa
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    tempa.reset()
-    yield
-    tempa.reset()
-
-
 def _counts():
     s = tempa.stats()
     return s.captures, s.graph_breaks, s.recompiles, s.eager_fallbacks
@@ -68,6 +61,7 @@ def test_python_scalar_type_promotion_is_kept():
         return x.long() * t.item()
 
     _run(f, FLOATS, fullgraph=True)
+    assert _counts() == (1, 0, 0, 0)
 
 
 def test_a_returned_item_is_the_python_number():
@@ -116,6 +110,7 @@ def test_value_python_must_see_is_one_break_and_no_recompile(case):
         tempa.compile(fn, fullgraph=True)(torch.arange(6.0), FLOATS[0])
 
 
+@pytest.mark.passes_without_capture("eager's own error is the outcome expected of capture")
 def test_item_of_a_tensor_with_several_elements_raises_eagers_error():
     fast = tempa.compile(lambda x: x * x.item())
     with pytest.raises(RuntimeError):
@@ -159,6 +154,7 @@ def test_a_slice_bound_from_a_tensor_in_a_store_resumes_compiled():
     _run(f, FLOATS)
     captures, breaks, recompiles, fallbacks = _counts()
     assert recompiles == 0 and fallbacks == 0
+    assert _counts() == (1, 1, 0, 0)
 
 
 def test_a_graph_holding_a_captured_scalar_says_it_runs_aten_calls(caplog):
@@ -173,3 +169,227 @@ def test_a_graph_holding_a_captured_scalar_says_it_runs_aten_calls(caplog):
         _run(f, FLOATS)
     assert any("data-dependent" in r.getMessage() and "eager ATen calls" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+# ---- unbacked symbols: numbers and sizes only the run knows (capture/scalars.py, graph.py) ----
+# torch.compile (CompileCounter, capture_scalar_outputs / capture_dynamic_output_shape_ops)
+# on the same code: 1 frame each, no recompile for a new value; a branch the ShapeEnv cannot
+# decide is an error under fullgraph there, a graph break here.
+
+def _same_calls(fn, calls, **kw):
+    """Each call compiled and eager, on copies (some functions write into their inputs)."""
+    fast = tempa.compile(fn, **kw)
+    for args in calls:
+        def copies():
+            return [[t.clone() for t in a] if isinstance(a, list) else a.clone() for a in args]
+        _same(fast(*copies()), fn(*copies()))
+
+
+def test_arange_of_an_item_is_one_graph_for_every_value():
+    def f(x, t):
+        n = t.item()
+        torch._check(n >= 0)
+        r = torch.arange(n, dtype=torch.float32)
+        if r.size(0) == n:   # decided by the ShapeEnv: len(arange(n)) is n
+            return r + x
+        return r
+
+    calls = [(torch.tensor(2.0), torch.tensor([3])), (torch.tensor(1.0), torch.tensor([7])),
+             (torch.tensor(5.0), torch.tensor([0]))]
+    _same_calls(f, calls, fullgraph=True)
+    assert _counts() == (1, 0, 0, 0)
+    with pytest.raises(RuntimeError):   # the graph checks n >= 0 as eager does
+        tempa.compile(f, fullgraph=True)(torch.tensor(1.0), torch.tensor([-2]))
+
+
+def test_a_dead_arange_still_raises_eagers_error_for_a_bad_value():
+    # arange's own check (n >= 0) lets the ShapeEnv decide `n >= 0`: the node that checks
+    # it stays in the graph although nothing reads its result
+    def f(x, t):
+        n = t.item()
+        torch.arange(n)
+        return x + 1 if n >= 0 else x - 1
+
+    fast = tempa.compile(f, fullgraph=True)
+    _same(fast(torch.ones(2), torch.tensor(4)), f(torch.ones(2), torch.tensor(4)))
+    with pytest.raises(RuntimeError):
+        f(torch.ones(2), torch.tensor(-1))
+    with pytest.raises(RuntimeError):
+        fast(torch.ones(2), torch.tensor(-1))
+    assert _counts() == (1, 0, 0, 0)
+
+
+def test_slice_and_index_by_a_checked_item():
+    def sliced(y, t):
+        b = t.item()
+        torch._check(b >= 0)
+        torch._check(b < y.shape[0])
+        return y[:b] * 2
+
+    def indexed(a, t):
+        i = t.item()
+        torch._check(i >= 0)
+        torch._check(i < a.size(0))
+        return a[i] + 1
+
+    y, a = torch.arange(10.0), torch.arange(12.0).view(4, 3)
+    _same_calls(sliced, [(y, torch.tensor(4)), (y, torch.tensor(9)), (y, torch.tensor(0))],
+                fullgraph=True)
+    _same_calls(indexed, [(a, torch.tensor(1)), (a, torch.tensor(3))], fullgraph=True)
+    assert _counts() == (2, 0, 0, 0)
+    with pytest.raises(RuntimeError):   # the check, as in eager
+        tempa.compile(sliced, fullgraph=True)(y, torch.tensor(10))
+
+
+def test_a_branch_the_shape_env_cannot_decide_breaks():
+    def f(x, t):
+        n = t.item()
+        torch._check(n >= 0)
+        if n == 0:
+            return x
+        return torch.arange(n) + x
+
+    with pytest.raises(tempa.GraphBreakError):
+        tempa.compile(f, fullgraph=True)(torch.tensor(1), torch.tensor([3]))
+    tempa.reset()
+    _same_calls(f, [(torch.tensor(1), torch.tensor([3])), (torch.tensor(1), torch.tensor([0]))])
+    captures, breaks, recompiles, fallbacks = _counts()
+    assert breaks >= 1 and fallbacks == 0
+
+
+def test_an_op_with_a_data_dependent_output_size_stays_in_the_graph():
+    def f(x):
+        return torch.unique_consecutive(x) * 2
+
+    calls = [(torch.tensor([1, 1, 2, 2, 1, 3]),), (torch.tensor([4, 5, 6, 7, 8, 9]),),
+             (torch.tensor([0, 0, 0, 0, 0, 0]),)]
+    _same_calls(f, calls, fullgraph=True)
+    assert _counts() == (1, 0, 0, 0)
+
+
+def test_a_decision_on_a_data_dependent_size_is_a_graph_break():
+    # len(u) > 3 is unknown for a 6-element input: the graph computes it for Python
+    def f(x):
+        u = torch.unique_consecutive(x)
+        return u * 2 if len(u) > 3 else u
+
+    _same_calls(f, [(torch.tensor([1, 1, 2, 3, 4, 5]),), (torch.tensor([1, 1, 1, 1, 2, 2]),)])
+    captures, breaks, recompiles, fallbacks = _counts()
+    # outside fullgraph the break comes at unique_consecutive itself (value-sized ops stay
+    # in the graph only under fullgraph); the code after it sees u's new size once
+    assert breaks == 1 and recompiles <= 1 and fallbacks == 0
+    tempa.reset()
+    with pytest.raises(tempa.GraphBreakError):   # under fullgraph: the branch on len(u)
+        tempa.compile(f, fullgraph=True)(torch.tensor([1, 1, 2, 3, 4, 5]))
+
+
+def test_a_returned_data_dependent_size_is_the_python_int():
+    def f(x):
+        u = torch.unique_consecutive(x)
+        return u, len(u), u.shape[0] * 2
+
+    _same_calls(f, [(torch.tensor([1, 1, 2, 3]),), (torch.tensor([1, 1, 1, 1]),)], fullgraph=True)
+    assert _counts() == (1, 0, 0, 0)
+
+
+def test_foreach_ops_read_a_zero_dim_tensor_scalar_on_every_call():
+    def powers(x, ys):
+        return torch._foreach_pow(x, ys)
+
+    def lerp(xs, ys, w):
+        torch._foreach_lerp_(xs, ys, w)
+        return tuple(xs)
+
+    ys = [torch.tensor(3.4), torch.tensor(7.8)]
+    _same_calls(powers, [(torch.tensor(0.8), ys), (torch.tensor(0.5), ys)], fullgraph=True)
+    xs, targets = [torch.ones(2, 2) * 4.26, torch.ones(2, 2) * 3.14], [torch.ones(2, 2)] * 2
+    _same_calls(lerp, [(xs, targets, torch.tensor(0.5)), (xs, targets, torch.tensor(0.25))],
+                fullgraph=True)
+    assert _counts() == (2, 0, 0, 0)   # the scalar is not baked in: no recompile either
+
+
+def test_a_list_indexed_by_a_fresh_literal_tensor():
+    def f(a, b):
+        return [a, b, a + 1, b + 1][torch.as_tensor(2)]
+
+    def changed(a, b):
+        i = torch.as_tensor(2)
+        i.add_(1)   # its value is no longer the literal: Python needs it
+        return [a, b, a + 1, b + 1][i]
+
+    a, b = torch.randn(3), torch.randn(3)
+    _same(tempa.compile(f, fullgraph=True)(a, b), f(a, b))
+    assert _counts() == (1, 0, 0, 0)
+    with pytest.raises(tempa.GraphBreakError):
+        tempa.compile(changed, fullgraph=True)(a, b)
+    tempa.reset()
+    _same(tempa.compile(changed)(a, b), changed(a, b))
+
+
+def test_tensor_dunder_iter_is_iteration_over_rows():
+    def f(x):
+        for row in x.__iter__():
+            row.add_(1.0)
+        return row
+
+    x, y = torch.randn(3, 2), None
+    y = x.clone()
+    got, want = tempa.compile(f, fullgraph=True)(x), f(y)
+    _same(got, want)
+    _same(x, y)
+    assert _counts() == (1, 0, 0, 0)
+    with pytest.raises(TypeError):
+        tempa.compile(f)(torch.tensor(1.0))
+
+
+# storage sizes of the caller's tensors (calls._storage_of). torch.compile 2.13 on the first
+# test: 1 frame and a wrong answer for the view (x + 1): it does not guard the storage size
+
+def test_the_storage_size_of_an_argument_is_guarded():
+    # a view of a larger tensor has the shape of a smaller one: its storage size decides
+    def f(x):
+        if x.untyped_storage().size() // x.element_size() == 100:
+            return x + 1
+        return x - 1
+
+    fast = tempa.compile(f, fullgraph=True)
+    for x in (torch.randn(100), torch.randn(200)[:100], torch.randn(100)):
+        _same(fast(x), f(x))
+    assert _counts() == (2, 0, 1, 0)   # one recompile, for the view
+
+
+def test_a_returned_storage_is_the_tensors_own():
+    def f(x):
+        return x.untyped_storage(), x * 2
+
+    x = torch.randn(3)
+    storage, _ = tempa.compile(f, fullgraph=True)(x)
+    assert isinstance(storage, torch.UntypedStorage) and storage.data_ptr() == x.data_ptr()
+
+
+def test_the_storage_of_a_tensor_computed_in_the_graph_is_a_break():
+    def f(x):
+        return (x + 1).untyped_storage().nbytes()
+
+    with pytest.raises(tempa.GraphBreakError):
+        tempa.compile(f, fullgraph=True)(torch.randn(3))
+    tempa.reset()
+    assert tempa.compile(f)(torch.randn(3)) == f(torch.randn(3))
+
+
+def test_a_value_sized_op_outside_fullgraph_is_a_break_so_the_rest_keeps_its_kernels():
+    # The backend runs a graph holding x[mask] with eager ATen calls; without fullgraph the
+    # op is a break instead, and the pointwise work around it still compiles to kernels.
+    def f(x):
+        y = (x * 2).relu()
+        picked = y[y > 1.0]
+        return picked.sum() + (y * 3).sum()
+
+    xs = [(torch.randn(64),), (torch.randn(64),)]
+    _same_calls(f, xs)
+    captures, breaks, recompiles, fallbacks = _counts()
+    assert breaks == 1 and fallbacks == 0
+    assert tempa.stats().aten_fallbacks == 0
+    tempa.reset()
+    _same_calls(f, xs, fullgraph=True)   # one graph there, run with ATen calls
+    assert _counts()[:2] == (1, 0)

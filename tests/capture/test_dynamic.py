@@ -7,15 +7,9 @@ import torch
 import torch.nn.functional as F
 
 import tempa
+from tests.capture.paths import counts
 from tests.models import zoo, gpt as gpt_mod
 from tests.models.compare import assert_same
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    tempa.reset()
-    yield
-    tempa.reset()
 
 
 def test_seed_mlp_batch_8_to_64_at_most_two_captures():
@@ -120,6 +114,7 @@ def test_view_divisibility_is_guarded():
         fast(torch.randn(5, 3))          # eager raises too: 5 rows do not split into pairs
     with pytest.raises(RuntimeError):
         f(torch.randn(5, 3))
+    assert counts() == (1, 0, 0, 0)
 
 
 def test_recompile_log_names_the_dynamic_dimension(caplog):
@@ -144,6 +139,7 @@ def test_returned_sizes_are_computed_per_call():
     for n in (3, 5):
         out = fast(torch.ones(n, 4))
         assert out[1] == n * 4 and out[2] == torch.Size([n, 4])
+    assert counts() == (1, 0, 0, 0)
 
 
 def test_float_computed_from_sizes():

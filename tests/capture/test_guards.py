@@ -1,21 +1,14 @@
 """Guards and recompiles (issue 2)."""
 import warnings
 
-import pytest
 import torch
 import torch.nn as nn
 
 import tempa
+from tests.capture.paths import counts
 from tests.models.compare import assert_same
 
 FLAG = True
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    tempa.reset()
-    yield
-    tempa.reset()
 
 
 class Mlp(nn.Module):
@@ -126,6 +119,7 @@ def test_replacing_a_submodule_or_parameter_never_leaves_a_stale_entry():
     assert_same(fast(x), model(x))
     model.fc1.register_buffer("unused", torch.ones(1))
     assert_same(fast(x), model(x))
+    assert counts() == (4, 0, 0, 0)
 
 
 def test_tensor_properties_are_guarded():
@@ -187,6 +181,7 @@ def test_dtype_read_under_autocast_is_autocasts():
             out = fast(x)
             assert out.dtype == torch.bfloat16
             assert_same(out, f(x))
+    assert counts() == (2, 0, 1, 0)
 
 
 def test_model_half_and_double_after_compile():
@@ -197,3 +192,4 @@ def test_model_half_and_double_after_compile():
     model.double()                            # parameters change dtype in place
     assert_same(fast(x.double()), model(x.double()))
     assert fast(x.double()).dtype == torch.float64
+    assert counts() == (2, 0, 1, 0)

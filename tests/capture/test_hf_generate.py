@@ -13,13 +13,6 @@ import tempa
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    tempa.reset()
-    yield
-    tempa.reset()
-
-
 def _model(kind: str):
     torch.manual_seed(0)
     if kind == "gpt2":

@@ -6,13 +6,6 @@ import torch
 import tempa
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    tempa.reset()
-    yield
-    tempa.reset()
-
-
 def _counts():
     s = tempa.stats()
     return s.captures, s.graph_breaks, s.eager_fallbacks
@@ -68,8 +61,10 @@ def test_compiler_disable_under_fullgraph_names_the_function():
 
 def test_compiled_disabled_function_runs_eagerly():
     x = torch.randn(3)
-    assert tempa.compile(_disabled_item)(x) == _disabled_item(x)
+    fast = tempa.compile(_disabled_item)
+    assert fast(x) == _disabled_item(x)
     assert _counts() == (0, 0, 0)
+    assert tempa.eager_reasons(fast) == ["_disabled_item: disabled by torch.compiler.disable"]
 
 
 class _StraightThroughRound(torch.autograd.Function):

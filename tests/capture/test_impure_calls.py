@@ -16,13 +16,6 @@ import torch.nn as nn
 import tempa
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    tempa.reset()
-    yield
-    tempa.reset()
-
-
 def _counts():
     s = tempa.stats()
     return s.captures, s.graph_breaks, s.eager_fallbacks
@@ -67,6 +60,7 @@ def test_environment_reads_are_guarded_not_baked():
     assert _counts() == (2, 0, 0)   # a recompile on the change, no break
 
 
+@pytest.mark.passes_without_capture("eager's own error is the outcome expected of capture")
 def test_environ_subscript_of_a_missing_variable_raises_keyerror():
     os.environ.pop("TEMPA_TEST_MISSING", None)
 
@@ -85,6 +79,7 @@ def test_next_of_an_outside_iterator_advances_it_every_call():
 
     fast = tempa.compile(f, backend="eager")
     assert [fast(torch.ones(1)).item() for _ in range(4)] == [0.0, 1.0, 2.0, 3.0]
+    assert _counts() == (5, 1, 0)
 
 
 def test_looping_over_an_outside_iterator_consumes_it_in_python():
@@ -98,6 +93,7 @@ def test_looping_over_an_outside_iterator_consumes_it_in_python():
     fast = tempa.compile(f, backend="eager")
     assert [fast(torch.zeros(1)).item() for _ in range(3)] == [0.0, 1.0, 2.0]
     assert list(items) == list(range(3, 10))
+    assert _counts() == (1, 1, 0)
 
 
 def test_warnings_warn_on_every_call():
@@ -137,6 +133,7 @@ def test_generator_method_on_an_outside_generator_runs_every_call():
     assert torch.equal(fast(torch.zeros(2)), want)
     torch.rand(5, generator=g)
     assert torch.equal(fast(torch.zeros(2)), want)
+    assert _counts() == (3, 2, 0)
 
 
 # -- results of calls keep eager's types ------------------------------------------------
@@ -153,6 +150,7 @@ def test_structseq_results_hold_tensors(op, backend):
     for g, w in zip(got, want):
         assert type(g) is torch.Tensor and torch.equal(g, w)
     assert torch.equal(got.values, want.values) if hasattr(want, "values") else True
+    assert _counts() == (1, 0, 0)
 
 
 def test_map_is_lazy_and_exhausted_once():
@@ -168,6 +166,7 @@ def test_map_is_lazy_and_exhausted_once():
     x = torch.ones(2)
     assert tempa.compile(consumed_twice, backend="eager")(x) == (2, 0)
     assert tempa.compile(extend_sees_appends, backend="eager")(x)[1] == [1, 1, 2, 4]
+    assert _counts() == (2, 0, 0)
 
 
 def test_returned_map_filter_zip_keep_their_type_and_items():
@@ -222,6 +221,7 @@ def test_iter_of_a_range_is_a_range_iterator():
         return a + 1 if type(iter(range(3))) is type(iter(range(0))) else a - 1
 
     assert tempa.compile(f, backend="eager")(torch.ones(1)).item() == 2.0
+    assert _counts() == (1, 0, 0)
 
 
 def test_objects_built_inside_keep_their_state():
@@ -236,6 +236,7 @@ def test_objects_built_inside_keep_their_state():
     lst, exc = tempa.compile(f, backend="eager")(torch.ones(2), MyList)
     assert type(lst) is MyList and type(lst[0]) is torch.Tensor and lst[0].tolist() == [2.0, 2.0]
     assert str(exc) == "(1, 2, 3)" and exc.args == (1, 2, 3)
+    assert _counts() == (0, 1, 1)
 
 
 def test_fx_map_aggregate_applies_fn_to_every_leaf():
@@ -246,10 +247,12 @@ def test_fx_map_aggregate_applies_fn_to_every_leaf():
     got, want = tempa.compile(fn, backend="eager")(x, lambda y: y * 2), fn(x, lambda y: y * 2)
     assert type(got) is type(want) and type(got[1]) is type(want[1])
     assert torch.equal(got[0], want[0]) and torch.equal(got[1][1], want[1][1])
+    assert _counts() == (0, 1, 1)
 
 
 # -- calls eager rejects, and assignment through descriptors -------------------------------
 
+@pytest.mark.passes_without_capture("eager's own error is the outcome expected of capture")
 def test_invalid_builtin_calls_raise_eagers_type_error():
     def bad_isinstance(x):
         return isinstance(x, torch.Tensor, invalid=True)
@@ -258,6 +261,7 @@ def test_invalid_builtin_calls_raise_eagers_type_error():
         tempa.compile(bad_isinstance, backend="eager")(torch.ones(1))
 
 
+@pytest.mark.passes_without_capture("eager's own error is the outcome expected of capture")
 def test_map_with_keywords_raises_eagers_type_error():
     def f(x, ys, zs):
         return [a + b for a, b in map(lambda a, b: (a, b), ys, zs, strict=True)]
@@ -285,6 +289,7 @@ def test_data_descriptor_set_runs_on_assignment():
         return x + foo.field
 
     assert tempa.compile(f, backend="eager")(torch.zeros(1), Foo()).item() == 20.0
+    assert _counts() == (1, 0, 0)
 
 
 def test_out_argument_is_resized_as_in_eager():
@@ -295,6 +300,7 @@ def test_out_argument_is_resized_as_in_eager():
 
     got = tempa.compile(f, backend="eager")()
     assert got.shape == (3, 5) and torch.equal(got, torch.full((3, 5), 0.5))
+    assert _counts() == (2, 1, 0)
 
 
 # -- arguments FX cannot write as source --------------------------------------------------
@@ -314,6 +320,7 @@ def test_numpy_array_attribute_is_read_live(backend):
     assert fast(torch.ones(3)).tolist() == [1.0, 2.0, 3.0]
     m.table[0] = 5.0
     assert fast(torch.ones(3)).tolist() == [5.0, 2.0, 3.0]
+    assert _counts() == (1, 0, 0)
 
 
 @pytest.mark.parametrize("backend", ["eager", "tempa"])
@@ -323,6 +330,7 @@ def test_generator_argument_draws_from_it(backend):
 
     got = tempa.compile(f, backend=backend)(torch.zeros(2), torch.Generator().manual_seed(1))
     assert torch.equal(got, f(torch.zeros(2), torch.Generator().manual_seed(1)))
+    assert _counts() == (2, 1, 0)
 
 
 def test_tensor_held_by_a_partial_is_a_graph_input():
@@ -338,6 +346,7 @@ def test_tensor_held_by_a_partial_is_a_graph_input():
     assert fast(p, torch.ones(1)).tolist() == [3.0]
     y.mul_(2)   # read live, not baked
     assert fast(p, torch.ones(1)).tolist() == [6.0]
+    assert _counts() == (1, 0, 0)
 
 
 @pytest.mark.parametrize("backend", ["eager", "tempa"])
@@ -346,3 +355,4 @@ def test_unique_with_counts(backend):
     got = tempa.compile(lambda t: torch.unique(t, return_counts=True), backend=backend)(x)
     want = torch.unique(x, return_counts=True)
     assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert _counts() == (2, 1, 0)

@@ -17,6 +17,7 @@ from tests.capture.resume_cases import corpus as C
 from tempa.capture import liveness as L
 
 PY = sys.version_info[:2]
+pytestmark = pytest.mark.passes_without_capture("torch-free: calls the bytecode analysis directly")
 
 
 def _walk(code):

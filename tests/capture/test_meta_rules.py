@@ -105,6 +105,7 @@ def _rule_and_real(kind, target, args):
 
 
 @pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.passes_without_capture("the metadata rules called directly, against real execution")
 def test_rules_on_single_operations(grad):
     with torch.set_grad_enabled(grad):
         for kind, target, args in _samples():
@@ -117,6 +118,7 @@ def test_rules_on_single_operations(grad):
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
+@pytest.mark.passes_without_capture("the metadata rules called directly, against real execution")
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 def test_rules_under_autocast_match_real_execution_on_single_operations(device):
     """Under autocast a rule answers only for an operation whose autocast policy it knows

@@ -3,15 +3,9 @@ import pytest
 import torch
 
 import tempa
+from tests.capture.paths import counts
 from tests.models import zoo
 from tests.models.compare import assert_same, clone_case, run_eager, scalar_loss, assert_same_grads
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    tempa.reset()
-    yield
-    tempa.reset()
 
 
 @pytest.mark.parametrize("name", zoo.ONE_GRAPH)
@@ -42,3 +36,4 @@ def test_gradients_match_eager(name):
     torch.manual_seed(case.seed)
     scalar_loss(fast(*case.args, **case.kwargs)).backward()
     assert_same_grads(case.model, reference.model, *case.tolerance)
+    assert counts() == (1, 0, 0, 0)

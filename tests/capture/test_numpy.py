@@ -12,13 +12,6 @@ import tempa
 GLOBAL_ARRAY = np.arange(4.0)
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    tempa.reset()
-    yield
-    tempa.reset()
-
-
 def _counts():
     s = tempa.stats()
     return s.captures, s.graph_breaks, s.recompiles, s.eager_fallbacks
@@ -89,6 +82,7 @@ def test_tensor_numpy_shares_the_tensors_memory():
     assert type(a) is np.ndarray
     a[1] = 7.0
     assert x[1].item() == 7.0
+    assert _counts() == (1, 0, 0, 0)
 
 
 def test_numpy_constants_and_globals_in_the_graph():
@@ -115,6 +109,7 @@ def test_a_returned_constant_array_is_fresh_on_every_call():
     first = fast()
     first[0] = 1.0
     np.testing.assert_array_equal(fast(), np.zeros(3))
+    assert _counts() == (1, 0, 0, 0)
 
 
 def test_equal_dtypes_made_differently_are_one_graph():
@@ -182,6 +177,7 @@ def test_numpy_of_a_tensor_that_requires_grad_raises_eagers_error():
     fast = tempa.compile(lambda x: x.numpy(), backend="eager")
     with pytest.raises(RuntimeError, match="requires grad"):
         fast(torch.ones(2, requires_grad=True))
+    assert _counts() == (1, 1, 0, 0)
 
 
 def test_in_place_numpy_functions_and_methods_are_kept():
@@ -239,6 +235,7 @@ def test_one_array_returned_twice_is_one_object():
     fast = tempa.compile(f, fullgraph=True, backend="eager")
     a, (b,), s = fast(torch.ones(3))
     assert a is b and s.__self__ is a and s() == 6.0
+    assert _counts() == (1, 0, 0, 0)
 
 
 def test_a_write_into_a_read_only_array_raises_numpys_error():
@@ -254,6 +251,7 @@ def test_a_write_into_a_read_only_array_raises_numpys_error():
     np.testing.assert_array_equal(a, np.ones(3))
     b = np.ones(3)
     assert fast(b) is b and (b == 2).all()   # a writeable one: a graph of its own
+    assert _counts() == (2, 1, 1, 0)
 
 
 def test_writes_through_tensor_numpy_reach_the_tensor():

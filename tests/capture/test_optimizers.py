@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 import tempa
+from tests.capture.paths import counts
 
 OPTIMIZERS = {
     "sgd": lambda p, fe: torch.optim.SGD(p, lr=0.1, foreach=fe),
@@ -28,13 +29,6 @@ OPTIMIZERS = {
 # Adam's bias corrections are computed on the step tensor while compiling (one graph for
 # every step), in float32, where eager computes them in Python floats.
 ATOL = {"adam": 1e-6, "adamw": 1e-6}
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    tempa.reset()
-    yield
-    tempa.reset()
 
 
 def _model_and_optimizer(kind, foreach):
@@ -229,3 +223,4 @@ def test_bias_corrections_in_double_as_eager(kind, foreach):
             o.zero_grad()
         for p, q in zip(eager_model.parameters(), model.parameters()):
             torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-8)
+    assert counts() == (2, 0, 1, 0)

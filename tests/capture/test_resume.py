@@ -25,6 +25,7 @@ from tempa.capture import liveness as L
 from tempa.capture import resume as R
 
 PY = sys.version_info[:2]
+pytestmark = pytest.mark.passes_without_capture("torch-free: calls the bytecode analysis directly")
 
 
 def _points():

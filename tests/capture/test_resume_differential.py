@@ -2,6 +2,9 @@
 start of a model's forward, compile, and check the result equals eager. Resuming at an
 arbitrary statement exercises value-stack rebuilding, NULLs, cells, loops, with-blocks and
 exception tables on real code (nn layers, the GPT, HuggingFace models)."""
+import functools
+import sys
+
 import pytest
 import torch
 
@@ -34,9 +37,30 @@ def _cases():
                 yield pytest.param(name, code, offset, id=f"{name}-{code.co_name}-{code.co_firstlineno}@{offset}")
 
 
+@functools.lru_cache(maxsize=None)
+def _offsets_reached(name, code):
+    """The instructions of ``code`` that eager executes on the case (a statement in a branch
+    not taken, or after an early return, is never reached): traced once per code object."""
+    reached = set()
+
+    def trace(frame, event, arg):
+        if frame.f_code is not code:
+            return None
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            reached.add(frame.f_lasti)
+        return trace
+    case = zoo.make(name)
+    sys.settrace(trace)
+    try:
+        run_eager(case)
+    finally:
+        sys.settrace(None)
+    return frozenset(reached)
+
+
 @pytest.mark.parametrize("name,code,offset", list(_cases()))
 def test_forced_break_matches_eager(name, code, offset):
-    tempa.reset()
     case = zoo.make(name)
     expected = run_eager(clone_case(case))
     interpreter.FORCED_BREAKS.add((code, offset))
@@ -44,7 +68,10 @@ def test_forced_break_matches_eager(name, code, offset):
         fast = tempa.compile(case.model, backend="eager")
         torch.manual_seed(case.seed)
         out = fast(*case.args, **case.kwargs)
+        counts = tempa.stats()
     finally:
         interpreter.FORCED_BREAKS.discard((code, offset))
-        tempa.reset()
     assert_same(out, expected, *case.tolerance)
+    # captured, and the forced break (where eager reaches it) resumed: no eager fallback
+    assert counts.captures >= 1 and counts.eager_fallbacks == 0, counts
+    assert (counts.graph_breaks >= 1) == (offset in _offsets_reached(name, code)), counts

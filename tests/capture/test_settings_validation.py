@@ -8,6 +8,7 @@ import tempa
 MODEL = torch.nn.Linear(2, 2)
 
 
+@pytest.mark.passes_without_capture("refused by tempa.compile itself, before any call")
 @pytest.mark.parametrize("kwargs, error, listed", [
     (dict(options={"nonsense_option": 1}), ValueError, "cudagraph_outputs"),
     (dict(options=["cudagraph_outputs"]), TypeError, "dict"),
@@ -28,6 +29,7 @@ def test_valid_settings_are_accepted():
     for kwargs in (dict(options={"cudagraph_outputs": "clone"}, mode="reduce-overhead"),
                    dict(fullgraph=True, dynamic=False, backend="eager"), dict(dynamic=None)):
         assert torch.allclose(tempa.compile(MODEL, **kwargs)(x), MODEL(x))
+    assert tempa.stats().captures == 3   # each compiled, none refused or run eagerly
 
 
 def test_explain_of_a_non_callable_is_a_type_error():

@@ -13,13 +13,6 @@ import torch.nn as nn
 import tempa
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    tempa.reset()
-    yield
-    tempa.reset()
-
-
 def _counts():
     s = tempa.stats()
     return s.captures, s.graph_breaks, s.eager_fallbacks
@@ -87,6 +80,7 @@ def test_ema_buffer_assignment_and_in_place_update():
         assert torch.allclose(m.avg, ref.avg) and torch.allclose(m.avg2, ref.avg2)
     assert "avg2" in m._buffers
     assert _counts()[1:] == (0, 0)
+    assert _counts() == (3, 0, 0)
 
 
 def test_cache_dict_item_assignment_on_module():
@@ -125,6 +119,7 @@ def test_list_append_of_tensors_into_outside_list():
     fast(x)
     assert len(out) == 4 and out[3] == 3
     assert _counts()[1:] == (0, 0)
+    assert _counts() == (2, 0, 0)
 
 
 STEP = 0
@@ -145,6 +140,7 @@ def test_global_assignment_and_deletion_are_applied_and_read_back():
         assert torch.equal(fast(x), x * 3 + i)
         assert STEP == i and "SCRATCH" not in globals()
     assert _counts()[1:] == (0, 0)
+    assert _counts() == (2, 0, 0)
 
 
 def test_nonlocal_counter():
@@ -164,6 +160,7 @@ def test_nonlocal_counter():
         x = torch.randn(3)
         assert torch.equal(fast(x), x * i) and calls() == i
     assert _counts()[1:] == (0, 0)
+    assert _counts() == (2, 0, 0)
 
 
 def test_setattr_and_delattr_on_outside_plain_object():
@@ -212,6 +209,7 @@ def test_replay_reads_the_callers_state_from_before_the_writes():
     fast = tempa.compile(f, fullgraph=True, backend="eager")
     assert fast(d) is a
     assert d["b"] is a and torch.equal(d["a"], a * 2)
+    assert _counts() == (1, 0, 0)
 
 
 def test_defaultdict_missing_key_is_inserted():
@@ -226,6 +224,7 @@ def test_defaultdict_missing_key_is_inserted():
     assert fast(x) == 1 and torch.equal(d["a"][0], x + 1)
     assert fast(x) == 2 and len(d["a"]) == 2
     assert _counts()[1:] == (0, 0)
+    assert _counts() == (2, 0, 0)
 
 
 def test_writes_happen_before_the_eager_code_of_a_graph_break():
@@ -264,6 +263,7 @@ def test_no_write_when_the_graph_raises():
     with pytest.raises(IndexError):
         fast(torch.arange(3.0), torch.tensor([5]))
     assert not hasattr(box, "done")
+    assert _counts() == (1, 0, 0)
 
 
 def test_write_to_an_objects_dict_through_a_set_only_descriptor_is_read_back():
@@ -285,6 +285,7 @@ def test_write_to_an_objects_dict_through_a_set_only_descriptor_is_read_back():
     foo = Foo()
     assert tempa.compile(f, fullgraph=True, backend="eager")(torch.zeros(1), foo).item() == 20.0
     assert foo.__dict__ == {"field": 20}
+    assert _counts() == (1, 0, 0)
 
 
 def test_deleting_a_class_attribute_through_an_instance_raises_as_eager():
@@ -299,6 +300,7 @@ def test_deleting_a_class_attribute_through_an_instance_raises_as_eager():
     with pytest.raises(AttributeError):
         fast(torch.zeros(1), WithDefault())
     assert WithDefault.a == 1
+    assert _counts() == (1, 1, 0)
 
 
 def test_outside_namedtuple_subclass_gets_the_attribute_and_is_returned_as_itself():
@@ -354,3 +356,4 @@ def test_python_descriptor_read_sees_the_pending_writes():
     c = C()
     out, text = tempa.compile(f, fullgraph=True, backend="eager")(torch.zeros(1), c)
     assert text == "direct" and out.item() == len("set_hello") and c.__dict__ == {"_v": "direct"}
+    assert _counts() == (1, 0, 0)

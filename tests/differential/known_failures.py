@@ -8,7 +8,7 @@ a forced-break test is keyed "break:<case id>" (all its break points) or
 
 KNOWN_FAILURES: dict = {
     "bug27_warnings_only_at_capture": "bug 27 (left): warnings.warn now runs every call, but at "
-                                      "a break the warning is attributed to tempa/api.py, "
+                                      "a break the warning is attributed to tempa/context.py, "
                                       "not the user's line",
     # ---- found by the forced-break mode (not in the bug list)
 }

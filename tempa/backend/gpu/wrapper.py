@@ -16,7 +16,7 @@ import torch
 from ..codegen.wrapper import (WrapperGen, _DTYPE_NAMES, _contig, _opname, alloc_layout,
                                reshape_outputs_at_allocation)
 from ..ir import LoopValue, ExternCall
-from ..pipeline import source_file
+from ...sourcefiles import source_file
 
 
 def render(plan, interp: bool, nsizes: int = 0):

@@ -21,25 +21,16 @@ from __future__ import annotations
 
 import ctypes
 import importlib
-import importlib.machinery
-import importlib.util
-import logging
 import os
 import platform
-import subprocess
 import sys
 import sysconfig
-import tempfile
-import threading
 
-from . import diskcache
+from . import extension
 
 MAX_ARGS = 64          # segments with more arguments keep ctypes
 _ABI_CHECKED = ("x86_64", "aarch64")     # where the calling convention argument below holds
 _MODULE = "_tempa_fastcall"
-_log = logging.getLogger("tempa.perf")
-_lock = threading.Lock()
-_state: dict = {}      # "module" -> the loaded extension, or None after a failed build
 
 
 def _source() -> str:
@@ -129,70 +120,30 @@ def _build():
     include = sysconfig.get_paths()["include"]
     if not os.path.exists(os.path.join(include, "Python.h")):
         raise RuntimeError(f"no Python.h under {include}")
-    src = _source()
     comp = _compiler()
-    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    key = diskcache.key_of(src, sys.version, include, comp, suffix)
-    so = diskcache.path("fastcall", key, "so")
-    if diskcache.verified(so):
-        try:
-            return _load(so)
-        except ImportError as e:
-            # hash matches but the loader refuses it (another machine's build): rebuild
-            _log.info("cached fast-call extension %s cannot be loaded (%s); rebuilding it", so, e)
-    _compile(src, comp, include, so)
-    return _load(so)
+
+    def command(src, so):
+        return [comp.split("\n")[0], "-x", "c", "-O2", "-shared", "-fPIC", "-w", f"-I{include}",
+                "-o", so, src]
+    return extension.build_cached(_MODULE, "fastcall", _source(), "c",
+                                  (sys.version, include, comp), command, timeout=120)
 
 
-def _compile(src: str, comp: str, include: str, so: str) -> None:
-    d = os.path.dirname(so)
-    fd, csrc = tempfile.mkstemp(dir=d, prefix=".src-", suffix=".c")
-    with os.fdopen(fd, "w") as f:
-        f.write(src)
-    tmp_so = csrc[:-2] + ".so"
-    try:
-        proc = subprocess.run([comp.split("\n")[0], "-x", "c", "-O2", "-shared", "-fPIC", "-w",
-                               f"-I{include}", "-o", tmp_so, csrc], capture_output=True, text=True,
-                              timeout=120)
-    finally:
-        os.unlink(csrc)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-1000:])
-    diskcache.store_file(so, src_tmp=tmp_so)
-
-
-def _load(so: str):
-    loader = importlib.machinery.ExtensionFileLoader(_MODULE, so)
-    spec = importlib.util.spec_from_file_location(_MODULE, so, loader=loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
+_extension = extension.BuiltOnce(_build, "fast kernel calls unavailable, using ctypes",
+                                 "tempa-fastcall-build")
 
 
 def module():
     """The loaded extension, or None where it cannot be built (said once, in the perf log)."""
-    if "module" not in _state:
-        with _lock:
-            if "module" not in _state:
-                try:
-                    _state["module"] = _build()
-                except Exception as e:  # noqa: BLE001 - any failure: keep ctypes
-                    _log.info("fast kernel calls unavailable, using ctypes: %s", e)
-                    _state["module"] = None
-    return _state["module"]
+    return _extension.get()
 
 
 def prebuild() -> None:
     """Start building the extension in a background thread, so that on an empty cache its
     gcc run overlaps the graph's own (the first call waits for the longer of the two, not
     their sum). A no-op once built, loaded or started."""
-    if "module" in _state or "thread" in _state or not _config().fast_calls:
-        return
-    with _lock:
-        if "module" in _state or "thread" in _state:
-            return
-        _state["thread"] = threading.Thread(target=module, name="tempa-fastcall-build", daemon=True)
-    _state["thread"].start()
+    if _config().fast_calls:
+        _extension.prebuild()
 
 
 def _config():

@@ -25,26 +25,19 @@ from __future__ import annotations
 
 import ctypes
 import importlib
-import importlib.machinery
-import importlib.util
 import logging
 import os
-import subprocess
 import sys
 import sysconfig
-import tempfile
-import threading
 
 import torch
 
-from . import diskcache
+from . import extension
 
 _MODULE = "_tempa_nativeguards"
 # the only classes whose attribute reads are torch's own getters (no __torch_function__)
 _NATIVE_TYPES = (torch.Tensor, torch.nn.Parameter)
 _log = logging.getLogger("tempa.perf")
-_lock = threading.Lock()
-_state: dict = {}      # "module" -> the loaded extension, or None where it cannot be used
 _reference: dict = {}  # (dtype, device) -> an empty tensor the extension reads them from
 
 SOURCE = r"""
@@ -290,47 +283,18 @@ def _build():
         if not os.path.exists(header):
             raise RuntimeError(f"no {header}")
     from .build import compiler_id
-    cfg = importlib.import_module("tempa.config").config
-    comp = compiler_id(cfg.cxx)
-    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    comp = compiler_id(_config().cxx)
     with open(os.path.join(include, "c10", "core", "TensorImpl.h"), "rb") as f:
         header = f.read()
-    key = diskcache.key_of(SOURCE, sys.version, torch.__version__, header, py_include, include,
-                           comp, suffix)
-    so = diskcache.path("nativeguards", key, "so")
-    if diskcache.verified(so):
-        try:
-            return _load(so)
-        except ImportError as e:
-            _log.info("cached tensor-check extension %s cannot be loaded (%s); rebuilding it", so, e)
-    _compile(comp.split("\n")[0], py_include, include, lib, so)
-    return _load(so)
-
-
-def _compile(cxx: str, py_include: str, include: str, lib: str, so: str) -> None:
-    d = os.path.dirname(so)
-    fd, src = tempfile.mkstemp(dir=d, prefix=".src-", suffix=".cpp")
-    with os.fdopen(fd, "w") as f:
-        f.write(SOURCE)
-    tmp_so = src[:-4] + ".so"
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    try:
-        proc = subprocess.run([cxx, "-O2", "-shared", "-fPIC", "-w", "-std=c++17",
-                               f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{py_include}", f"-I{include}",
-                               "-o", tmp_so, src, f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}"],
-                              capture_output=True, text=True, timeout=300)
-    finally:
-        os.unlink(src)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-1000:])
-    diskcache.store_file(so, src_tmp=tmp_so)
 
-
-def _load(so: str):
-    loader = importlib.machinery.ExtensionFileLoader(_MODULE, so)
-    spec = importlib.util.spec_from_file_location(_MODULE, so, loader=loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
+    def command(src, so):
+        return [comp.split("\n")[0], "-O2", "-shared", "-fPIC", "-w", "-std=c++17",
+                f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{py_include}", f"-I{include}",
+                "-o", so, src, f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}"]
+    mod = extension.build_cached(_MODULE, "nativeguards", SOURCE, "cpp",
+                                 (sys.version, torch.__version__, header, py_include, include,
+                                  comp), command, timeout=300)
     offset = _impl_offset()
     if offset is None:
         raise RuntimeError("cannot find the TensorImpl pointer inside a tensor object "
@@ -357,30 +321,20 @@ def _impl_offset() -> int | None:
     return None
 
 
+_extension = extension.BuiltOnce(
+    _build, "native tensor guards unavailable, using Python guards", "tempa-nativeguards-build")
+
+
 def module():
     """The loaded extension, or None where it cannot be used (said once, in the perf log)."""
-    if "module" not in _state:
-        with _lock:
-            if "module" not in _state:
-                try:
-                    _state["module"] = _build()
-                except Exception as e:  # noqa: BLE001 - any failure: keep the Python guards
-                    _log.info("native tensor guards unavailable, using Python guards: %s", e)
-                    _state["module"] = None
-    return _state["module"]
+    return _extension.get()
 
 
 def prebuild() -> None:
     """Start building the extension in a background thread (a no-op once started), so that
     on an empty cache its compiler run overlaps the first capture."""
-    if "module" in _state or "thread" in _state or not _config().fast_guards:
-        return
-    with _lock:
-        if "module" in _state or "thread" in _state:
-            return
-        _state["thread"] = threading.Thread(target=module, name="tempa-nativeguards-build",
-                                            daemon=True)
-    _state["thread"].start()
+    if _config().fast_guards:
+        _extension.prebuild()
 
 
 def _config():

@@ -1,0 +1,528 @@
+"""What one tempa.compile(...) call holds: its settings, the caches of the code objects it
+compiled, and the dispatchers that run them.
+
+A call checks the cached entries of its code object; on a miss (no entry's guards pass)
+the context captures the call, hands the graph to the backend, and turns capture's
+outcomes (an entry, an unsupported construct, the user's own exception) into what the
+user sees: a compiled call, an eager run that says why, or eager's error.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import types
+import weakref
+
+import torch
+from torch.amp import autocast_mode
+from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack, \
+    any_torch_dispatch_mode_on_stack
+
+from . import distributed, logs, stance, stats as _stats
+from .config import config
+from .backend.runtime import nativeguards
+from .capture import calls, higher_order
+from .capture import runtime as capture_runtime
+from .capture.breaks import BreakReason, GraphBreakError, Unsupported, UserError, fullgraph_error
+from .capture.cache import MISS, CodeCache, build_entry, install_invalidation_hooks, \
+    with_identifier_names
+from .capture.capture import capture
+from .optimized_module import OptimizedModule, call_module
+from .settings import check_settings, resolve_backend
+
+# every live context, for tempa.reset()
+contexts: "weakref.WeakSet[CompileContext]" = weakref.WeakSet()
+_GENERATOR_FLAGS = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
+                    inspect.CO_ITERABLE_COROUTINE)
+_fallback_log = logs.get("fallbacks")
+
+
+_dispatch_stack_len = torch._C._len_torch_dispatch_stack
+
+
+def _outside_dispatch_modes():
+    """Capture and compile with the torch dispatch modes off when a user's mode is on the
+    stack (only modes that ignore compile internals can be: see
+    ``_eager_under_dispatch_mode``). Infra modes alone (fake tensors) stay as they are."""
+    if _dispatch_stack_len() and not all(m.is_infra_mode()
+                                         for m in _get_current_dispatch_mode_stack()):
+        return _disable_current_modes()
+    return contextlib.nullcontext()
+
+
+def _raised_at(fn, exc: BaseException) -> BreakReason:
+    """Where ``exc`` left the compiled function ``fn`` (its innermost line there)."""
+    where_ = (fn.__code__.co_filename, fn.__code__.co_firstlineno)
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is fn.__code__:
+            where_ = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+        tb = tb.tb_next
+    return BreakReason("user exception", f"{type(exc).__name__}: {exc}", where_[0], where_[1],
+                       fn.__qualname__)
+
+
+class _CaptureRaised:
+    """What ``_capture_and_compile`` returns when capture raised an exception of the user's
+    code: the call runs eagerly, which raises it again unless it was tempa's own."""
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class CompileContext:
+    """The settings of one tempa.compile(...) call and the caches built under them."""
+
+    def __init__(self, *, fullgraph, dynamic, backend, mode, options):
+        check_settings(fullgraph, dynamic, mode, options)
+        # the arguments of tempa.compile, so a copied OptimizedModule can compile afresh
+        self.settings = dict(fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
+                             options=options)
+        self.fullgraph = fullgraph
+        self.dynamic = dynamic
+        self.mode = mode
+        self.options = options or {}
+        self.backend_name = backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")
+        self.backend = resolve_backend(backend, mode, self.options)
+        self.caches: dict = {}
+        self._dispatchers = weakref.WeakKeyDictionary()   # function -> its dispatcher
+        # module -> its forward's dispatcher, for a module whose hooks run outside it
+        self._forward_dispatchers: dict = {}
+        self.record = False        # explain(): keep every graph and break seen
+        self.graph_log: list = []  # (function, GraphModule)
+        self.break_log: list = []  # (function, BreakReason)
+        self.fallback_log: list = []  # (function, reason)
+        self._mode_eager_noted = weakref.WeakSet()   # caches said to run under a dispatch mode
+        self.recompile_log: list = []  # (function name, the guard that failed)
+        self.auto_trials: dict = {}    # CodeCache -> stance.AutoTrial (stance "auto")
+        self.stance_log: list = []     # the choices stance "auto" made, as sentences
+        install_invalidation_hooks()
+        nativeguards.prebuild()   # its one-time compiler run overlaps the first capture
+        if config.logs:
+            logs.enable(config.logs)
+        contexts.add(self)
+
+    def cache_for(self, fn) -> CodeCache:
+        cache = self.caches.get(fn.__code__)
+        if cache is None:
+            cache = self.caches.setdefault(fn.__code__, CodeCache(fn.__code__, fn.__qualname__))
+        return cache
+
+    def dispatcher(self, fn, eager, cache: CodeCache | None = None):
+        cache = cache or self.cache_for(fn)
+        cache.module_call = cache.module_call or eager is call_module
+        miss = self._miss
+
+        def dispatch(*args, **kwargs):
+            if _dispatch_stack_len() and any_torch_dispatch_mode_on_stack():
+                return self._eager_under_dispatch_mode(cache, fn, eager, args, kwargs)
+            if stance.state.active:
+                return self._with_stance(cache, fn, eager, args, kwargs)
+            if kwargs:
+                for entry in cache.entries:
+                    result = entry.fn(*args, **kwargs)
+                    if result is not MISS:
+                        return result
+            else:                   # the common call: no keyword dict to unpack per entry
+                for entry in cache.entries:
+                    result = entry.fn(*args)
+                    if result is not MISS:
+                        return result
+            return miss(cache, fn, eager, args, kwargs)
+        dispatch.__tempa_cache__ = cache
+        return dispatch
+
+    def _compiled_call(self, cache, fn, eager, args, kwargs):
+        for entry in cache.entries:
+            result = entry.fn(*args, **kwargs)
+            if result is not MISS:
+                return result
+        return self._miss(cache, fn, eager, args, kwargs)
+
+    def _with_stance(self, cache, fn, eager, args, kwargs):
+        """A call under a stance other than "default" (stance.py says what each does;
+        the recompile stances act in ``_capture_and_compile``)."""
+        name = stance.state.name
+        if name == "force_eager":
+            _stats.bump("stance_eager_calls")
+            return eager(*args, **kwargs)
+        if name != "auto":
+            return self._compiled_call(cache, fn, eager, args, kwargs)
+        trial = self.auto_trials.get(cache)
+        if trial is None:
+            trial = self.auto_trials.setdefault(cache, stance.AutoTrial())
+        path, timed = trial.next_path(), trial.timed()
+        if path == "eager":
+            _stats.bump("stance_eager_calls")
+        if not timed:
+            if path == "eager":
+                return eager(*args, **kwargs)
+            result = self._compiled_call(cache, fn, eager, args, kwargs)
+            trial.record("compiled", None)
+            return result
+        start = stance.timer()
+        if path == "eager":
+            result = eager(*args, **kwargs)
+        else:
+            result = self._compiled_call(cache, fn, eager, args, kwargs)
+        if trial.record(path, stance.timer() - start):
+            self._announce_choice(cache, fn, trial)
+        return result
+
+    def _announce_choice(self, cache, fn, trial) -> None:
+        text = trial.describe(where(fn))
+        self.stance_log.append(text)
+        logs.get("perf").info("%s", text)
+        if trial.choice == "eager":
+            _fallback_log.warning("tempa: %s", text)
+
+    # -- calls made by graph-break runners ---------------------------------------------------
+    def call(self, fn, *args, **kwargs):
+        """Call ``fn`` from an entry's Python part: Python callees go through tempa, so a
+        function or submodule that broke the caller's graph gets compiled graphs of its own.
+        A torch operation written in Python (torch.unique, F.*) is an op, not code to
+        compile: it runs as it is."""
+        if calls.runs_uncompiled(fn):
+            return fn(*args, **kwargs)
+        if isinstance(fn, types.FunctionType) and not calls.is_torch_op(fn):
+            fn = with_identifier_names(fn)   # a comprehension's code, called after a break
+            dispatch = self._dispatchers.get(fn)
+            if dispatch is None:
+                dispatch = self._dispatchers[fn] = self.dispatcher(fn, fn)
+            return dispatch(*args, **kwargs)
+        if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+            return self.call(fn.__func__, fn.__self__, *args, **kwargs)
+        if isinstance(fn, torch.nn.Module) and not isinstance(fn, OptimizedModule) and \
+                "forward" not in fn.__dict__:
+            if distributed.has_module_hooks(fn):
+                # Hooks (FSDP2's unshard/reshard, user hooks) run eagerly, forward compiled.
+                return distributed.call_with_compiled_forward(
+                    fn, self.forward_of(fn), args, kwargs)
+            forward = type(fn).forward
+            dispatch = self._dispatchers.get(forward)
+            if dispatch is None:
+                dispatch = self._dispatchers[forward] = self.dispatcher(forward, call_module)
+            return dispatch(fn, *args, **kwargs)
+        return fn(*args, **kwargs)
+
+    def forward_of(self, mod: torch.nn.Module):
+        """``mod``'s forward through tempa, for callers that run ``mod``'s hooks themselves:
+        where tempa cannot compile it, it falls back to the plain forward (not to
+        ``mod(...)``, which would run the hooks a second time). Each such module gets a cache
+        of its own, as if compiled on its own: the blocks of an FSDP2 model share one
+        ``forward`` code object, and one cache would hit the recompile limit at block 9."""
+        dispatch = self._forward_dispatchers.get(mod)
+        if dispatch is not None:
+            return dispatch
+        forward = mod.__dict__.get("forward")
+        if isinstance(forward, types.FunctionType):
+            fn, bound_self = forward, None
+        elif isinstance(forward, types.MethodType):
+            fn, bound_self = forward.__func__, forward.__self__
+        else:
+            fn, bound_self = type(mod).forward, mod
+        cache = self.caches.setdefault((fn.__code__, id(mod)),
+                                       CodeCache(fn.__code__, fn.__qualname__))
+        dispatch = self.dispatcher(fn, fn, cache)
+        if bound_self is not None:
+            dispatch = functools.partial(dispatch, bound_self)
+        self._forward_dispatchers[mod] = dispatch
+        return dispatch
+
+    # -- the slow path: no entry matched --------------------------------------------------
+    def _miss(self, cache: CodeCache, fn, eager, args, kwargs):
+        entry = None
+        with cache.lock:
+            for e in cache.entries:  # another thread may have captured meanwhile
+                if e.fn(*args, **kwargs) is not MISS:
+                    entry = e
+                    break
+            if entry is None and cache.eager_reason is None:
+                # (capture's own saves must not reach activation checkpointing's hooks)
+                # (nor reach the dispatch modes that ignore compile internals: capture's
+                # ops on fake tensors are such internals; the compiled graph runs under them)
+                with distributed.outside_saved_tensors_hooks(), _outside_dispatch_modes(), \
+                        logs.compiling_for(logs._compiling_for or logs.user_frame()):
+                    entry = self._capture_and_compile(cache, fn, args, kwargs)
+        if type(entry) is _CaptureRaised:
+            if self.fullgraph:
+                result = self._eager_under_fullgraph(fn, eager, args, kwargs)
+            else:
+                result = eager(*args, **kwargs)   # the user's error: eager raises it, from their code
+            self._capture_error_was_ours(cache, fn, entry.error)   # eager did not raise
+            return result
+        if entry is None:
+            return eager(*args, **kwargs)
+        result = entry.fn(*args, **kwargs)
+        if result is MISS:  # guards that fail on the very call they were built from: a bug
+            _fallback_log.warning("tempa: guards of %s failed on their own capture (%s); running "
+                                  "eagerly", cache.name, entry.why(*args, **kwargs))
+            return eager(*args, **kwargs)
+        return result
+
+    def _eager_under_fullgraph(self, fn, eager, args, kwargs):
+        """Capture found the user's code raising, so there is no graph: the call runs eagerly
+        (eager, not capture, decides whether it raises and what), and an exception that
+        leaves it is raised as eager's class and GraphBreakError at once (``fullgraph_error``
+        says why). Without fullgraph, eager's exception passes through unchanged."""
+        try:
+            return eager(*args, **kwargs)
+        except Exception as exc:
+            _stats.bump("graph_breaks")
+            raise fullgraph_error(exc, _raised_at(fn, exc)) from exc
+
+    def _eager_under_dispatch_mode(self, cache, fn, eager, args, kwargs):
+        """A torch dispatch mode on the stack must see each op this call runs, as in eager
+        (it may log, count or change them); a compiled graph's kernels bypass it, so the
+        call runs eagerly (as torch.compile skips such frames), said once per function.
+        Modes whose ``ignore_compile_internals()`` is True, and infra modes (fake tensors),
+        do not count: compiled code is opaque to them by their own declaration."""
+        if cache not in self._mode_eager_noted:
+            self._mode_eager_noted.add(cache)
+            _stats.bump("eager_fallbacks")
+            reason = ("a torch dispatch mode is active that sees every op (its "
+                      "ignore_compile_internals() is False)")
+            self.fallback_log.append((fn, reason))
+            _fallback_log.warning("tempa: running %s eagerly: %s", where(fn), reason)
+        return eager(*args, **kwargs)
+
+    def _capture_error_was_ours(self, cache: CodeCache, fn, error: BaseException) -> None:
+        """Capture raised ``error`` as if the user's code had, but eager ran the same call
+        without it: the error was tempa's. That call ran eagerly; so do the later ones, and
+        it is said (a count, explain, the log), never a silent eager run."""
+        cache.eager_reason = (f"capturing raised {type(error).__name__}({error}) where eager "
+                              "does not (a tempa bug; please report it)")
+        _stats.bump("eager_fallbacks")
+        self.fallback_log.append((fn, cache.eager_reason))
+        _fallback_log.warning("tempa: running %s eagerly: %s", where(fn), cache.eager_reason)
+
+    def _capture_and_compile(self, cache: CodeCache, fn, args, kwargs):
+        if not config.capture:
+            # this call runs eagerly; a later one captures if capture is switched back on
+            _fallback_log.info("tempa: capture is off (tempa.config.capture): %s runs eagerly",
+                               where(fn))
+            return None
+        if fn.__code__ in calls.DISABLED_CODES:
+            cache.eager_reason = "disabled by tempa.disable"
+            return None
+        if higher_order.is_disabled(fn):
+            cache.eager_reason = "disabled by torch.compiler.disable"
+            return None
+        if fn.__code__.co_flags & _GENERATOR_FLAGS:
+            # Calling it only creates the generator (or coroutine); its body runs later, as
+            # the caller iterates it, outside any call tempa could compile.
+            cache.eager_reason = "a generator or coroutine function (its body runs as it is iterated)"
+            _stats.bump("eager_fallbacks")
+            self.fallback_log.append((fn, cache.eager_reason))
+            _fallback_log.warning("tempa: running %s eagerly: %s", where(fn), cache.eager_reason)
+            return None
+        if cache.entries and stance.state.name in ("eager_on_recompile", "fail_on_recompile"):
+            why = cache.entries[0].why(*args, **kwargs)
+            if stance.state.name == "fail_on_recompile":
+                raise stance.RecompileError(f"tempa: {where(fn)} would recompile (stance "
+                                            f"'fail_on_recompile'); the guard that failed: {why}")
+            _stats.bump("stance_eager_calls")
+            return None    # this call runs eagerly; the entries stay for calls that fit them
+        if cache.captures >= config.recompile_limit:
+            why = cache.entries[0].why(*args, **kwargs) if cache.entries else "?"
+            cache.eager_reason = f"recompile_limit ({config.recompile_limit}) reached"
+            _stats.bump("eager_fallbacks")
+            logs.warn(f"tempa: {where(fn)} was recompiled {cache.captures} times "
+                      f"(recompile_limit={config.recompile_limit}); it runs eagerly from now "
+                      f"on. The guard that kept failing: {why}. Raise "
+                      "tempa.config.recompile_limit, or mark the changing dimension "
+                      "dynamic.", UserWarning)
+            return None
+        why = cache.entries[0].why(*args, **kwargs) if cache.entries else None
+        try:
+            captured = self._capture(cache, fn, args, kwargs)
+        except Unsupported as u:
+            _stats.bump("graph_breaks")
+            if u.location is None:   # raised outside any frame (building the output plan)
+                code = fn.__code__
+                u.at(code.co_filename, code.co_firstlineno, fn.__qualname__)
+            if self.fullgraph:
+                raise GraphBreakError(u.location) from None
+            cache.eager_reason = str(u)
+            _stats.bump("eager_fallbacks")
+            self.fallback_log.append((fn, str(u)))
+            if self.record:
+                self.break_log.append((fn, u.location))
+            _fallback_log.warning("tempa: running %s eagerly: %s", where(fn), u)
+            return None
+        except UserError as e:
+            return _CaptureRaised(e.exc)   # the user's code raises: eager raises it too
+        try:
+            compiled = _restoring_global_state(self._compile_graph(captured, fn), captured.gm)
+        except UserError:
+            return None  # the graph fails on these inputs (a wrong dtype): eager's error
+        # counted once the entry exists: a call that raises eager's error is no recompile
+        cache.captures += 1
+        cache.last_shapes = captured.input_shapes
+        _stats.bump("captures")
+        if why is not None:
+            _stats.bump("recompiles")
+            self.recompile_log.append((fn.__qualname__, why))
+            if logs.on("recompiles"):
+                logs.get("recompiles").info("recompiling %s: %s", where(fn), why)
+        if captured.break_reason is not None:
+            _stats.bump("graph_breaks")
+            if self.record:
+                self.break_log.append((fn, captured.break_reason))
+            if logs.on("breaks"):
+                logs.get("breaks").info("graph break in %s: %s", where(fn), captured.break_reason)
+        if self.record:
+            self.graph_log.append((fn, captured.gm))
+        if logs.on("graphs"):
+            logs.get("graphs").info("graph for %s:\n%s", where(fn), captured.gm.code)
+        entry = build_entry(fn, captured, compiled, nativeguards)
+        # A call with bad arguments fails in the entry: its TypeError names the user's function.
+        entry.fn.__name__, entry.fn.__qualname__ = fn.__name__, fn.__qualname__
+        if logs.on("guards"):
+            logs.get("guards").info("guards for %s:\n%s", where(fn),
+                                    "\n".join(f"  {d}" for _, d in entry.guards))
+        cache.add(entry)
+        return entry
+
+    def _capture(self, cache, fn, args, kwargs):
+        dynamic = self._dynamic_for(cache, fn, args, kwargs)
+        try:
+            return capture(fn, args, kwargs, runtime=self, allow_breaks=not self.fullgraph,
+                           dynamic=dynamic, module_call=cache.module_call)
+        except UserError as e:
+            if not dynamic:
+                raise
+            # An operator whose fake kernel cannot take symbolic sizes (nn.Bilinear's
+            # aten._trilinear asserts) looks like an error of the user's code. Capture this
+            # call with its real sizes; if that fails too, it is the user's error. This function
+            # then compiles per shape (it had been silently eager, recapturing on every call).
+            captured = capture(fn, args, kwargs, runtime=self, allow_breaks=not self.fullgraph,
+                               dynamic=False, module_call=cache.module_call)
+            first_line = (str(e.exc).splitlines() or [""])[0][:160]
+            cache.static_only = f"symbolic sizes failed ({type(e.exc).__name__}: {first_line})"
+            _fallback_log.warning("tempa: %s: %s; compiling it per shape instead", where(fn),
+                                  cache.static_only)
+            return captured
+
+    def _dynamic_for(self, cache, fn, args, kwargs):
+        """Automatic dynamic shapes, as torch.compile's: the first capture is static; when a
+        recompile happens because an input's sizes changed, the dimensions that changed
+        become symbolic from then on (added up over recompiles), so the next graph serves
+        every size there. Only those: a CNN whose batch changes keeps its image sizes static,
+        and its kernels stay shape-generic in the batch alone (with the height and width
+        symbolic too, they were compiled once per batch size)."""
+        if cache.static_only:
+            return False
+        if self.dynamic is not None:
+            return self.dynamic
+        if not config.automatic_dynamic_shapes or not cache.last_shapes:
+            return cache.dynamic_inputs or None
+        from .capture.calls import bind_arguments
+        try:
+            scope = bind_arguments(fn, args, kwargs)
+        except Exception:
+            return cache.dynamic_inputs or None
+        # an input read through an outside object (``___O3.keys``, a cache's tensor) names
+        # that object by the last capture's constants
+        consts = dict(cache.entries[0].captured.guards.consts) if cache.entries else {}
+        for expr, shape in cache.last_shapes.items():
+            try:
+                value = eval(expr, consts, scope)  # noqa: S307 - expressions tempa generated
+            except Exception:
+                continue
+            if isinstance(value, torch.Tensor) and value.dim() == len(shape) and \
+                    tuple(value.shape) != shape:
+                changed = {d for d in range(len(shape)) if value.shape[d] != shape[d]}
+                known = cache.dynamic_inputs.get(expr, set())
+                if not changed <= known and logs.on("recompiles"):
+                    logs.get("recompiles").info(
+                        "%s: the size of %s changed in dim(s) %s (%s -> %s); the next graph "
+                        "takes any size there", where(fn), expr, sorted(changed), shape,
+                        tuple(value.shape))
+                cache.dynamic_inputs[expr] = known | changed
+        return cache.dynamic_inputs or None
+
+    def _compile_graph(self, captured, fn):
+        if captured.empty:
+            return captured.gm   # nothing to compute: run as it is, as torch.compile does
+        _stats.bump("graphs_compiled")
+        backend = self.backend
+        if captured.dynamic and not getattr(backend, "supports_dynamic", False):
+            backend = _per_shape(backend)
+        try:
+            compiled = backend(captured.gm, captured.example_inputs)
+        except Exception as e:
+            from .backend.entry import raises_in_eager
+            if raises_in_eager(captured.gm, captured.example_inputs):
+                raise UserError(e) from None
+            if config.raise_on_failure:
+                raise
+            _stats.bump("eager_fallbacks")
+            _fallback_log.warning("tempa: backend %r failed on the graph of %s (%s: %s); running "
+                                  "that graph with ATen ops instead", self.backend_name,
+                                  where(fn), type(e).__name__, e)
+            return captured.gm
+        return compiled
+
+    def clear(self):
+        for cache in list(self.caches.values()):
+            cache.clear()
+        self.caches.clear()
+        self.auto_trials.clear()
+
+
+_STATE_TARGETS = (torch._C._set_grad_enabled, autocast_mode._enter_autocast)
+
+
+def _restoring_global_state(compiled, gm):
+    """A graph that switches grad mode or autocast (``with torch.no_grad():`` inside it)
+    restores both when it raises, as the ``with`` block's exit would in eager."""
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _STATE_TARGETS]
+    if not nodes:
+        return compiled
+    devices = tuple(sorted({n.args[0] for n in nodes if n.target is autocast_mode._enter_autocast}))
+    save, restore = capture_runtime.global_state, capture_runtime.restore_global_state
+
+    def run(*args):
+        state = save(devices)
+        try:
+            return compiled(*args)
+        except BaseException:
+            restore(state)
+            raise
+    if not isinstance(compiled, torch.nn.Module):
+        run.__dict__.update(getattr(compiled, "__dict__", {}))   # tempa_info & co stay readable
+    return run
+
+
+def _per_shape(backend):
+    """For a backend that bakes sizes into its code: compile the graph once per concrete
+    input-shape signature (the graph itself stays shape-generic)."""
+    def compile_per_shape(gm, example_inputs):
+        compiled = {}
+
+        def run(*inputs):
+            key = tuple(t.shape if isinstance(t, torch.Tensor) else t for t in inputs)
+            fn = compiled.get(key)
+            if fn is None:
+                fn = compiled[key] = backend(gm, list(inputs))
+            return fn(*inputs)
+        run.per_shape = compiled
+        return run
+    return compile_per_shape
+
+
+def where(fn) -> str:
+    code = fn.__code__
+    return f"{fn.__qualname__} ({code.co_filename}:{code.co_firstlineno})"
+
+
+def calling(target):
+    """A small Python function that calls ``target`` (a builtin, a partial, an object with
+    ``__call__``): what tempa compiles in its place."""
+    def call(*args, **kwargs):
+        return target(*args, **kwargs)
+    call.__qualname__ = call.__name__ = getattr(target, "__name__", type(target).__name__)
+    return call
