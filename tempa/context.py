@@ -8,6 +8,7 @@ user sees: a compiled call, an eager run that says why, or eager's error.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import types
@@ -15,13 +16,15 @@ import weakref
 
 import torch
 from torch.amp import autocast_mode
+from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack, \
+    any_torch_dispatch_mode_on_stack
 
 from . import distributed, logs, stance, stats as _stats
 from .config import config
 from .backend.runtime import nativeguards
 from .capture import calls, higher_order
 from .capture import runtime as capture_runtime
-from .capture.breaks import GraphBreakError, Unsupported, UserError
+from .capture.breaks import BreakReason, GraphBreakError, Unsupported, UserError, fullgraph_error
 from .capture.cache import MISS, CodeCache, build_entry, install_invalidation_hooks, \
     with_identifier_names
 from .capture.capture import capture
@@ -33,6 +36,31 @@ contexts: "weakref.WeakSet[CompileContext]" = weakref.WeakSet()
 _GENERATOR_FLAGS = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
                     inspect.CO_ITERABLE_COROUTINE)
 _fallback_log = logs.get("fallbacks")
+
+
+_dispatch_stack_len = torch._C._len_torch_dispatch_stack
+
+
+def _outside_dispatch_modes():
+    """Capture and compile with the torch dispatch modes off when a user's mode is on the
+    stack (only modes that ignore compile internals can be: see
+    ``_eager_under_dispatch_mode``). Infra modes alone (fake tensors) stay as they are."""
+    if _dispatch_stack_len() and not all(m.is_infra_mode()
+                                         for m in _get_current_dispatch_mode_stack()):
+        return _disable_current_modes()
+    return contextlib.nullcontext()
+
+
+def _raised_at(fn, exc: BaseException) -> BreakReason:
+    """Where ``exc`` left the compiled function ``fn`` (its innermost line there)."""
+    where_ = (fn.__code__.co_filename, fn.__code__.co_firstlineno)
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is fn.__code__:
+            where_ = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+        tb = tb.tb_next
+    return BreakReason("user exception", f"{type(exc).__name__}: {exc}", where_[0], where_[1],
+                       fn.__qualname__)
 
 
 class _CaptureRaised:
@@ -68,6 +96,7 @@ class CompileContext:
         self.graph_log: list = []  # (function, GraphModule)
         self.break_log: list = []  # (function, BreakReason)
         self.fallback_log: list = []  # (function, reason)
+        self._mode_eager_noted = weakref.WeakSet()   # caches said to run under a dispatch mode
         self.recompile_log: list = []  # (function name, the guard that failed)
         self.auto_trials: dict = {}    # CodeCache -> stance.AutoTrial (stance "auto")
         self.measure_trials: dict = {}  # the same for config.measure_against_eager
@@ -100,6 +129,8 @@ class CompileContext:
         miss = self._miss
 
         def dispatch(*args, **kwargs):
+            if _dispatch_stack_len() and any_torch_dispatch_mode_on_stack():
+                return self._eager_under_dispatch_mode(cache, fn, eager, args, kwargs)
             if stance.state.active:
                 return self._with_stance(cache, fn, eager, args, kwargs)
             if kwargs:
@@ -243,11 +274,16 @@ class CompileContext:
                     break
             if entry is None and cache.eager_reason is None:
                 # (capture's own saves must not reach activation checkpointing's hooks)
-                with distributed.outside_saved_tensors_hooks(), \
+                # (nor reach the dispatch modes that ignore compile internals: capture's
+                # ops on fake tensors are such internals; the compiled graph runs under them)
+                with distributed.outside_saved_tensors_hooks(), _outside_dispatch_modes(), \
                         logs.compiling_for(logs._compiling_for or logs.user_frame()):
                     entry = self._capture_and_compile(cache, fn, args, kwargs)
         if type(entry) is _CaptureRaised:
-            result = eager(*args, **kwargs)   # the user's error: eager raises it, from their code
+            if self.fullgraph:
+                result = self._eager_under_fullgraph(fn, eager, args, kwargs)
+            else:
+                result = eager(*args, **kwargs)   # the user's error: eager raises it, from their code
             self._capture_error_was_ours(cache, fn, entry.error)   # eager did not raise
             return result
         if entry is None:
@@ -258,6 +294,32 @@ class CompileContext:
                                   "eagerly", cache.name, entry.why(*args, **kwargs))
             return eager(*args, **kwargs)
         return result
+
+    def _eager_under_fullgraph(self, fn, eager, args, kwargs):
+        """Capture found the user's code raising, so there is no graph: the call runs eagerly
+        (eager, not capture, decides whether it raises and what), and an exception that
+        leaves it is raised as eager's class and GraphBreakError at once (``fullgraph_error``
+        says why). Without fullgraph, eager's exception passes through unchanged."""
+        try:
+            return eager(*args, **kwargs)
+        except Exception as exc:
+            _stats.bump("graph_breaks")
+            raise fullgraph_error(exc, _raised_at(fn, exc)) from exc
+
+    def _eager_under_dispatch_mode(self, cache, fn, eager, args, kwargs):
+        """A torch dispatch mode on the stack must see each op this call runs, as in eager
+        (it may log, count or change them); a compiled graph's kernels bypass it, so the
+        call runs eagerly (as torch.compile skips such frames), said once per function.
+        Modes whose ``ignore_compile_internals()`` is True, and infra modes (fake tensors),
+        do not count: compiled code is opaque to them by their own declaration."""
+        if cache not in self._mode_eager_noted:
+            self._mode_eager_noted.add(cache)
+            _stats.bump("eager_fallbacks")
+            reason = ("a torch dispatch mode is active that sees every op (its "
+                      "ignore_compile_internals() is False)")
+            self.fallback_log.append((fn, reason))
+            _fallback_log.warning("tempa: running %s eagerly: %s", where(fn), reason)
+        return eager(*args, **kwargs)
 
     def _capture_error_was_ours(self, cache: CodeCache, fn, error: BaseException) -> None:
         """Capture raised ``error`` as if the user's code had, but eager ran the same call

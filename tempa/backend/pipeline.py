@@ -99,6 +99,10 @@ def eliminate_dead(lowered) -> None:
                     producers[b] = st
         else:
             producers[st] = st
+    for st in lowered.steps:   # a random draw moves its generator even when nothing reads it
+        if isinstance(st, ExternCall) and _draws_random_numbers(st.op):
+            live.add(st)
+            work.extend(_extern_buffers(st.args, st.kwargs))
     while work:
         b = work.pop()
         st = producers.get(b)
@@ -112,6 +116,10 @@ def eliminate_dead(lowered) -> None:
     lowered.steps = [s for s in lowered.steps if s in live]
     lowered.fallbacks = [s.name for s in lowered.steps if isinstance(s, ExternCall) and s.fallback]
     lowered.externs = [s.name for s in lowered.steps if isinstance(s, ExternCall) and not s.fallback]
+
+
+def _draws_random_numbers(op) -> bool:
+    return isinstance(op, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in op.tags
 
 
 class Target:

@@ -7,17 +7,19 @@ interpreter, so no half-executed instruction needs undoing). The entry then:
 3. runs the breaking instruction in plain Python, and
 4. continues in a resume function built from the original bytecode (``resume.py``).
 
-Three shapes, by instruction:
+Four shapes, by instruction:
 - ``call``: a call capture could not see into (print, numpy, a callee that itself breaks).
   The entry makes the call (Python callees through tempa, so they get graphs of their own)
   and resumes after it with the result on the stack.
 - ``jump``: a branch on a tensor's value. The entry tests the real tensor and resumes at the
   branch that was taken.
+- ``store``: ``container[key] = value`` that capture could not record (``os.environ[k] =
+  v``, an outside object's ``__setitem__``). The entry does the store and resumes after it.
 - ``rest``: anything else, a break inside ``try``, or a call of a builtin that reads the
   frame it is called from (``locals()``, ``eval``, ``exec``, ``vars``, ``dir``,
   ``globals()``): the resume function starts AT the breaking instruction and runs the rest
   of the frame eagerly, inside the original exception table, with its own locals.
-Resume functions of ``call``/``jump`` are compiled in turn on their first call, unless the
+Resume functions of ``call``/``jump``/``store`` are compiled in turn on their first call, unless the
 break sits in a loop (each iteration would hand them a different iterator to guard on) or
 the frame has cell variables (closures need fresh cells per call); those run eagerly.
 """
@@ -58,7 +60,7 @@ def _real_stack(code, ins, stack: list) -> list:
 
 @dataclass
 class BreakPlan:
-    mode: str                 # "call" | "jump" | "rest"
+    mode: str                 # "call" | "jump" | "store" | "rest"
     lines: list[str]          # statements after the graph call, ending in `return ...`
     resume_compiled: bool
 
@@ -145,6 +147,14 @@ def plan_break(fn, frame, plan: OutputPlan, runtime) -> BreakPlan:
         lines.append(taken if on_true_jumps else not_taken)
         lines.append("else:")
         lines.append(not_taken if on_true_jumps else taken)
+    elif mode == "store":
+        # STORE_SUBSCR holds [..., value, container, key]: the store runs here, as CPython
+        # would run it (type(container).__setitem__), and the frame resumes after it.
+        *below, value, container, key = stack
+        below_names = [v if v is NULL else temp(v) for v in below]
+        value_name, container_name, key_name = temp(value), temp(container), temp(key)
+        lines.append(f"{container_name}[{key_name}] = {value_name}")
+        lines.append(resume_call(frame.instrs[ins.index + 1].offset, below_names))
     else:
         offset = _rest_offset(frame, ins)
         names = [v if v is NULL else temp(v) for v in stack]
@@ -181,6 +191,8 @@ def _mode(code, frame, ins, stack) -> str:
         return "call"
     if ins.opname in _JUMPS and stack and isinstance(stack[-1], TensorVar):
         return "jump"
+    if ins.opname == "STORE_SUBSCR" and code.co_code[ins.offset] not in _SLICE_OPCODES:
+        return "store"   # (3.12's STORE_SLICE is decoded as two instructions: "rest")
     if ins.opname == "TO_BOOL" and stack and isinstance(stack[-1], TensorVar):
         nxt = frame.instrs[ins.index + 1]
         if nxt.opname in ("POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE"):

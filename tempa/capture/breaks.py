@@ -131,6 +131,50 @@ class GraphBreakError(RuntimeError):
         self.reason = reason
 
 
+# fullgraph=True promises one graph or an error. A function whose call ends in an uncaught
+# exception of the user's code is not one graph, so under fullgraph that call raises a
+# GraphBreakError; but it is still the user's error, and `except TypeError:` around the call
+# must keep working. So the error raised is an instance of both classes: eager's exception
+# (same class, same args and attributes, so the same message) and GraphBreakError, with
+# eager's exception chained as its cause. (torch.compile raises its Unsupported here, which
+# an `except TypeError:` misses.)
+_FULLGRAPH_CLASSES: dict[type, type] = {}
+
+
+def _fullgraph_class(cls: type) -> type:
+    """``cls`` and GraphBreakError in one class (cls first in the MRO, so its ``__str__`` and
+    methods win), made once per class."""
+    combined = _FULLGRAPH_CLASSES.get(cls)
+    if combined is None:
+        combined = type(f"GraphBreakError[{cls.__name__}]", (cls, GraphBreakError), {})
+        combined.__module__, combined.__qualname__ = "tempa", combined.__name__
+        _FULLGRAPH_CLASSES[cls] = combined
+    return combined
+
+
+def fullgraph_error(exc: Exception, reason: BreakReason) -> Exception:
+    """The error a fullgraph call raises where the user's code raised ``exc`` (see above).
+    Built without calling ``__init__`` (a user class's signature need not fit its args);
+    where the class cannot be combined or copied, a plain GraphBreakError from ``exc``."""
+    try:
+        cls = _fullgraph_class(type(exc))
+        err = cls.__new__(cls, *exc.args)
+        err.args = exc.args
+        if isinstance(exc, (AttributeError, NameError)):   # their fields outside args
+            err.name = exc.name
+        if isinstance(exc, AttributeError):
+            err.obj = exc.obj
+        err.__dict__.update(getattr(exc, "__dict__", {}))
+        err.__notes__ = list(getattr(exc, "__notes__", ()))   # a copy: eager's stays as it is
+    except Exception:   # a final class, a layout that cannot be combined, an odd __new__
+        err = GraphBreakError(reason)
+    err.reason = reason
+    err.add_note(f"tempa: fullgraph=True and the compiled function raised {type(exc).__name__} "
+                 f"({reason.where}): not one graph")
+    err.__cause__ = exc
+    return err.with_traceback(exc.__traceback__)
+
+
 class UserError(Exception):
     """An exception the user's own code raised while being captured: re-raised unchanged."""
 

@@ -34,7 +34,7 @@ import torch
 import torch.optim.optimizer as torch_optimizer
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from . import context, higher_order, numpy_values, scalar_tensors, scalars, stdlib
+from . import context, higher_order, numpy_values, scalar_tensors, scalars, shapes, stdlib
 from .breaks import Unsupported, UserError
 from .instructions import PY
 from .module_guards import _MODULE_CALL, _guard_module_class, guard_function, guard_module_call
@@ -185,6 +185,8 @@ def is_torch_op(fn) -> bool:
         return True   # torch.ops.aten.add.Tensor, a torch.library.custom_op's overload
     if t is _BUILTIN_FUNCTION:
         mod = getattr(fn, "__module__", None) or ""
+        if mod.startswith("torch._C._dynamo"):
+            return False   # Dynamo's frame-evaluation and guard machinery: no tensor op
         if mod.startswith("torch"):
             return True
         owner = getattr(fn, "__self__", None)
@@ -613,6 +615,9 @@ def call_c(tracer, frame, fn, args, kwargs):
                 tracer.is_internal(owner) and name in ("__setattr__", "__setitem__", "__init__")):
             raise Unsupported("unsupported call", f"{getattr(fn, '__qualname__', fn)} with "
                               "tensor arguments")
+    if _makes_text(fn, owner):   # of a size: its value, not its symbol (shapes.specialized)
+        args = [shapes.specialized(a) for a in args]
+        kwargs = {k: shapes.specialized(v) for k, v in kwargs.items()}
     result = fn(*args, **kwargs)
     name = getattr(fn, "__name__", "")
     if name in ("__new__", "copy", "__copy__"):
@@ -621,6 +626,12 @@ def call_c(tracer, frame, fn, args, kwargs):
             _PLAIN_ITERABLES:
         tracer.mark_internal(result)   # range(3).__iter__(), as iter(range(3)): a new iterator
     return result
+
+
+def _makes_text(fn, owner) -> bool:
+    """repr/ascii/format, and str's methods (``"{}".format(n)``, ``"%s" % (n,)``)."""
+    return fn in (builtins.repr, builtins.ascii, builtins.format) or isinstance(owner, str) or \
+        getattr(fn, "__objclass__", None) is str
 
 
 def _copy(tracer, fn, args, kwargs):
@@ -1027,6 +1038,8 @@ def _builtin_type(tracer, frame, cls, args, kwargs):
         return frame.truth(args[0])
     if cls is str and args and isinstance(args[0], _SYMBOLIC):
         raise Unsupported("data-dependent value", "str(tensor) needs its value")
+    if cls is str:
+        args = [shapes.specialized(a) for a in args]   # str(size): its value, not its symbol
     handler = _ITERATING_TYPES.get(cls)
     if handler is not None:
         return handler(tracer, frame, args, kwargs)

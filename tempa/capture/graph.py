@@ -436,6 +436,7 @@ class GraphBuilder:
                 first.prepend(node)
         self.graph.output(tuple(v.node for v in outputs))
         self.graph.where = None
+        _unbind_rows_written_with_grad(self.graph)
         self.graph.eliminate_dead_code(is_impure_node=_is_impure)
         if self.sizes is None:
             self._drop_unread_inputs()
@@ -494,13 +495,75 @@ _PYTHON_SCALAR_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float6
                          complex: torch.complex128}
 
 
+def _unbind_rows_written_with_grad(graph: fx.Graph) -> None:
+    """Rows of a tensor iteration are recorded as ``x[i]`` (interpreter ``_tensor_rows``);
+    eager's are ``x.unbind(0)``'s multi-output views, and an in-place op that makes one
+    require grad raises there ("... is a view and is being modified inplace"). Such a
+    row's iteration goes back to unbind, so the graph raises eager's error."""
+    groups: dict = {}
+    for node in graph.nodes:
+        group = node.meta.get("unbind_rows")
+        if group is not None:
+            groups.setdefault(group, []).append(node)
+    for rows in groups.values():
+        if any(_written_with_grad(row) for row in rows):
+            source = rows[0].args[0]
+            with graph.inserting_before(rows[0]):
+                parts = graph.call_method("unbind", (source, 0))
+                parts.meta["example_value"] = tuple(r.meta.get("example_value") for r in rows)
+                new_rows = [graph.call_function(operator.getitem, (parts, i))
+                            for i in range(len(rows))]
+            for row, new in zip(rows, new_rows):
+                new.meta.update(row.meta)
+                del new.meta["unbind_rows"]
+                row.replace_all_uses_with(new)
+                graph.erase_node(row)
+
+
+def _written_with_grad(row: fx.Node) -> bool:
+    """An in-place op writes into ``row`` with an operand that requires grad (unbind is
+    eager's exact behaviour, so a false positive only costs the op count)."""
+    for user in row.users:
+        if user.args and user.args[0] is row and _mutates_arguments(user.target):
+            operands = [a for a in (*user.args[1:], *user.kwargs.values()) if isinstance(a, fx.Node)]
+            if any(getattr(a.meta.get("example_value"), "requires_grad", False) for a in operands):
+                return True
+    return False
+
+
 def _is_impure(node: fx.Node) -> bool:
     if node.op in ("placeholder", "output"):
         return True
     if node.target in _SIDE_EFFECT_TARGETS or node.meta.get("returns_argument") or \
             node.meta.get("runtime_asserts"):
         return True
-    return _mutates_arguments(node.target)
+    return _mutates_arguments(node.target) or _draws_random_numbers(node)
+
+
+# Operations that draw from a random generator. Unused or not, each advances the generator
+# as in eager, so that the draws after it (in the graph or after it) get eager's numbers.
+_RANDOM_FUNCTIONS = {torch.rand, torch.randn, torch.randint, torch.randperm, torch.rand_like,
+                     torch.randn_like, torch.randint_like, torch.normal, torch.poisson,
+                     torch.bernoulli, torch.multinomial, torch.dropout, torch.alpha_dropout,
+                     torch.feature_alpha_dropout, torch.rrelu, F.dropout, F.dropout1d,
+                     F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout,
+                     F.rrelu, F.gumbel_softmax}
+_RANDOM_METHODS = {"bernoulli", "multinomial"}   # (in-place ones end in _: kept as mutations)
+
+
+def _draws_random_numbers(node: fx.Node) -> bool:
+    if "generator" in node.kwargs:
+        return True
+    if node.op == "call_method":
+        return node.target in _RANDOM_METHODS
+    return node.op == "call_function" and _key_in(node.target, _RANDOM_FUNCTIONS)
+
+
+def _key_in(target, table) -> bool:
+    try:
+        return target in table
+    except TypeError:   # an unhashable callable
+        return False
 
 
 def _mutates_arguments(target) -> bool:

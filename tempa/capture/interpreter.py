@@ -142,10 +142,22 @@ class GeneratorRun:
 
 
 def tensor_iter(builder, v: TensorVar) -> CapturedIter:
-    """``iter(t)``, as Tensor.__iter__: the rows of ``t.unbind(0)``."""
+    """``iter(t)``, as Tensor.__iter__: the rows of ``t.unbind(0)``. A row is the same view
+    as ``t[i]``, which is what the graph records (one op a row, as torch.compile), unless
+    ``t`` requires grad: then an in-place op on a row of unbind's multi-output views raises
+    in eager where one on ``t[i]`` does not, so the graph keeps unbind (and
+    ``GraphBuilder.finish`` goes back to unbind for rows that an in-place op with an
+    operand that requires grad writes into, for the same reason)."""
     if v.fake.dim() == 0:
         raise UserError(TypeError("iteration over a 0-d tensor"))
-    return CapturedIter(list(builder.call("call_method", "unbind", (v, 0), {})))
+    rows = v.fake.shape[0]
+    if v.fake.requires_grad or not isinstance(rows, int):
+        return CapturedIter(list(builder.call("call_method", "unbind", (v, 0), {})))
+    group = object()
+    out = [builder.call("call_function", operator.getitem, (v, i), {}) for i in range(rows)]
+    for row in out:
+        row.node.meta["unbind_rows"] = group
+    return CapturedIter(out)
 
 
 class Frame(DataOpcodes):

@@ -11,7 +11,7 @@ import torch
 
 from . import operators
 from .breaks import Unsupported
-from . import numpy_values, scalars
+from . import numpy_values, scalars, shapes
 from .side_effects import defaultdict_missing
 from .values import NULL, NdarrayVar, TensorVar, contains_tensor as contains_symbolic
 
@@ -393,7 +393,7 @@ class DataOpcodes:
     def _convert(self, v, conv):
         if contains_symbolic(v):
             raise Unsupported("data-dependent value", "formatting a tensor into a string")
-        return {0: lambda x: x, 1: str, 2: repr, 3: ascii}[conv](v)
+        return {0: lambda x: x, 1: str, 2: repr, 3: ascii}[conv](shapes.specialized(v))
 
     def _format(self, v, conv, spec):
-        return format(self._convert(v, conv), spec)
+        return format(self._convert(v, conv), shapes.specialized(spec))

@@ -166,6 +166,26 @@ class SymbolicSizes:
         return out
 
 
+def specialized(value):
+    """``value`` with each symbolic number in it replaced by its value in this capture,
+    which guards it (``int(s)`` adds ``s == 4``). For code that reads a number's text:
+    ``str``/``repr``/``format`` of a SymInt give its expression (``s26``), which capture
+    would bake in as if it were the value."""
+    if isinstance(value, torch.SymInt):
+        return int(value)
+    if isinstance(value, torch.SymFloat):
+        return float(value)
+    if isinstance(value, torch.SymBool):
+        return bool(value)
+    if isinstance(value, torch.Size):
+        return torch.Size([specialized(v) for v in value])
+    if type(value) in (tuple, list):
+        return type(value)(specialized(v) for v in value)
+    if type(value) is dict:
+        return {k: specialized(v) for k, v in value.items()}
+    return value
+
+
 def int_oo():
     from torch.utils._sympy.numbers import int_oo as oo
     return oo

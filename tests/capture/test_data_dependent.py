@@ -4,6 +4,8 @@ the graph (torch.compile with capture_scalar_outputs: 1 graph); driving a branch
 or a size they cost one clean graph break; a new value never recompiles (no guard on it).
 torch.compile (CompileCounter) on the same code: flows/arith/float 1 frame with
 capture_scalar_outputs (2 without, one break); branch 3 frames; int slice 1 frame."""
+import sys
+
 import pytest
 import torch
 
@@ -145,7 +147,8 @@ def test_torch_check_on_a_captured_value_is_checked_on_every_call():
 def test_a_slice_bound_from_a_tensor_in_a_store_resumes_compiled():
     # 3.12+ stores through STORE_SLICE, decoded as BUILD_SLICE + STORE_SUBSCR: a break
     # there must hand the resume function the slice's start and stop, as CPython's stack
-    # holds them (it ran the whole frame eagerly)
+    # holds them (it ran the whole frame eagerly); on 3.11 the store runs in the entry
+    # and the rest (y * 2) resumes compiled: a second capture
     def f(x, t):
         y = x.clone()
         y[: int(t.abs())] = 0.0
@@ -154,7 +157,7 @@ def test_a_slice_bound_from_a_tensor_in_a_store_resumes_compiled():
     _run(f, FLOATS)
     captures, breaks, recompiles, fallbacks = _counts()
     assert recompiles == 0 and fallbacks == 0
-    assert _counts() == (1, 1, 0, 0)
+    assert _counts() == ((1 if sys.version_info >= (3, 12) else 2), 1, 0, 0)
 
 
 def test_a_graph_holding_a_captured_scalar_says_it_runs_aten_calls(caplog):

@@ -193,9 +193,11 @@ def test_next_on_a_callers_range_iterator_advances_it_once_per_call():
     assert torch.equal(fast(torch.zeros(1), it), torch.ones(1))
     assert torch.equal(fast(torch.zeros(1), it), torch.full((1,), 2.0))   # its position is guarded
     assert next(it) == 3
-    with pytest.raises(StopIteration):
+    with pytest.raises(StopIteration) as raised:
         fast(torch.zeros(1), it)
-    assert _counts()[1:] == (0, 0)
+    # under fullgraph eager's exception is also a GraphBreakError (counted as a break)
+    assert isinstance(raised.value, tempa.GraphBreakError)
+    assert _counts()[1:] == (1, 0)
     assert _counts()[0] >= 1   # captured (fails with capture off)
 
 
@@ -309,7 +311,9 @@ def test_dispatch_mode_stack_is_the_callers_not_captures_fake_mode():
     assert fast(x)[1] == f(x)[1] == 0
     with _Passthrough():
         assert fast(x)[1] == 1
-    assert _counts()[2] == 0
+    # a mode that sees every op (ignore_compile_internals() False) runs the call eagerly,
+    # said once: compiled kernels would bypass it (test_peer_misc_counts)
+    assert _counts()[2] == 1
     assert _counts()[0] >= 1   # captured (fails with capture off)
 
 
