@@ -170,9 +170,11 @@ class Tracer:
             return value if owner is value.__self__ else types.MethodType(value.__func__, owner)
         if is_library_module(value):
             return value
-        if user and _guarded_by_type(value) and _reached_from_arguments(expr):
+        if user and _guarded_by_type(value) and _reached_from_arguments(expr) and \
+                not guards.is_bound(value):   # (not also reached as a constant)
             return self._external_object(value, expr)
         guards.identity(expr, value, expr)
+        self.identity_used(value)   # reached here as a constant, before by its source
         return value
 
     def _external_object(self, value, expr: str):
@@ -612,13 +614,15 @@ _HEAPTYPE = 1 << 9   # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
 
 def _guarded_by_type(value) -> bool:
     """An instance of a Python class with a plain ``__dict__`` and attribute lookup (no
-    module, function, class, enum member or exception, nothing of torch's own): what
-    capture reads of it is its attributes, each guarded at its source."""
+    module, function, class, enum member or exception, no container subclass, whose items
+    C code reads unguarded, nothing of torch's own): what capture reads of it is its
+    attributes, each guarded at its source."""
     cls = type(value)
     return bool(cls.__flags__ & _HEAPTYPE) and type(getattr(value, "__dict__", None)) is dict and \
         cls.__getattribute__ is object.__getattribute__ and \
         not isinstance(value, (type, types.ModuleType, types.FunctionType, enum.Enum,
-                               BaseException, torch.nn.Module, torch.Tensor)) and \
+                               BaseException, torch.nn.Module, torch.Tensor,
+                               list, tuple, dict, set)) and \
         not (cls.__module__ or "").startswith(("torch", "tempa"))
 
 

@@ -129,3 +129,17 @@ def test_uses_that_depend_on_which_object_it_is(use):
     c = Layer(x)
     torch.testing.assert_close(f(c, c, x), x + 1)
     torch.testing.assert_close(f(Layer(x), Layer(x), x), x - 1)
+
+
+SHARED = Layer(torch.zeros(2))
+
+
+def test_an_argument_that_is_also_a_global():
+    def step(layer, x):
+        layer.k = x
+        return SHARED.k + 1         # the write is seen here only when layer is SHARED
+
+    f = tempa.compile(step, backend="eager")
+    torch.testing.assert_close(f(SHARED, torch.ones(2)), torch.full((2,), 2.0))
+    SHARED.k = torch.zeros(2)
+    torch.testing.assert_close(f(Layer(torch.zeros(2)), torch.ones(2)), torch.ones(2))
