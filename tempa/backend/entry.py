@@ -446,6 +446,8 @@ class GraphVariants:
         with self.lock:
             if self.train_fn is not None:
                 return self.train_fn
+            if self._writes_grad_inputs_outside_autograd():
+                return self._inference_under_no_grad()
             try:
                 joint = trace_training(self.pgm, self.examples, self.target.decomps())
                 joint.recompute = self.pgm
@@ -458,6 +460,56 @@ class GraphVariants:
             self.info._adopt(bw_info)
             self.train_fn = fn
             return fn
+
+    def _writes_grad_inputs_outside_autograd(self) -> bool:
+        """The graph writes in place to an input that requires grad, and autograd records
+        nothing of it (an optimizer step: torch.optim updates the parameters under no_grad
+        while the caller's grad mode is on, legal in eager). Found by running the graph on
+        fake copies in grad mode (leaves, requiring grad as the inputs do): it must not raise
+        (eager's "leaf Variable ... in-place" error is then the ATen graph's to give), no
+        copy may gain history, and no output may require grad but an input returned as it
+        is. Functionalized traces cannot tell: a parameter read after its no_grad update is
+        the update's value there, without grad."""
+        try:
+            traced = self._trace()
+        except Exception:  # noqa: BLE001 - the joint trace reports it
+            return False
+        if not any(isinstance(self.examples[i], torch.Tensor) and self.examples[i].requires_grad
+                   for i in traced.mutated):
+            return False
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.utils._pytree import tree_leaves
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        copies = [mode.from_tensor(t.detach()).requires_grad_(t.requires_grad)
+                  if isinstance(t, torch.Tensor) else t for t in self.examples]
+        try:
+            with mode, torch.enable_grad(), torch.random.fork_rng(devices=[]):
+                outs = tree_leaves(self.pgm(*copies))
+        except Exception:  # noqa: BLE001 - eager's error, or ops fakes cannot run: the ATen graph
+            return False
+        inputs = {id(c) for c in copies}
+        return not any(isinstance(c, torch.Tensor) and c.grad_fn is not None for c in copies) and \
+            not any(isinstance(o, torch.Tensor) and o.requires_grad and id(o) not in inputs
+                    for o in outs)
+
+    def _inference_under_no_grad(self):
+        """The training variant of a graph that autograd records nothing of although it
+        writes to inputs that require grad (``_writes_grad_inputs_outside_autograd``): the
+        inference kernels, run under no_grad, write the new values into the same tensors and
+        bump their versions, as eager's writes under no_grad do."""
+        infer = self.inference()
+        if self.info.inference is None:   # no kernels: the ATen graph, in the caller's mode
+            self.train_fn = infer
+            return infer
+        no_grad = torch.no_grad
+
+        def fn(*args):
+            with no_grad():
+                return infer(*args)
+        self.info.notes.append("training: autograd records nothing of this graph; the "
+                               "inference kernels run under no_grad")
+        self.train_fn = fn
+        return fn
 
     def _failed(self, e, variant):
         if isinstance(e, BuildError):

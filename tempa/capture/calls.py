@@ -144,6 +144,7 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
         if fn.__module__ in _EVALUATED_PY_MODULES and not fn.__code__.co_flags & _CO_GENERATOR \
                 and (fn.__module__ in ("inspect", "dataclasses") and fn.__name__ in _REFLECTIVE
                      or not (contains_tensor(args) or contains_tensor(kwargs))):
+            tracer.identity_used(*args, *kwargs.values())
             return fn(*args, **kwargs)
         return inline(tracer, frame, fn, args, kwargs)
     if isinstance(fn, functools.partial):
@@ -479,6 +480,8 @@ def bind_arguments(fn, args, kwargs, tracer=None) -> dict:
 
 def call_class(tracer, frame, cls: type, args, kwargs):
     if cls in _BUILTIN_TYPES:
+        tracer.identity_used(*args, *(args[0] if cls in (set, frozenset) and args and
+                                      isinstance(args[0], (list, tuple)) else ()))
         return _builtin_type(tracer, frame, cls, args, kwargs)
     if cls in context.GRAD_CONTEXT_CLASSES or cls in context.PROFILER_LABEL_CLASSES or \
             context.is_autocast_class(cls):
@@ -615,6 +618,7 @@ def call_c(tracer, frame, fn, args, kwargs):
                 tracer.is_internal(owner) and name in ("__setattr__", "__setitem__", "__init__")):
             raise Unsupported("unsupported call", f"{getattr(fn, '__qualname__', fn)} with "
                               "tensor arguments")
+    tracer.identity_used(*_identity_arguments(fn, args, kwargs))
     if _makes_text(fn, owner):   # of a size: its value, not its symbol (shapes.specialized)
         args = [shapes.specialized(a) for a in args]
         kwargs = {k: shapes.specialized(v) for k, v in kwargs.items()}
@@ -632,6 +636,20 @@ def _makes_text(fn, owner) -> bool:
     """repr/ascii/format, and str's methods (``"{}".format(n)``, ``"%s" % (n,)``)."""
     return fn in (builtins.repr, builtins.ascii, builtins.format) or isinstance(owner, str) or \
         getattr(fn, "__objclass__", None) is str
+
+
+def _identity_arguments(fn, args, kwargs) -> list:
+    """The arguments whose identity C code ``fn`` may use (hash them, compare them): all of
+    them, except the values a container or an object of the capture's only stores (the
+    value of ``d[k] = v``, what ``append`` adds, an attribute's value)."""
+    name = getattr(fn, "__name__", "")
+    owner = getattr(fn, "__self__", None)
+    at = 0 if owner is not None and not isinstance(owner, types.ModuleType) else 1  # d.m(k) or D.m(d, k)
+    if name in ("append", "extend", "insert", "__setattr__"):
+        return list(args[:at])
+    if name in ("__setitem__", "setdefault"):
+        return list(args[:at + 1])
+    return [*args, *kwargs.values()]
 
 
 def _copy(tracer, fn, args, kwargs):

@@ -107,7 +107,9 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         if retry:
             pass  # leave the finally below first: it restores grad mode and autocast
         else:
-            plan = OutputPlan(guards, tracer.is_internal, tracer.external_copies, builder.size_nodes,
+            # the caller's objects guarded by type are handed on as read at their source
+            handed_on = {**tracer.sourced, **tracer.external_copies}
+            plan = OutputPlan(guards, tracer.is_internal, handed_on, builder.size_nodes,
                               inputs=input_exprs(builder), recipes=tracer.recipes)
             body = tracer.side_effects.replay_lines(plan)
             break_plan = None
@@ -134,6 +136,7 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         return capture(fn, args, kwargs, runtime=runtime, allow_breaks=True, dynamic=dynamic,
                        module_call=module_call, _stop=first_break)
     _guard_input_aliasing(builder, guards)
+    tracer.guard_distinct_objects()
     for node in reversed(entered):
         builder.graph.call_function(autocast_mode._exit_autocast, (node,))
     if builder.sizes is not None:

@@ -51,6 +51,10 @@ class GuardSet:
             self._const_by_id[id(obj)] = name
         return name
 
+    def is_bound(self, obj) -> bool:
+        """Is ``obj`` already a constant of the generated code?"""
+        return self.consts.get(self._const_by_id.get(id(obj), "")) is obj
+
     def name(self, internal: str, readable: str) -> None:
         """``internal`` (a constant's or argument's name) is ``readable`` in the user's code;
         the first name an object is reached by is kept."""

@@ -48,10 +48,13 @@ class DataOpcodes:
         self.push(self.popn(ins.arg))
 
     def BUILD_SET(self, ins):
-        self.push(set(self.popn(ins.arg)))
+        items = self.popn(ins.arg)
+        self.tracer.identity_used(*items)   # hashed (by identity, for plain objects)
+        self.push(set(items))
 
     def BUILD_MAP(self, ins):
         items = self.popn(2 * ins.arg)
+        self.tracer.identity_used(*items[::2])
         self.push({items[i]: items[i + 1] for i in range(0, len(items), 2)})
 
     def BUILD_CONST_KEY_MAP(self, ins):
@@ -71,11 +74,13 @@ class DataOpcodes:
 
     def SET_ADD(self, ins):
         v = self.pop()
+        self.tracer.identity_used(v)
         self.stack[-ins.arg].add(v)
 
     def MAP_ADD(self, ins):
         value = self.pop()
         key = self.pop()
+        self.tracer.identity_used(key)
         self.stack[-ins.arg][key] = value
 
     def LIST_EXTEND(self, ins):
@@ -166,11 +171,16 @@ class DataOpcodes:
         if isinstance(a, TensorVar) or isinstance(b, TensorVar):
             return self.tracer.builder.call("call_function", fn, (a, b), {})
         result = operators.compare(self, symbol, a, b)
-        return fn(a, b) if result is operators.NATIVE else result
+        if result is not operators.NATIVE:
+            return result
+        self.tracer.identity_used(a, b)   # object.__eq__ compares identity
+        return fn(a, b)
 
     def IS_OP(self, ins):
         b = self.pop()
         a = self.pop()
+        if type(a) is type(b):   # (objects of different classes are never one: their guards say so)
+            self.tracer.identity_used(a, b)
         self.push((a is not b) if ins.arg else (a is b))
 
     def CONTAINS_OP(self, ins):
@@ -190,6 +200,9 @@ class DataOpcodes:
             # Python code (a user class, os.environ): interpreted, so its reads are guarded.
             r = self.truth(self.call(contains, [container, item], {}))
         else:
+            # found by hash and ==: by identity, for plain objects
+            self.tracer.identity_used(item, *(container if isinstance(
+                container, (list, tuple, set, frozenset, dict)) else ()))
             r = item in container
         self.push((not r) if ins.arg else r)
 
@@ -255,6 +268,7 @@ class DataOpcodes:
         if isinstance(container, collections.defaultdict) and key not in container and \
                 id(container) in tracer.external_copies:
             return defaultdict_missing(self, container, key)
+        tracer.identity_used(key)   # a dict key: hashed
         return container[key]
 
     def STORE_SUBSCR(self, ins):
@@ -262,6 +276,7 @@ class DataOpcodes:
         container = self.pop()
         value = self.pop()
         tracer = self.tracer
+        tracer.identity_used(key)
         if isinstance(container, TensorVar):
             if numpy_values.holds_array(value):
                 raise Unsupported("non-torch library call", "a numpy array assigned into a tensor")
@@ -289,6 +304,7 @@ class DataOpcodes:
         container = self.pop()
         if not isinstance(container, (list, dict)):
             raise Unsupported("mutation of outside state", "del container[key]")
+        self.tracer.identity_used(key)
         del container[key]   # raises as eager does before anything is marked
         if id(container) in self.tracer.external_copies:
             self.tracer.side_effects.mutated_copy(container)
@@ -393,6 +409,7 @@ class DataOpcodes:
     def _convert(self, v, conv):
         if contains_symbolic(v):
             raise Unsupported("data-dependent value", "formatting a tensor into a string")
+        self.tracer.identity_used(v)   # object.__repr__ shows the address
         return {0: lambda x: x, 1: str, 2: repr, 3: ascii}[conv](shapes.specialized(v))
 
     def _format(self, v, conv, spec):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import enum
 import functools
 import inspect
 import linecache
@@ -76,6 +77,11 @@ class Tracer:
         # (a collections.namedtuple class): id -> (object, fn, args, kwargs), so the entry
         # calls fn again where the object leaves the capture.
         self.recipes: dict[int, tuple] = {}
+        # The caller's plain objects guarded by type at their source, not by identity (a KV
+        # cache made anew by every generate()): id -> (object, expression). Their reads go
+        # through that expression; a use that depends on which object it is pins it.
+        self.sourced: dict[int, tuple] = {}
+        self._pinned: set[int] = set()
         self.current_frame = None   # the frame running an instruction (interpreter.Frame.run)
         builder.graph.where = self.user_stack
 
@@ -185,8 +191,57 @@ class Tracer:
             return value if owner is value.__self__ else types.MethodType(value.__func__, owner)
         if is_library_module(value):
             return value
+        if user and _guarded_by_type(value) and _reached_from_arguments(expr) and \
+                not guards.is_bound(value):   # (not also reached as a constant)
+            return self._external_object(value, expr)
         guards.identity(expr, value, expr)
+        self.identity_used(value)   # reached here as a constant, before by its source
         return value
+
+    def _external_object(self, value, expr: str):
+        """A plain Python object of the caller's, reached from the call's arguments (a KV
+        cache and its layers, passed to every forward and made anew by every generate()):
+        guarded by its class, and each attribute the code reads is guarded at its source
+        (``kwargs['cache'].layers[0].keys``, a tensor there an input of the graph), so a new
+        object of the same structure finds the same graph. Methods are found through the
+        class (guarded), never the object. What depends on which object it is (``is``,
+        ``==`` by identity, hashing, ``id()``, C code given it) pins it by identity
+        (``identity_used``); the same object reached twice is guarded to stay one."""
+        guards = self.guards
+        known = self.sourced.get(id(value))
+        if known is not None and known[0] is value:
+            guards.add("identity", f"{expr} is {known[1]}", f"{expr} is {known[1]}")
+            return value
+        cls = type(value)
+        guards.add("identity", f"{expr}.__class__ is {guards.const(cls, 'T')}",
+                   f"{expr} is a {cls.__name__}")
+        self.sourced[id(value)] = (value, expr)
+        return value
+
+    def identity_used(self, *values) -> None:
+        """The capture's result depends on which objects ``values`` are (an ``is``, a dict
+        key, ``id()``, C code given them): those guarded by type only are guarded by
+        identity from now on."""
+        for value in values:
+            known = self.sourced.get(id(value))
+            if known is not None and known[0] is value and id(value) not in self._pinned:
+                self._pinned.add(id(value))
+                self.guards.identity(known[1], value, known[1])
+
+    def guard_distinct_objects(self) -> None:
+        """Objects guarded by type that were distinct at capture stay distinct: the writes
+        recorded to one are not seen by reads of the other (one guard per class; objects of
+        different classes cannot be one)."""
+        by_class: dict[type, list[str]] = {}
+        for value, expr in self.sourced.values():
+            if id(value) not in self._pinned:
+                by_class.setdefault(type(value), []).append(expr)
+        g = self.guards
+        for cls, exprs in by_class.items():
+            if len(exprs) > 1:
+                ids = ", ".join(f"{g.const(id, 'F')}({e})" for e in exprs)
+                g.add("identity", f"len({{{ids}}}) == {len(exprs)}",
+                      f"{', '.join(exprs)} are distinct {cls.__name__} objects")
 
     def _external_dict(self, value: dict, expr: str, user: bool, depth: int) -> dict:
         """A caller's dict (any keys; OrderedDict and defaultdict too): its type and keys in
@@ -313,6 +368,9 @@ class Tracer:
             copied = self.external_copies.get(id(obj))
             if copied is not None and copied[0] is obj:
                 return copied[1]
+        sourced = self.sourced.get(id(obj))
+        if sourced is not None and sourced[0] is obj:
+            return sourced[1]
         return self.guards.const(obj)
 
     # -- attributes ------------------------------------------------------------------
@@ -416,8 +474,9 @@ class Tracer:
         g.add("module", f"{o}.__class__ is {c}", f"{o} is a {cls.__name__}")
         g.add("module", f"{c}.{name} is {g.const(fn, 'F')}", f"{cls.__name__}.{name} is the same function")
         if isinstance(inst_dict, dict):
-            g.add("module", f"{name!r} not in {g.const(inst_dict, 'ID')}",
-                  f"{o}.{name} is not overridden on the instance")
+            # an object guarded by type: its own __dict__, read at its source
+            own = f"{o}.__dict__" if id(obj) in self.sourced else g.const(inst_dict, 'ID')
+            g.add("module", f"{name!r} not in {own}", f"{o}.{name} is not overridden on the instance")
 
     def module_attr(self, mod: torch.nn.Module, name: str, frame):
         """``mod.name`` as ``Module.__getattr__`` finds it, guarded at its source: the entry
@@ -571,6 +630,29 @@ def _python_descriptor_get(obj, name: str, static):
     if not is_data and isinstance(inst, dict) and name in inst:
         return None
     return get
+
+
+_HEAPTYPE = 1 << 9   # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
+
+
+def _guarded_by_type(value) -> bool:
+    """An instance of a Python class with a plain ``__dict__`` and attribute lookup (no
+    module, function, class, enum member or exception, no container subclass, whose items
+    C code reads unguarded, nothing of torch's own): what capture reads of it is its
+    attributes, each guarded at its source."""
+    cls = type(value)
+    return bool(cls.__flags__ & _HEAPTYPE) and type(getattr(value, "__dict__", None)) is dict and \
+        cls.__getattribute__ is object.__getattribute__ and \
+        not isinstance(value, (type, types.ModuleType, types.FunctionType, enum.Enum,
+                               BaseException, torch.nn.Module, torch.Tensor,
+                               list, tuple, dict, set)) and \
+        not (cls.__module__ or "").startswith(("torch", "tempa"))
+
+
+def _reached_from_arguments(expr: str) -> bool:
+    """``expr`` reads from the call's arguments (``cache.layers[0]``, a resume function's
+    ``___stack2``), not from an object bound as a constant."""
+    return not expr.startswith("___") or expr.startswith("___stack")
 
 
 def _is_plain_tuple_subclass(t: type) -> bool:

@@ -42,9 +42,12 @@ def _path():
     return s.captures, s.graph_breaks, s.recompiles
 
 
-def _assert_same_parameters(a, b, kind):
+def _assert_same_parameters(a, b, kind, kernels=False):
+    # kernels (the tempa backend) round as compiled code does: a multiply-add fused or not
+    # differs from ATen's in the last bit
+    rtol, atol = (1e-6, 1e-6) if kernels else (0, ATOL.get(kind, 0))
     for p, q in zip(a.parameters(), b.parameters()):
-        torch.testing.assert_close(q, p, rtol=0, atol=ATOL.get(kind, 0))
+        torch.testing.assert_close(q, p, rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("foreach", [False, True], ids=["for-loop", "foreach"])
@@ -96,8 +99,10 @@ def test_fullgraph_step_once_the_state_exists(kind):
         model(x).sum().backward()
         step()
         opt.zero_grad()
-    _assert_same_parameters(eager_model, model, kind)
+    _assert_same_parameters(eager_model, model, kind, kernels=True)
     assert _path() == (1, 0, 0)
+    # the parameters' in-place updates (under the step's no_grad) are kernels, not ATen calls
+    assert tempa.stats().aten_fallbacks == 0 and tempa.stats().kernels_compiled > 0
 
 
 def test_fullgraph_from_the_first_step():

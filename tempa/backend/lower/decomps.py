@@ -73,9 +73,47 @@ _KEEP = [
 ]
 
 
+# Foreach ops (torch.optim's foreach steps): one op per tensor of the lists, each then fusing
+# with the other ops on the same tensor (the loop IR has no list values). It is what ATen's
+# CPU kernels do (the "slow path": ``at::add(self[i], other[i], alpha)`` per tensor): list
+# arguments, scalar lists included, go item by item, the others to every call. Left out:
+# addcmul/addcdiv with their scalars in a tensor (read with .item()), maximum/minimum (the
+# per-tensor op takes no scalar).
+_FOREACH = ["add", "sub", "mul", "div", "addcmul", "addcdiv", "lerp", "pow", "sqrt", "rsqrt",
+            "neg", "reciprocal", "abs", "exp", "sign", "sigmoid", "clamp_min", "clamp_max"]
+
+
+# The foreach op's scalar argument that the per-tensor op takes by keyword only.
+_KEYWORD_SCALAR = {"addcmul": "value", "addcdiv": "value"}
+
+
+def _per_tensor(op, keyword=None):
+    def run(*args, **kwargs):
+        n = next(len(a) for a in args if isinstance(a, (list, tuple)))
+        if keyword is not None and len(args) == 4:
+            *args, kwargs[keyword] = args
+
+        def item(a, i):
+            return a[i] if isinstance(a, (list, tuple)) else a
+        return [op(*(item(a, i) for a in args), **{k: item(v, i) for k, v in kwargs.items()})
+                for i in range(n)]
+    return run
+
+
+def _foreach_table() -> dict:
+    dec = {}
+    for name in _FOREACH:
+        packet = getattr(aten, f"_foreach_{name}")
+        for overload in packet.overloads():
+            if overload.endswith("out") or (overload == "Tensor" and name in ("addcmul", "addcdiv")):
+                continue
+            dec[getattr(packet, overload)] = _per_tensor(getattr(aten, name), _KEYWORD_SCALAR.get(name))
+    return dec
+
+
 @functools.lru_cache(None)
 def table() -> dict:
-    dec = {}
+    dec = _foreach_table()
     for op in _EXTRA:
         for name in op.overloads():
             ov = getattr(op, name)
