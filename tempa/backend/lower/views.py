@@ -119,15 +119,27 @@ def _squeeze(ctx, node, x, dims=None):
     return _view_of(x, tm.shape, remap)
 
 
+def _slice_bounds(start, end, size):
+    """``start`` and ``end`` of ``x[start:end]`` along a dim of ``size``, as ATen's slice
+    normalises them: None is the whole dim, a negative bound counts from the end, and both
+    are clamped into ``[0, size]`` with ``end >= start``. Why clamp: ``x[-4095:]`` of a
+    16-long dim (a sliding-window KV cache) is the whole dim; unclamped, slice_scatter's
+    source index ``i - start`` would read far outside its buffer."""
+    start = 0 if start is None else start
+    end = size if end is None else end
+    start = start + size if start < 0 else start
+    end = end + size if end < 0 else end
+    start = min(max(start, 0), size)
+    end = min(max(end, start), size)
+    return start, end
+
+
 @register(aten.slice.Tensor)
 def _slice(ctx, node, x, dim=0, start=None, end=None, step=1):
     tm = _traced_meta(node)
     nd = len(x.sizes)
     dim = dim % nd
-    size = x.sizes[dim]
-    start = 0 if start is None else start
-    start = start + size if start < 0 else start
-    start = min(max(start, 0), size)
+    start, _ = _slice_bounds(start, end, x.sizes[dim])
 
     def remap(idx):
         out = list(idx)
@@ -252,9 +264,7 @@ def _slice_scatter(ctx, node, base, src, dim=0, start=None, end=None, step=1):
     tm = _traced_meta(node)
     nd = len(tm.shape)
     dim = dim % nd
-    size = tm.shape[dim]
-    start = 0 if start is None else (start + size if start < 0 else start)
-    end = size if end is None else (end + size if end < 0 else min(end, size))
+    start, end = _slice_bounds(start, end, tm.shape[dim])
     dt = tm.dtype
 
     def fn(k, idx):
