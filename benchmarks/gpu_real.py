@@ -98,6 +98,17 @@ class KwAutocast(nn.Module):
             return self.m(**kwargs)
 
 
+class Kw(nn.Module):
+    """Keyword inputs, no autocast: for a model whose weights are already bf16."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, **kwargs):
+        return self.m(**kwargs)
+
+
 # --- rows: what a cell calls ---------------------------------------------------------------
 class Row:
     """A model and its inputs; ``cell(compile)`` returns (the call to time, first output)."""
@@ -146,13 +157,15 @@ class DecodeRow(Row):
 
     def cell(self, compile_fn):
         from transformers import StaticCache
-        model = copy.deepcopy(self.model)
+        # bf16 weights, no autocast: under autocast the cache (made in the weights' dtype)
+        # and the new keys (bf16) differ, and index_copy_ refuses (eager too)
+        model = copy.deepcopy(self.model).to(torch.bfloat16)
         ids = self.kwargs["input_ids"]
         cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + NEW_TOKENS)
-        with torch.no_grad(), torch.autocast(DEVICE, dtype=torch.bfloat16):
+        with torch.no_grad():
             model(input_ids=ids, past_key_values=cache, use_cache=True,
                   cache_position=torch.arange(ids.shape[1], device=ids.device))
-        fn = compile_fn(KwAutocast(model))
+        fn = compile_fn(Kw(model))
         step_kwargs = dict(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True,
                            cache_position=torch.tensor([ids.shape[1]], device=ids.device))
 
@@ -168,13 +181,8 @@ class GenerateRow(Row):
     reps = 5
 
     def cell(self, compile_fn):
-        model = copy.deepcopy(self.model)
-        forward = model.forward
-
-        def autocast_forward(*args, **kwargs):
-            with torch.autocast(DEVICE, dtype=torch.bfloat16):
-                return forward(*args, **kwargs)
-        model.forward = compile_fn(autocast_forward)
+        model = copy.deepcopy(self.model).to(torch.bfloat16)   # as DecodeRow: no autocast
+        model.forward = compile_fn(model.forward)
         ids = self.kwargs["input_ids"]
 
         def call():
