@@ -4,6 +4,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+import tempa
 from tempa.backend.lower.decomps import table
 from tempa.backend.lower.trace import trace_training
 
@@ -134,3 +135,29 @@ def test_output_with_other_strides_on_size_one_dims_is_not_copied():
     torch.testing.assert_close(out, ref)
     assert out.stride() == ref.stride()
     assert c.tempa_info.kernel_count == 0, c.tempa_info.fusion_report
+
+
+def test_a_recomputed_value_reading_a_returned_output_gets_that_output_saved():
+    # y is returned and also the input of y.float(), which the backward recomputes (cheaper
+    # than saving the float32 copy): y must then be saved too. It was not (a returned value
+    # "costs nothing to keep"), and building the backward failed with a KeyError, so the
+    # whole training graph ran with ATen calls (an HF Llama step under bf16 autocast).
+    import warnings
+
+    def f(x, w):
+        y = (x * w).to(torch.bfloat16)
+        return y, torch.sin(y.float()).sum()
+
+    x, w = torch.randn(32, 32, requires_grad=True), torch.randn(32, 32, requires_grad=True)
+    xe, we = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    tempa.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")       # a failed compile warns and runs ATen calls
+        y, s = tempa.compile(f)(x, w)
+    (s + y.float().sum()).backward()
+    ye, se = f(xe, we)
+    (se + ye.float().sum()).backward()
+    assert torch.equal(y, ye)
+    torch.testing.assert_close(x.grad, xe.grad)
+    torch.testing.assert_close(w.grad, we.grad)
+    assert tempa.stats().kernels_compiled > 0

@@ -599,7 +599,9 @@ def _recompute_pointwise(fw_nodes, needed, live_bw, user_outputs, walk):
         needed.discard(n)
         live_bw.add(n)
         for a in n.all_input_nodes:
-            if a in needed or a in live_bw or a in user_outputs:
+            # (a value returned to the caller costs nothing to keep, but the backward still
+            # needs it saved, or recomputed: walk decides, as for any other input)
+            if a in needed or a in live_bw:
                 continue
             if recompute_cost(a, memo) is not None:
                 recompute(a, memo)
