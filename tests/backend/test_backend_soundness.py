@@ -313,3 +313,39 @@ def test_unloadable_cache_entry_is_rebuilt_on_every_path(tmp_path):
     ok2, gcc2, said = _child(str(tmp_path))
     assert ok2 and gcc2 == gcc and said == 1
     assert _child(str(tmp_path))[:2] == (True, 0)     # the rebuilt entries load
+
+
+def test_a_clone_of_an_input_is_new_memory_as_in_eager():
+    # clone lowers to its input; handed out as such, the result was the input itself, so
+    # writing to it wrote the input (and SGD's momentum buffer, torch.clone(grad), was the
+    # gradient: the next step's zero_() or accumulation changed the buffer)
+    def f(x):
+        return x.clone(), torch.clone(x).detach(), x.contiguous()
+
+    x = torch.randn(4, 3)
+    got = tempa.compile(f)(x)
+    want = f(x)
+    for g, w in zip(got, want):
+        assert (g is x) == (w is x)
+        assert (g.data_ptr() == x.data_ptr()) == (w.data_ptr() == x.data_ptr())
+        assert torch.equal(g, w)
+    got[0].add_(1)
+    assert torch.equal(x, want[0])
+    assert tempa.stats().graphs_compiled == 1
+
+
+def test_sgd_momentum_step_compiled_keeps_its_buffer_apart_from_the_gradient():
+    def run(compiled):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 3)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        step = tempa.compile(opt.step) if compiled else opt.step
+        for _ in range(3):
+            opt.zero_grad(set_to_none=False)   # zero_() in place: the buffer must not see it
+            m(torch.randn(2, 4)).pow(2).sum().backward()
+            step()
+        return [p.detach().clone() for p in m.parameters()]
+
+    for g, w in zip(run(True), run(False)):
+        torch.testing.assert_close(g, w)
+    assert tempa.stats().kernels_compiled > 0

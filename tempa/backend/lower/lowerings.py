@@ -110,6 +110,11 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
 def _as_traced(ctx, v, tm):
     if not isinstance(v, LoopValue):
         return v
+    if v.strided is not None and any(v.strided[0] is b for b in ctx.g.inputs if b is not None):
+        # An input's own memory (x.clone() lowers to x): eager's output is new memory, and
+        # handing the input out would make the result an alias of it. (An output eager
+        # returns as an input or a view of one is an OutputAlias: the caller hands that out.)
+        return _new_memory(ctx, v, tm)
     if tm is not None and v.strided is not None and v.strided[2] == tm.offset:
         buf, strides, offset = v.strided
         if tuple(strides) == tuple(tm.stride):
@@ -131,6 +136,16 @@ def _as_traced(ctx, v, tm):
     # values once a computed value's piece was saved.)
     buf = ComputedBuffer(ctx.name(), v.sizes, tuple(tm.stride), 0, v.dtype,
                          body=Pointwise(v.load), origin="output")
+    ctx.g.steps.append(buf)
+    return LoopValue.of_buffer(buf)
+
+
+def _new_memory(ctx, v, tm):
+    """``v`` computed into a buffer of its own, in the traced strides where they are dense."""
+    dense = tm is not None and not (0 in tm.stride and v.numel > 1)
+    strides = tuple(tm.stride) if dense else contiguous_strides(v.sizes)
+    buf = ComputedBuffer(ctx.name(), v.sizes, strides, 0, v.dtype, body=Pointwise(v.load),
+                         origin="output")
     ctx.g.steps.append(buf)
     return LoopValue.of_buffer(buf)
 
