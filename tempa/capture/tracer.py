@@ -402,8 +402,16 @@ class Tracer:
         if isinstance(obj, types.ModuleType):
             if is_library_module(obj):
                 value = getattr(obj, name)
-                return value if not isinstance(value, torch.Tensor) else \
-                    self.external(value, f"{self.expr_of(obj)}.{name}", user=False)
+                if isinstance(value, torch.Tensor):
+                    return self.external(value, f"{self.expr_of(obj)}.{name}", user=False)
+                if not isinstance(value, types.ModuleType) and frame is not None and \
+                        not self.is_library_globals(frame.f_globals):
+                    # the user's own read of torch.get_device_module (F.gelu, ...): a patch
+                    # of it (mock.patch) is then seen. The library's reads inside its own
+                    # code are its business, as in eager only a patch the code reads counts.
+                    expr = f"{self.expr_of(obj)}.{name}"
+                    self.guards.identity(expr, value, expr)
+                return value
             return self._guarded_getattr(obj, name, lambda: getattr(obj, name))
         return self._static_or_concrete(obj, name, frame, guard=True)
 

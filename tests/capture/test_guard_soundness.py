@@ -359,3 +359,22 @@ def test_argument_flags_and_attributes_read_in_forward():
     x.tag = None
     _same(c(x), f(x))
     assert counts() == (3, 0, 2, 0)
+
+
+def test_a_library_function_the_code_reads_is_guarded_so_a_patch_is_seen():
+    # F.relu read from the user's code was used unguarded: under mock.patch the compiled
+    # call kept calling the original
+    from unittest import mock
+    import torch.nn.functional as F
+
+    def f(x):
+        return F.relu(x) + 1
+
+    fast = tempa.compile(f)
+    x = torch.randn(6)
+    assert torch.equal(fast(x), f(x))
+    with mock.patch("torch.nn.functional.relu", lambda t: t * 0):
+        assert torch.equal(fast(x), f(x)) and torch.equal(f(x), torch.ones(6))
+    assert torch.equal(fast(x), f(x))
+    s = tempa.stats()
+    assert s.captures == 2 and s.recompiles == 1 and s.eager_fallbacks == 0
