@@ -424,22 +424,24 @@ def start_generator(tracer, frame, fn, args, kwargs):
 # cache.py's invalidation hook). Tracing them would read, and guard, tempa's bookkeeping:
 # its registries change as entries are added, so such an entry misses on every call. They
 # are never traced: a hook whose effect capture knows is modelled, anything else of tempa's
-# runs in Python, as it is (a graph break).
+# runs in Python, as it is (a graph break). runtime.py's helpers are the exception: resume
+# functions call them, and they are written to be captured like the user's code.
 def _is_tempa_code(fn) -> bool:
     if not isinstance(fn, types.FunctionType):
         return False
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
     return module is not None and module.__name__.partition(".")[0] == _TEMPA_PACKAGE and \
-        module.__dict__ is fn.__globals__
+        module.__dict__ is fn.__globals__ and module.__name__ not in _CAPTURED_TEMPA_MODULES
 
 
 _TEMPA_PACKAGE = __name__.partition(".")[0]
+_CAPTURED_TEMPA_MODULES = {f"{__package__}.runtime"}
 
 
 def _tempa_code(tracer, fn: types.FunctionType, args):
     model = _TEMPA_CODE_MODELS.get(fn)
     if model is None:
-        raise Unsupported("tempa's own code", f"{fn.__module__}.{fn.__qualname__} is tempa's "
+        raise Unsupported("unsupported call", f"{fn.__module__}.{fn.__qualname__} is tempa's "
                           "own code: it runs as it is, uncaptured")
     return model(tracer, *args)
 
