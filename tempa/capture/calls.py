@@ -415,7 +415,7 @@ def start_generator(tracer, frame, fn, args, kwargs):
     if fn.__code__ in DISABLED_CODES:
         raise Unsupported("disabled by tempa.disable", f"{fn.__qualname__} is marked @tempa.disable")
     if _is_tempa_code(fn):
-        _tempa_code(tracer, fn, ())
+        raise _uncaptured_tempa_code(fn)
     return GeneratorRun(_child_frame(tracer, frame, fn, args, kwargs))
 
 
@@ -441,9 +441,13 @@ _CAPTURED_TEMPA_MODULES = {f"{__package__}.runtime"}
 def _tempa_code(tracer, fn: types.FunctionType, args):
     model = _TEMPA_CODE_MODELS.get(fn)
     if model is None:
-        raise Unsupported("unsupported call", f"{fn.__module__}.{fn.__qualname__} is tempa's "
-                          "own code: it runs as it is, uncaptured")
+        raise _uncaptured_tempa_code(fn)
     return model(tracer, *args)
+
+
+def _uncaptured_tempa_code(fn: types.FunctionType) -> Unsupported:
+    return Unsupported("unsupported call", f"{fn.__module__}.{fn.__qualname__} is tempa's own "
+                       "code: it runs as it is, uncaptured")
 
 
 def _registration_hook(tracer, module, name, value):
