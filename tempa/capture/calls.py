@@ -34,7 +34,7 @@ import torch
 import torch.optim.optimizer as torch_optimizer
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from . import context, higher_order, numpy_values, scalar_tensors, scalars, shapes, stdlib
+from . import cache, context, higher_order, numpy_values, scalar_tensors, scalars, shapes, stdlib
 from .breaks import Unsupported, UserError
 from .instructions import PY
 from .module_guards import _MODULE_CALL, _guard_module_class, guard_function, guard_module_call
@@ -364,14 +364,17 @@ _AUTOGRAD_ENTRY_POINTS = {torch.Tensor.backward, torch.autograd.backward, torch.
 def runs_uncompiled(fn) -> bool:
     """A function that runs as it is, also when a graph-break runner calls it: one marked
     torch.compiler.disable, a user autograd Function's apply (higher_order.py), the
-    autograd engine's entry points."""
+    autograd engine's entry points, tempa's own code."""
     return higher_order.runs_as_is(fn) or \
-        getattr(fn, "__code__", None) is _TORCH_DISABLE_CODE or fn in _AUTOGRAD_ENTRY_POINTS
+        getattr(fn, "__code__", None) is _TORCH_DISABLE_CODE or fn in _AUTOGRAD_ENTRY_POINTS or \
+        _is_tempa_code(fn)
 
 
 def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
     code = fn.__code__
     higher_order.check_not_disabled(fn)   # its own message: marked torch.compiler.disable
+    if _is_tempa_code(fn):
+        return _tempa_code(tracer, fn, args)
     if runs_uncompiled(fn):
         raise Unsupported("disabled by tempa.disable", f"{fn.__qualname__} runs uncompiled "
                           "(torch.compiler.disable, or the autograd engine)")
@@ -414,7 +417,54 @@ def start_generator(tracer, frame, fn, args, kwargs):
                           f"{getattr(fn, '__qualname__', fn)!r}, which is not a Python generator")
     if fn.__code__ in DISABLED_CODES:
         raise Unsupported("disabled by tempa.disable", f"{fn.__qualname__} is marked @tempa.disable")
+    if _is_tempa_code(fn):
+        raise _uncaptured_tempa_code(fn)
     return GeneratorRun(_child_frame(tracer, frame, fn, args, kwargs))
+
+
+# -- tempa's own code, reached by the captured code --------------------------------------
+# Torch calls tempa's hooks back from code that capture traces (Module.register_buffer calls
+# cache.py's invalidation hook). Tracing them would read, and guard, tempa's bookkeeping:
+# its registries change as entries are added, so such an entry misses on every call. They
+# are never traced: a hook whose effect capture knows is modelled, anything else of tempa's
+# runs in Python, as it is (a graph break). runtime.py's helpers are the exception: resume
+# functions call them, and they are written to be captured like the user's code.
+def _is_tempa_code(fn) -> bool:
+    if not isinstance(fn, types.FunctionType):
+        return False
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    return module is not None and module.__name__.partition(".")[0] == _TEMPA_PACKAGE and \
+        module.__dict__ is fn.__globals__ and module.__name__ not in _CAPTURED_TEMPA_MODULES
+
+
+_TEMPA_PACKAGE = __name__.partition(".")[0]
+_CAPTURED_TEMPA_MODULES = {f"{__package__}.runtime"}
+
+
+def _tempa_code(tracer, fn: types.FunctionType, args):
+    model = _TEMPA_CODE_MODELS.get(fn)
+    if model is None:
+        raise _uncaptured_tempa_code(fn)
+    return model(tracer, *args)
+
+
+def _uncaptured_tempa_code(fn: types.FunctionType) -> Unsupported:
+    return Unsupported("unsupported call", f"{fn.__module__}.{fn.__qualname__} is tempa's own "
+                       "code: it runs as it is, uncaptured")
+
+
+def _registration_hook(tracer, module, name, value):
+    """cache.py's invalidation hook, which torch calls when a module registers a parameter,
+    buffer or submodule. A module this call built (``nn.CrossEntropyLoss()`` in forward) is
+    watched by no entry: eager's hook does nothing, nor does the graph. A registration on
+    a module from outside must drop the entries that read it, so it runs eagerly."""
+    if tracer.is_internal(module):
+        return None
+    raise Unsupported("mutation of outside state", f"registering {name!r} on a "
+                      f"{type(module).__name__} from outside the compiled call")
+
+
+_TEMPA_CODE_MODELS = {cache._on_registration: _registration_hook}
 
 
 def _is_library_function(fn) -> bool:
