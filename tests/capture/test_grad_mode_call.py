@@ -86,6 +86,7 @@ def test_a_dropped_trained_model_and_its_weights_are_freed():
         model = MLP()
         fast = tempa.compile(model)
         fast(torch.randn(4, 6)).sum().backward()
+        assert _entries(fast)   # captured: the entry held the accumulators until now
         refs.append(weakref.ref(model.fc1.weight))
         del model, fast
     gc.collect()

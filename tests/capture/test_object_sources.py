@@ -128,6 +128,7 @@ def test_uses_that_depend_on_which_object_it_is(use):
     torch.testing.assert_close(f(a, Layer(x), x), x - 1)
     c = Layer(x)
     torch.testing.assert_close(f(c, c, x), x + 1)
+    assert tempa.stats().captures >= 2   # captured: the identity use pinned the objects
     torch.testing.assert_close(f(Layer(x), Layer(x), x), x - 1)
 
 
@@ -143,3 +144,4 @@ def test_an_argument_that_is_also_a_global():
     torch.testing.assert_close(f(SHARED, torch.ones(2)), torch.full((2,), 2.0))
     SHARED.k = torch.zeros(2)
     torch.testing.assert_close(f(Layer(torch.zeros(2)), torch.ones(2)), torch.ones(2))
+    assert tempa.stats().captures >= 1 and tempa.stats().eager_fallbacks == 0
