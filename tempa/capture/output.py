@@ -192,6 +192,9 @@ class OutputPlan:
         bound = self._bound.get(id(value))
         if bound is not None and bound[0] is value:
             return bound[1]
+        method_of = self._method_of_handed_on(value)
+        if method_of is not None:
+            return method_of
         if type(value) is types.CellType and self.is_internal(value):
             return self._cell(value, depth)
         text, has_identity = self._rebuild(value, depth)
@@ -364,6 +367,19 @@ class OutputPlan:
         # code and cells (tracer._external_function); called through tempa after the break,
         # it is a function made per call, with entries of its own (context._made_per_call).
         return f"{self.guards.const(fill_cell, 'F')}({new}, {self.expr(contents, depth + 1)})"
+
+    def _method_of_handed_on(self, value):
+        """``buf.write`` of a caller's object that is read at its source (guarded by type,
+        not identity): bound again to this call's object, never the one capture saw."""
+        owner = getattr(value, "__self__", None)
+        if owner is None or isinstance(owner, types.ModuleType) or \
+                not isinstance(value, (types.MethodType, types.BuiltinMethodType)):
+            return None
+        source = self.external_copies.get(id(owner))
+        if source is None or source[0] is not owner:
+            return None
+        name = value.__func__.__name__ if isinstance(value, types.MethodType) else value.__name__
+        return f"{self.guards.const(getattr, 'F')}({source[1]}, {name!r})"
 
     def rebuilt(self) -> list:
         """The objects with an identity that the expressions so far rebuild."""
