@@ -11,13 +11,14 @@ from torch.amp import autocast_mode
 from .breaks import Unsupported, UserError
 from .graph import GraphBuilder, _is_impure
 from .guards import GuardSet, storage_groups
-from .interpreter import Frame, _PyException
+from .frame_exits import _PyException
+from .interpreter import Frame
 from .output import OutputPlan, input_exprs
 from .tracer import Tracer
 from .values import TensorVar
 from .breakplan import plan_break
 from . import module_guards
-from .calls import bind_arguments
+from .calls_inline import bind_arguments
 
 
 @dataclass

@@ -140,7 +140,7 @@ class GradModeExit:
 
 class GeneratorContext:
     """A ``@contextlib.contextmanager`` object made during capture: its generator, run
-    step by step by the interpreter (``interpreter.GeneratorRun``)."""
+    step by step by the interpreter (``generator_run.GeneratorRun``)."""
     __slots__ = ("run", "entered")
 
     def __init__(self, run):
