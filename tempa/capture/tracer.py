@@ -62,7 +62,6 @@ class Tracer:
         self.dynamic = dynamic
         self.guards = builder.guards
         self.fullgraph = fullgraph
-        builder.keep_value_sized_ops = fullgraph
         self._internal: dict[int, object] = {}      # objects created during capture
         # Our copies of the caller's lists/dicts: id(copy) -> (copy, expression of the original)
         self.external_copies: dict[int, tuple] = {}
