@@ -61,11 +61,13 @@ def loss_of(out) -> torch.Tensor:
 
 
 def first_tensor(out):
+    """The first tensor of a model's output (a tensor, a ModelOutput, a dict or an object
+    with ``values()``, lists and tuples of those), or None; also models.py's."""
     if isinstance(out, torch.Tensor):
         return out
     if hasattr(out, "to_tuple"):
         out = out.to_tuple()
-    if isinstance(out, dict):
+    if isinstance(out, dict) or hasattr(out, "values"):
         out = list(out.values())
     if isinstance(out, (list, tuple)):
         for o in out:

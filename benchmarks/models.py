@@ -34,26 +34,14 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import tempa  # noqa: E402
 from tests.models import zoo  # noqa: E402
-
-
-def _first_tensor(out):
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, dict) or hasattr(out, "values"):
-        out = list(out.values())
-    if isinstance(out, (list, tuple)):
-        for o in out:
-            t = _first_tensor(o)
-            if t is not None:
-                return t
-    return None
+from hf_models import first_tensor  # noqa: E402
 
 
 def runner(fn, case):
     args, kwargs = case.args, case.kwargs
     if case.train:
         def run():
-            out = _first_tensor(fn(*args, **kwargs))
+            out = first_tensor(fn(*args, **kwargs))
             out.float().sum().backward()
     else:
         def run():

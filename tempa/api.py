@@ -14,7 +14,7 @@ import types
 import torch
 
 from . import stats as _stats
-from .capture import calls
+from .capture import calls_inline
 from .capture.cache import clear_watchers
 from .context import CompileContext, calling, contexts
 from .introspect import (EntryInfo, eager_reasons, entries, explain,  # noqa: F401 (re-exported)
@@ -66,7 +66,7 @@ def disable(fn=None, recursive: bool = True):
         target = type(target).forward
     code = getattr(target, "__code__", None)
     if code is not None:
-        calls.DISABLED_CODES.add(code)
+        calls_inline.DISABLED_CODES.add(code)
     return fn
 
 

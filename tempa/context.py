@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import _disable_current_modes, _get_current_di
 from . import distributed, logs, stance, stats as _stats
 from .config import config
 from .backend.runtime import nativeguards
-from .capture import calls, higher_order
+from .capture import calls, calls_inline, higher_order
 from .capture import runtime as capture_runtime
 from .capture.breaks import BreakReason, GraphBreakError, Unsupported, UserError, fullgraph_error
 from .capture.cache import MISS, CodeCache, build_entry, install_invalidation_hooks, \
@@ -217,7 +217,7 @@ class CompileContext:
         function or submodule that broke the caller's graph gets compiled graphs of its own.
         A torch operation written in Python (torch.unique, F.*) is an op, not code to
         compile: it runs as it is."""
-        if calls.runs_uncompiled(fn):
+        if calls_inline.runs_uncompiled(fn):
             return fn(*args, **kwargs)
         if isinstance(fn, types.FunctionType) and not calls.is_torch_op(fn):
             fn = with_identifier_names(fn)   # a comprehension's code, called after a break
@@ -337,7 +337,7 @@ class CompileContext:
             _fallback_log.info("tempa: capture is off (tempa.config.capture): %s runs eagerly",
                                where(fn))
             return None
-        if fn.__code__ in calls.DISABLED_CODES:
+        if fn.__code__ in calls_inline.DISABLED_CODES:
             cache.eager_reason = "disabled by tempa.disable"
             return None
         if higher_order.is_disabled(fn):
@@ -452,7 +452,7 @@ class CompileContext:
             return self.dynamic
         if not config.automatic_dynamic_shapes or not cache.last_shapes:
             return cache.dynamic_inputs or None
-        from .capture.calls import bind_arguments
+        from .capture.calls_inline import bind_arguments
         try:
             scope = bind_arguments(fn, args, kwargs)
         except Exception:

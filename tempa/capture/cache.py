@@ -249,7 +249,7 @@ def _forget_module(key: int, watchers: list) -> None:
 
 def _on_registration(module, name, value):
     # Captured code reaches this through torch's registration hooks (a module built in
-    # forward registers its buffers): calls.py models it, never traces it, so no guard
+    # forward registers its buffers): calls_inline.py models it, never traces it, so no guard
     # reads the registry (its lists change with every entry added).
     watchers = _watchers.get(id(module))
     if not watchers:

@@ -11,13 +11,14 @@ from torch.amp import autocast_mode
 from .breaks import Unsupported, UserError
 from .graph import GraphBuilder, _is_impure
 from .guards import GuardSet, storage_groups
-from .interpreter import Frame, _PyException
+from .frame_exits import _PyException
+from .interpreter import Frame
 from .output import OutputPlan, input_exprs
 from .tracer import Tracer
 from .values import TensorVar
 from .breakplan import plan_break
 from . import module_guards
-from .calls import bind_arguments
+from .calls_inline import bind_arguments
 
 
 @dataclass
@@ -51,7 +52,8 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
     ``module_call``: ``fn`` is ``type(args[0]).forward`` called as the module is called
     (hooks, an overridden ``forward`` or ``__call__`` then make capture give up)."""
     symbolic = dynamic is True or bool(dynamic) or _any_marked_dynamic(args, kwargs)
-    builder = GraphBuilder(symbolic=symbolic and dynamic is not False)
+    builder = GraphBuilder(symbolic=symbolic and dynamic is not False,
+                           keep_value_sized_ops=not allow_breaks)
     tracer = Tracer(builder, fullgraph=not allow_breaks, dynamic=dynamic)
     guards = builder.guards
     arguments = bind_arguments(fn, args, kwargs)

@@ -61,7 +61,7 @@ class CapturedGraph(fx.Graph):
 
 
 class GraphBuilder:
-    def __init__(self, *, symbolic: bool = False):
+    def __init__(self, *, symbolic: bool = False, keep_value_sized_ops: bool = False):
         self.graph = CapturedGraph()
         self.sizes = None
         # Static captures start on metadata rules (meta.py) and create fake tensors only
@@ -81,7 +81,7 @@ class GraphBuilder:
         # stay in the graph only where a break is not allowed (fullgraph): the backend runs
         # a graph holding one with eager ATen calls, so elsewhere a break before the op
         # keeps fused kernels for the rest (torch.compile's default breaks there too).
-        self.keep_value_sized_ops = False
+        self.keep_value_sized_ops = keep_value_sized_ops
         self._asserts_seen = 0   # deferred runtime asserts of the ShapeEnv at the last op
         self.guards = GuardSet()
         self.user_inputs: list[tuple[fx.Node, str, torch.Tensor]] = []  # (placeholder, expr, tensor)

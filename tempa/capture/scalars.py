@@ -108,7 +108,7 @@ def check(tracer, frame, args, kwargs):
                 except RuntimeError:   # false for every value: the graph node raises
                     pass
         return None
-    from .calls import inline
+    from .calls_inline import inline
     return inline(tracer, frame, torch._check, list(args), kwargs)
 
 

@@ -15,7 +15,7 @@ does what the C code does with the interpreter's own services instead:
   returned or live across a graph break through ``output.py``'s rebuilding).
 
 ``@contextlib.contextmanager`` lives here too: its generator runs step by step
-(``interpreter.GeneratorRun``), its code before ``yield`` at ``__enter__``, after it at
+(``generator_run.GeneratorRun``), its code before ``yield`` at ``__enter__``, after it at
 ``__exit__``, an exception of the body thrown in at the ``yield``, as contextlib does.
 
 ``torch.no_grad()(fn)`` (a grad-mode context as a decorator) is a wrapper the interpreter
@@ -311,7 +311,7 @@ def _generator_context(tracer, frame, args, kwargs):
     """``_GeneratorContextManager(func, args, kwds)``, what ``@contextmanager``'s helper
     builds: the generator is made now (its arguments are bound, as eager binds them) and
     runs nothing until ``__enter__``."""
-    from .calls import start_generator
+    from .calls_inline import start_generator
     func, fargs, fkwargs = args
     run = start_generator(tracer, frame, func, list(fargs), dict(fkwargs))
     return tracer.mark_internal(GeneratorContext(run))

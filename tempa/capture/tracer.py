@@ -18,7 +18,7 @@ import types
 
 import torch
 
-from . import calls, numpy_values
+from . import calls, calls_builtins, calls_inline, numpy_values
 from .breaks import Unsupported
 from .graph import GraphBuilder
 from .guards import is_constant_type
@@ -62,7 +62,6 @@ class Tracer:
         self.dynamic = dynamic
         self.guards = builder.guards
         self.fullgraph = fullgraph
-        builder.keep_value_sized_ops = fullgraph
         self._internal: dict[int, object] = {}      # objects created during capture
         # Our copies of the caller's lists/dicts: id(copy) -> (copy, expression of the original)
         self.external_copies: dict[int, tuple] = {}
@@ -155,7 +154,7 @@ class Tracer:
         if t is functools.partial and not value.__dict__:
             return self._external_partial(value, expr, user, depth)
         if t is types.FunctionType and "<locals>" in value.__qualname__ and \
-                not value.__dict__ and not calls._is_library_function(value):
+                not value.__dict__ and not calls_inline._is_library_function(value):
             return self._external_function(value, expr)
         if t in (dict, collections.OrderedDict, collections.defaultdict):
             return self._external_dict(value, expr, user, depth)
@@ -544,7 +543,7 @@ class Tracer:
                 pass
             return getattr(fake, name)
         if name == "__class__":   # as type(x) answers (a Parameter's class is Parameter)
-            return calls._tensor_type(self, t)
+            return calls_builtins._tensor_type(self, t)
         if name == "T":
             return self.builder.call("call_method", "permute", (t, *reversed(range(fake.dim()))), {})
         if name == "mT":

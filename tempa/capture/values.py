@@ -89,22 +89,25 @@ class NdarrayVar:
     __iter__ = TensorVar.__iter__
 
 
-class NdarrayMethod:
+class _MethodOf:
+    """``value.method`` read on a symbolic value, before it is called (``calls.call``
+    dispatches on the subclass). Each subclass holds the value in its one slot, named for
+    what the value is (``array``, ``tensor``, ``storage``)."""
+    __slots__ = ("name",)
+
+    def __init__(self, value, name: str):
+        setattr(self, type(self).__slots__[0], value)
+        self.name = name
+
+
+class NdarrayMethod(_MethodOf):
     """``array.method`` before it is called."""
-    __slots__ = ("array", "name")
-
-    def __init__(self, array: NdarrayVar, name: str):
-        self.array = array
-        self.name = name
+    __slots__ = ("array",)
 
 
-class TensorMethod:
+class TensorMethod(_MethodOf):
     """``tensor.method`` before it is called."""
-    __slots__ = ("tensor", "name")
-
-    def __init__(self, tensor: TensorVar, name: str):
-        self.tensor = tensor
-        self.name = name
+    __slots__ = ("tensor",)
 
     def __repr__(self):
         return f"TensorMethod({self.tensor!r}.{self.name})"
@@ -120,13 +123,9 @@ class StorageVar:
         self.nbytes = nbytes
 
 
-class StorageMethod:
+class StorageMethod(_MethodOf):
     """``storage.size`` / ``storage.nbytes`` before it is called."""
-    __slots__ = ("storage", "name")
-
-    def __init__(self, storage: StorageVar, name: str):
-        self.storage = storage
-        self.name = name
+    __slots__ = ("storage",)
 
 
 class GradModeExit:
@@ -140,7 +139,7 @@ class GradModeExit:
 
 class GeneratorContext:
     """A ``@contextlib.contextmanager`` object made during capture: its generator, run
-    step by step by the interpreter (``interpreter.GeneratorRun``)."""
+    step by step by the interpreter (``generator_run.GeneratorRun``)."""
     __slots__ = ("run", "entered")
 
     def __init__(self, run):

@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 
 import tempa
+from tests.capture.optimizer_steps import step_twins
 
 
 @pytest.fixture(autouse=True)
@@ -33,11 +34,7 @@ def test_optimizer_step_runs_as_kernels(make, foreach):
     step = tempa.compile(opt.step)
     x = torch.randn(32, 8)
     params = list(model.parameters())
-    for _ in range(5):
-        for m, o, s in ((eager_model, eager_opt, eager_opt.step), (model, opt, step)):
-            m(x).pow(2).mean().backward()
-            s()
-            o.zero_grad()
+    step_twins(((eager_model, eager_opt, eager_opt.step), (model, opt, step)), x, 5)
     for p, q in zip(eager_model.parameters(), model.parameters()):
         torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-6)
     assert list(model.parameters()) == params                  # the same objects

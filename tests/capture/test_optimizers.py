@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 import tempa
+from tests.capture.optimizer_steps import step_twins
 from tests.capture.paths import counts
 
 OPTIMIZERS = {
@@ -87,18 +88,11 @@ def test_fullgraph_step_once_the_state_exists(kind):
     eager_model, eager_opt = _model_and_optimizer(kind, True)
     model, opt = _model_and_optimizer(kind, True)
     x = torch.randn(16, 4)
-    for m, o in ((eager_model, eager_opt), (model, opt)):   # the warm-up creates the state
-        m(x).sum().backward()
-        o.step()
-        o.zero_grad()
+    step_twins(((eager_model, eager_opt, eager_opt.step), (model, opt, opt.step)), x, 1,
+               loss=torch.sum)                                # the warm-up creates the state
     step = tempa.compile(opt.step, fullgraph=True)           # the tempa backend
-    for _ in range(10):
-        eager_model(x).sum().backward()
-        eager_opt.step()
-        eager_opt.zero_grad()
-        model(x).sum().backward()
-        step()
-        opt.zero_grad()
+    step_twins(((eager_model, eager_opt, eager_opt.step), (model, opt, step)), x, 10,
+               loss=torch.sum)
     _assert_same_parameters(eager_model, model, kind, kernels=True)
     assert _path() == (1, 0, 0)
     # the parameters' in-place updates (under the step's no_grad) are kernels, not ATen calls
@@ -112,11 +106,8 @@ def test_fullgraph_from_the_first_step():
     model, opt = _model_and_optimizer("adam", False)
     step = tempa.compile(opt.step, fullgraph=True)
     x = torch.randn(16, 4)
-    for _ in range(5):
-        for m, o, run in ((eager_model, eager_opt, eager_opt.step), (model, opt, step)):
-            m(x).sum().backward()
-            run()
-            o.zero_grad()
+    step_twins(((eager_model, eager_opt, eager_opt.step), (model, opt, step)), x, 5,
+               loss=torch.sum)
     _assert_same_parameters(eager_model, model, "adam")
     assert _path() == (2, 0, 1)   # step 1 (state made), step 2 on (state read)
 
@@ -222,10 +213,7 @@ def test_bias_corrections_in_double_as_eager(kind, foreach):
     step = tempa.compile(opt.step, backend="eager")
     x = torch.randn(16, 4)
     for _ in range(3):
-        for m, o, run in ((eager_model, eager_opt, eager_opt.step), (model, opt, step)):
-            m(x).pow(2).mean().backward()
-            run()
-            o.zero_grad()
+        step_twins(((eager_model, eager_opt, eager_opt.step), (model, opt, step)), x, 1)
         for p, q in zip(eager_model.parameters(), model.parameters()):
             torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-8)
     assert counts() == (2, 0, 1, 0)
