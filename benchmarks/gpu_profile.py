@@ -17,7 +17,10 @@ import io
 import os
 import pstats
 import sys
+import tempfile
 import time
+import traceback
+import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -111,10 +114,8 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("gpu_profile.py needs CUDA")
     import tempa
-    import tempfile
     os.environ.setdefault("TEMPA_CACHE_DIR", tempfile.mkdtemp(prefix="tempa-gpu-profile-"))
     tempa.config.cache_dir = os.environ["TEMPA_CACHE_DIR"]
-    import warnings
     warnings.filterwarnings("ignore")
     if gpu_real.hf_models.available():
         import transformers
@@ -130,7 +131,6 @@ def main():
                 try:
                     profile_cell(row, system, mode, report)
                 except Exception as e:  # noqa: BLE001 - one cell failing must not end the run
-                    import traceback
                     traceback.print_exc()
                     print(f"{key} {system} {mode}: FAILED {type(e).__name__}: {e}", flush=True)
                 torch.cuda.empty_cache()

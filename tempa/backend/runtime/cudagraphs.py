@@ -13,8 +13,10 @@ symbolic sizes shares its shape-generic kernels between the recordings, gpu/dyna
     same object at another address) is copied from then on into a static buffer before each
     replay, and the graph is recorded again for that. Arguments the graph never reads are
     not copied. Why not copy every non-parameter argument, as before: a BatchNorm net has
-    two buffers per layer, and ResNet-50's ~110 small copies a call cost more host time
-    than the replay saved (slower than mode="default" on the H200).
+    two buffers per layer, and ResNet-50's 107 small copies were 107 launches before every
+    replay (its reduce-overhead was slower than its mode="default" on the H200). An output
+    in the memory of an input read in place (the input, a view of it) is handed out as is:
+    only that input's writes change it, as in eager.
   * inputs the graph writes to (BatchNorm's running statistics, a KV cache's index_copy_):
     replayed in place, so the write reaches the caller's tensor, and its version counter is
     bumped once per call as the compiled code does. The recording's warm-up runs on copies
@@ -41,9 +43,10 @@ symbolic sizes shares its shape-generic kernels between the recordings, gpu/dyna
     code without its graph, said once. The backward reads the forward's saved tensors in
     place when they are still the forward's buffers, so a step copies only its inputs.
   * no graph (the compiled code runs as is, and the reason is given once, as a warning and
-    in ``tempa_info.notes``): CPU tensors among the inputs, a graph that mutates its inputs,
-    a graph that fell back to eager, training with shape-generic kernels, or a capture that
-    failed.
+    in ``tempa_info.notes``): CPU tensors among the inputs, a written input that is not read
+    in place (above), a graph that fell back to eager, training with shape-generic kernels,
+    or a capture that failed. The call that compiles the inference variant (after training
+    calls) runs as is too: what the graph writes is known once it is compiled.
 """
 from __future__ import annotations
 
