@@ -351,3 +351,22 @@ def test_a_tensor_resized_in_place_is_not_taken_for_the_recorded_one_under_symbo
     plain.read_in_place([(0, other)])
     assert plain.same_in_place([other]) and not plain.same_in_place([torch.randn(8)])
     assert plain.same_in_place([other]) and plain.changed_slots([other[:]]) == []   # a view: kept
+
+
+def test_an_input_returned_by_a_replay_is_that_input():
+    """Eager returns the argument itself; a replay too, when the argument is read in place
+    (a view of it is a view of the caller's tensor, never of a static copy)."""
+    def f(x, y):
+        return x, x * y, x[1:]
+    compiled = tempa.compile(f, backend=_graphed_backend)
+    x, y = torch.randn(4), torch.randn(4)
+    with torch.no_grad():
+        for _ in range(3):
+            same, prod, tail = compiled(x, y)
+            assert same is x
+            torch.testing.assert_close(prod, x * y)
+            assert tail.data_ptr() == x[1:].data_ptr()
+            x.add_(1)                             # read in place: the next replay sees it
+            torch.testing.assert_close(tail, x[1:])
+    runner = _inference_runner(compiled)
+    assert runner.replays == 3

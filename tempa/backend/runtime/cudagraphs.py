@@ -124,6 +124,7 @@ class _Recording:
         self.watched = []          # (storage handle, use count right after recording) per owned output
         self.given = []            # weakrefs to what the last call returned
         self.input_aliases = frozenset()   # indices of outputs in the memory of an in-place input
+        self.returned_inputs = {}  # output index -> the in-place arg index it is (the object)
         self.pick = self.objs = self.ptrs = self.layouts = None
         self.check_layout = False  # symbolic sizes: every call compares the layouts too
 
@@ -258,6 +259,7 @@ class CudaGraphRunner:
         inputs = {_storage_ptr(t) for _, t in in_place}
         rec.input_aliases = frozenset(k for k, o in enumerate(rec.outs)
                                       if isinstance(o, torch.Tensor) and _storage_ptr(o) in inputs)
+        rec.returned_inputs = {k: i for k in rec.input_aliases for i, t in in_place if rec.outs[k] is t}
         if _use_count is not None:
             # Outputs that alias an input (a parameter, a static input buffer) are watched by
             # nobody: their storage is the input's, held wherever the input is.
@@ -358,7 +360,7 @@ class CudaGraphRunner:
         if rec.bumped:
             _bump_versions(tuple(args[i] for i in rec.bumped))
         self.replays += 1
-        return self._give(rec)
+        return self._give(rec, args)
 
     def _recorded(self, rec):
         """Hook: a new recording exists (AutogradPartRunner lends its buffers)."""
@@ -403,7 +405,7 @@ class CudaGraphRunner:
                    "options={'cudagraph_outputs': 'clone'}")
         return True
 
-    def _give(self, rec):
+    def _give(self, rec, args):
         outs = []
         refs = []
         for k, o in enumerate(rec.outs):
@@ -412,7 +414,8 @@ class CudaGraphRunner:
                 refs.append(None)
                 continue
             if k in rec.input_aliases and self.policy != "clone":
-                outs.append(o.detach())
+                i = rec.returned_inputs.get(k)
+                outs.append(args[i] if i is not None else o.detach())   # an input returned: itself
                 refs.append(None)
             elif self.policy == "clone":
                 outs.append(o.clone())
