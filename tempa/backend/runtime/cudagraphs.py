@@ -109,6 +109,14 @@ def _layout(t):
     return t.shape, t.stride(), t.dtype, t.device
 
 
+def _same_strided_copy(t):
+    """A copy in ``t``'s own strides (``clone`` makes a non-dense view contiguous): the
+    compiled kernels address their inputs with the strides they were compiled for."""
+    buf = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    buf.copy_(t)
+    return buf
+
+
 class _Changed(Exception):
     """A recording cannot replay: the reason is said and the graph runs as is."""
 
@@ -237,10 +245,7 @@ class CudaGraphRunner:
             if i not in self.copied_set:
                 in_place.append((i, a))
                 continue
-            buf = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
-            buf.copy_(a)
-            rec.static_in[i] = buf
-            call_args[i] = buf
+            rec.static_in[i] = call_args[i] = _same_strided_copy(a)
         rec.read_in_place(in_place, check_layout=bool(self.info.dynamic))
         written = sorted(self.written)
         self._check_written(args, rec, written)
@@ -248,7 +253,7 @@ class CudaGraphRunner:
         # the warm-up executes: on copies of what the graph writes, so this call writes once
         # (its replay below); the capture executes nothing, but the compiled code's version
         # bumps run: they are put back, the replay's own bump follows
-        warm_args = [a.clone() if i in self.written else a for i, a in enumerate(call_args)]
+        warm_args = [_same_strided_copy(a) if i in self.written else a for i, a in enumerate(call_args)]
         versions = [args[i]._version for i in written]
         rec.graph, out = self._capture(call_args, warm_args)
         if written and _set_versions is not None:
