@@ -126,6 +126,9 @@ def test_a_training_loop_replays_forward_and_backward():
         torch.testing.assert_close(m(x), ref(x), rtol=1e-5, atol=1e-6)
     info = _info_of(compiled)
     fw, bw = info.training_cudagraphs
+    # x was a new tensor at step 2: the forward recorded again, and lends only the buffers
+    # of its live recording (memory of the dropped one can hold any tensor, a tangent say)
+    assert fw.lent == {cudagraphs._storage_ptr(o) for r in fw.recs.values() for o in r.outs}
     assert (len(fw.recs), len(bw.recs)) == (1, 1)
     assert fw.replays == 5 and bw.replays == 5          # every step, the first one included
     assert not any("still held" in n for n in info.notes), info.notes

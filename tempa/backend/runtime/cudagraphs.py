@@ -315,6 +315,7 @@ class CudaGraphRunner:
         self.copied_set = self.copied_set | set(changed)
         self.copied = tuple(sorted(self.copied_set))
         self.recs.clear()
+        self._dropped()
         return True
 
     # -- calling -------------------------------------------------------------------------
@@ -369,6 +370,9 @@ class CudaGraphRunner:
 
     def _recorded(self, rec):
         """Hook: a new recording exists (AutogradPartRunner lends its buffers)."""
+
+    def _dropped(self):
+        """Hook: every recording was dropped."""
 
     def _protect(self, rec) -> bool:
         """Before a replay: give earlier outputs the caller holds their own copy. False when
@@ -494,6 +498,11 @@ class AutogradPartRunner(CudaGraphRunner):
         for o in rec.outs:
             if isinstance(o, torch.Tensor):
                 self.lent.add(_storage_ptr(o))
+
+    def _dropped(self):
+        # the dropped buffers' memory can hold anything next: a tensor there is no longer
+        # one of this runner's outputs (keyed by its address, it would record again and again)
+        self.lent = set()
 
     def _held(self) -> bool:
         self._note(f"reduce-overhead: a buffer of the {self.part} graph is still held where it cannot "
