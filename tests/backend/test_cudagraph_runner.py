@@ -129,7 +129,7 @@ def test_a_training_loop_replays_forward_and_backward():
     # x was a new tensor at step 2: the forward recorded again, and lends only the buffers
     # of its live recording (memory of the dropped one can hold any tensor, a tangent say)
     assert fw.lent == {cudagraphs._storage_ptr(o) for r in fw.recs.values() for o in r.outs}
-    assert (len(fw.recs), len(bw.recs)) == (1, 1)
+    assert (len(fw.recs), len(bw.recs)) == (1, 1)      # the backward reading the old one: dropped
     assert fw.replays == 5 and bw.replays == 5          # every step, the first one included
     assert not any("still held" in n for n in info.notes), info.notes
     # the backward read the forward's saved buffers in place: it copied only the tangent
@@ -373,3 +373,21 @@ def test_an_input_returned_by_a_replay_is_that_input():
             torch.testing.assert_close(tail, x[1:])
     runner = _inference_runner(compiled)
     assert runner.replays == 3
+
+
+def test_a_forward_recorded_again_drops_the_backward_recordings_that_read_its_old_buffers():
+    m = _mlp()
+    ref = copy.deepcopy(m)
+    compiled = _compiled(m)
+    x = torch.randn(4, 16)
+    for step in range(4):
+        if step == 2:
+            x = torch.randn(4, 16)                # the forward copies x from now on
+        m.zero_grad(set_to_none=True)
+        ref.zero_grad(set_to_none=True)
+        compiled(x).square().mean().backward()
+        ref(x).square().mean().backward()
+    _assert_grads(m, ref)
+    fw, bw = _info_of(compiled).training_cudagraphs
+    assert fw.replays == 4 and bw.replays == 4
+    assert (len(fw.recs), len(bw.recs)) == (1, 1)

@@ -462,6 +462,9 @@ class AutogradPartRunner(CudaGraphRunner):
         self.part = part
         self.lender = lender
         self.lent = set()          # storage addresses of this runner's output buffers
+        self.borrower = None       # the runner reading them in place (the forward's: the backward)
+        if lender is not None:
+            lender.borrower = self
 
     def __call__(self, *args):
         if self.disabled is not None:
@@ -501,8 +504,11 @@ class AutogradPartRunner(CudaGraphRunner):
 
     def _dropped(self):
         # the dropped buffers' memory can hold anything next: a tensor there is no longer
-        # one of this runner's outputs (keyed by its address, it would record again and again)
+        # one of this runner's outputs (keyed by its address, it would record again and again);
+        # the backward's recordings that read them in place can never replay again
         self.lent = set()
+        if self.borrower is not None:
+            self.borrower.recs.clear()
 
     def _held(self) -> bool:
         self._note(f"reduce-overhead: a buffer of the {self.part} graph is still held where it cannot "
