@@ -35,6 +35,7 @@ class CompiledGraphInfo:
     so_path: str = ""
     segment_calls: str = ""            # how the wrapper calls C++: "extension" | "ctypes"
     passes: dict = field(default_factory=dict)    # pipeline pass name -> its output (trace())
+    mutated_inputs: list = field(default_factory=list)   # input indices the graph writes to
 
     def summary(self) -> str:
         return (f"{self.kernel_count} kernels in {self.segment_count} C++ calls, "
@@ -84,6 +85,7 @@ class CppTarget(Target):
         info.fusion_report = str(job.kept["schedule"])
         info.cpp_source = job.kept["render"]
         info.passes = job.kept
+        info.mutated_inputs = list(job.mutated)
         return Plan(lowered, sched, job.seg_codes, info, job.num_inputs, job.label)
 
     def finish(self, plans: list) -> list:

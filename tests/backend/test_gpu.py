@@ -96,8 +96,8 @@ def test_zoo_forward_and_backward(name, mode):
         torch.testing.assert_close(b, rb, rtol=rtol, atol=atol, msg=n)
     infos = _info(compiled)
     assert infos and not [i.fallback_reason for i in infos if i.fallback_reason and name not in zoo.EAGER_IN_TRAINING]
-    if mode and needs_grad and name not in zoo.EAGER_IN_TRAINING and name != "batchnorm2d_train":
-        # the training graphs replayed (batchnorm2d_train mutates its running statistics)
+    if mode and needs_grad and name not in zoo.EAGER_IN_TRAINING:
+        # the training graphs replayed (batchnorm2d_train's write its running statistics in place)
         assert all(i.training_cudagraphs and i.training_cudagraphs[0].replays >= 2 for i in infos), \
             [i.notes for i in infos]
 
@@ -282,22 +282,50 @@ def test_reduce_overhead_clone_policy_and_new_shape_records_again():
 
 
 @cuda
-def test_reduce_overhead_cpu_inputs_and_mutation_run_without_graphs():
+def test_reduce_overhead_cpu_inputs_run_without_graphs():
     m = nn.Linear(8, 8)
     compiled = tempa.compile(m, mode="reduce-overhead")
     x = torch.randn(2, 8)
     torch.testing.assert_close(compiled(x), m(x))     # CPU graph: the CPU backend, no graphs
 
+
+@cuda
+def test_reduce_overhead_writes_inputs_in_place_once_per_call():
+    """A graph writing its input replays on the input itself: the recording call writes it
+    once (its warm-up ran on a copy); another tensor in that slot runs without the graph."""
     def mut(x, y):
         x.add_(1)
         return x * y
     c2 = tempa.compile(mut, mode="reduce-overhead")
     x, y = torch.randn(4, device="cuda"), torch.randn(4, device="cuda")
     x0 = x.clone()
-    with pytest.warns(RuntimeWarning, match="mutates its inputs"):
-        out = c2(x, y)
-    torch.testing.assert_close(out, (x0 + 1) * y)
-    torch.testing.assert_close(x, x0 + 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for k in range(1, 4):
+            v = x._version
+            torch.testing.assert_close(c2(x, y), (x0 + k) * y)
+            torch.testing.assert_close(x, x0 + k)
+            assert x._version == v + 1
+    runner = tempa.entries(c2)[0].compiled.tempa_cudagraphs
+    assert runner.disabled is None and runner.replays >= 2
+    x2 = torch.randn(4, device="cuda")
+    x20 = x2.clone()
+    with pytest.warns(RuntimeWarning, match="writes to is another tensor"):
+        torch.testing.assert_close(c2(x2, y), (x20 + 1) * y)
+    torch.testing.assert_close(x2, x20 + 1)
+
+
+@cuda
+def test_reduce_overhead_batchnorm_eval_copies_nothing():
+    m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU()).cuda().eval()
+    compiled = tempa.compile(m, mode="reduce-overhead")
+    x = torch.randn(2, 3, 16, 16, device="cuda")
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), m(x), rtol=1e-3, atol=1e-3)
+    runner = tempa.entries(compiled)[0].compiled.tempa_cudagraphs
+    (rec,) = runner.recs.values()
+    assert runner.disabled is None and rec.static_in == {} and runner.replays >= 2
 
 
 @cuda

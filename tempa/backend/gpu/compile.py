@@ -53,7 +53,6 @@ class GpuGraphInfo(CompiledGraphInfo):
     kernels: list = field(default_factory=list)     # one summary line per launch
     unique_kernels: int = 0
     launch: str = ""                                # "direct" | "jit"
-    mutated_inputs: list = field(default_factory=list)
     autotune: list = field(default_factory=list)
 
     def summary(self) -> str:

@@ -48,6 +48,15 @@ def _reshape(ctx, node, x, sizes, *rest):
     return _view_of(x, new, remap)
 
 
+@register(aten.flatten.using_ints, aten.unflatten.int)
+def _flatten(ctx, node, x, *dims):
+    """A reshape to the traced shape. Why lowered: torch's eval batch-norm decomposition
+    flattens the weight and bias; as ATen calls (two per BatchNorm, 106 in ResNet-50) each
+    cost a host call and ended the kernel that normalises the convolution's output, so its
+    affine part and ReLU read the activation again in a kernel of their own."""
+    return _reshape(ctx, node, x, None)
+
+
 @register(aten.permute.default, aten.permute_copy.default)
 def _permute(ctx, node, x, dims):
     nd = len(x.sizes)
