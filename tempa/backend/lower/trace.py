@@ -331,20 +331,25 @@ def output_aliases(outs, clones, mutated, new_val_tensors) -> list:
     def key(t):
         return t.untyped_storage().data_ptr()
 
+    def has_memory(t):
+        # a storage of no bytes has no address (every one reads 0), so it is nobody's base;
+        # a zero-element view of a real storage (``x[5:2]``) still is a view of it
+        return isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > 0
+
     def layout(t):
         return (tuple(t.shape), tuple(t.stride()), t.storage_offset())
     bases = {}                                  # storage -> (kind, index, base tensor)
     for j, c in enumerate(clones):
-        if isinstance(c, torch.Tensor) and j not in mutated:
+        if has_memory(c) and j not in mutated:
             bases.setdefault(key(c), ("input", j, c))
     for j, nv in zip(mutated, new_val_tensors):
         c = clones[j]
-        if isinstance(nv, torch.Tensor) and layout(nv) == layout(c):
+        if has_memory(nv) and layout(nv) == layout(c):
             bases[key(nv)] = ("input", j, nv)
     def whole(o):
         return o.storage_offset() == 0 and o.is_contiguous() and \
             o.numel() * o.element_size() == o.untyped_storage().nbytes()
-    tensors = [(i, o) for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.numel()]
+    tensors = [(i, o) for i, o in enumerate(outs) if has_memory(o)]
     for i, o in tensors:
         if key(o) not in bases and whole(o):
             bases[key(o)] = ("output", i, o)
