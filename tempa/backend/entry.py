@@ -331,6 +331,29 @@ _VARIANT_WORDS = {
 }
 
 
+# Functions returning several views: autograd refuses in-place writes to their outputs
+# (CreationMeta::MULTI_OUTPUT_NODE); the unsafe_ variants are the ones that allow them.
+_MULTI_OUTPUT_VIEWS = {"unbind", "split", "chunk", "split_with_sizes", "tensor_split",
+                       "hsplit", "vsplit", "dsplit"}
+_INPLACE_OPERATORS = {"setitem", "iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow",
+                      "iand", "ior", "ixor", "ilshift", "irshift", "imatmul"}
+
+
+def _op_name(n) -> str:
+    t = n.target
+    return t if isinstance(t, str) else getattr(t, "__name__", "")
+
+
+def _writes_in_place(n) -> bool:
+    """Does this torch-level node write to one of its arguments (``add_``, ``x[i] = v``,
+    ``+=``, ``out=``)?"""
+    if n.op not in ("call_function", "call_method"):
+        return False
+    name = _op_name(n)
+    return (name.endswith("_") and not name.endswith("__")) or name in _INPLACE_OPERATORS \
+        or "out" in n.kwargs
+
+
 def raises_in_eager(gm, inputs) -> bool:
     """Whether the torch-level graph raises when run with ATen ops on copies of ``inputs``
     (the RNG state kept): a wrong input dtype fails in eager too, and then the failure is
@@ -449,6 +472,7 @@ class GraphVariants:
             if self._writes_grad_inputs_outside_autograd():
                 return self._inference_under_no_grad()
             try:
+                self._check_autograd_allows_inplace_views()
                 joint = trace_training(self.pgm, self.examples, self.target.decomps())
                 joint.recompute = self.pgm
                 self.info.passes["joint"] = joint
@@ -491,6 +515,35 @@ class GraphVariants:
         return not any(isinstance(c, torch.Tensor) and c.grad_fn is not None for c in copies) and \
             not any(isinstance(o, torch.Tensor) and o.requires_grad and id(o) not in inputs
                     for o in outs)
+
+    def _check_autograd_allows_inplace_views(self):
+        """Raise UntraceableGraph where autograd refuses an in-place write the graph makes:
+        to an output of a function returning several views (``a, b = x.unbind(); a.add_(1)``
+        with ``x`` requiring grad) or to a view made under no_grad. The functionalized trace
+        runs on tensors without autograd, so it never sees eager's error; the ATen graph
+        then gives it on every call. Checked by running the graph on fake copies in grad
+        mode (non-leaves where the inputs are), only when it has both such an op and an
+        in-place write: importing fake tensors costs seconds."""
+        nodes = list(self.pgm.graph.nodes)
+        if not (any(_op_name(n) in _MULTI_OUTPUT_VIEWS or _op_name(n) == "_set_grad_enabled" for n in nodes)
+                and any(_writes_in_place(n) for n in nodes)):
+            return
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+        def copy_of(t):
+            c = mode.from_tensor(t.detach()).requires_grad_(t.requires_grad)
+            return c if t.is_leaf or not t.requires_grad else c.clone()
+        try:
+            with mode, torch.enable_grad(), torch.random.fork_rng(devices=[]):
+                copies = [copy_of(t) if isinstance(t, torch.Tensor) else t for t in self.examples]
+                self.pgm(*copies)
+        except RuntimeError as e:
+            if "inplace" in str(e) and "view" in str(e):
+                raise UntraceableGraph(f"autograd refuses an in-place write to a view here "
+                                       f"({str(e).splitlines()[0][:160]})") from None
+        except Exception:  # noqa: BLE001 - ops fake tensors cannot run: traced as before
+            return
 
     def _inference_under_no_grad(self):
         """The training variant of a graph that autograd records nothing of although it

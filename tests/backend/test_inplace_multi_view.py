@@ -1,0 +1,100 @@
+"""In-place writes autograd refuses: to an output of a function that returns several views
+(unbind, split, chunk, split_with_sizes) or to a view made under no_grad, when grad mode is
+on and the base requires grad. The functionalized trace never met eager's error, so the
+compiled call returned a value; the graph's autograd variant now runs with ATen calls and
+raises eager's error. Without grad (or through unsafe_split, which allows it) the same
+graph still compiles to kernels."""
+import pytest
+import torch
+
+import tempa
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    tempa.reset()
+    yield
+    tempa.reset()
+
+
+def _unbind(t):
+    x = t * 2
+    a, b = x.unbind(0)
+    a.add_(1)
+    return a + b
+
+
+def _split(t):
+    x = t * 2
+    a, b = x.split(1)
+    a.mul_(3)
+    return x.sum()
+
+
+def _chunk(t):
+    x = t * 2
+    a, b = torch.chunk(x, 2)
+    a[0] = 5.0
+    return b
+
+
+def _split_with_sizes(t):
+    x = t * 2
+    a, b = x.split_with_sizes([1, 1])
+    b += a
+    return b
+
+
+def _no_grad_view(t):
+    with torch.no_grad():
+        v = t[0]
+    w = t * 2
+    v.add_(w[1])
+    return w
+
+
+CASES = [_unbind, _split, _chunk, _split_with_sizes, _no_grad_view]
+
+
+def _error(fn, t):
+    try:
+        fn(t)
+    except RuntimeError as e:
+        return str(e).splitlines()[0]
+    return None
+
+
+@pytest.mark.parametrize("fn", CASES, ids=lambda f: f.__name__.strip("_"))
+def test_compiled_raises_eagers_error(fn):
+    want = _error(fn, torch.randn(2, 3, requires_grad=True))
+    assert want is not None and "inplace" in want
+    compiled = tempa.compile(fn)
+    for _ in range(2):       # every call, not only the first
+        assert _error(compiled, torch.randn(2, 3, requires_grad=True)) == want
+    assert tempa.stats().eager_fallbacks == 0
+    for entry in tempa.entries(compiled):   # none where capture itself met the error
+        assert "autograd refuses an in-place write" in entry.compiled.tempa_info.fallback_reason
+
+
+@pytest.mark.parametrize("fn", CASES, ids=lambda f: f.__name__.strip("_"))
+def test_without_grad_the_graph_runs_as_kernels(fn):
+    t = torch.randn(2, 3)
+    want = fn(t.clone())
+    compiled = tempa.compile(fn)
+    torch.testing.assert_close(compiled(t.clone()), want)
+    assert tempa.entries(compiled)[0].compiled.tempa_info.fallback_reason is None
+    assert tempa.stats().kernels_compiled > 0
+
+
+def test_unsafe_split_allows_the_write_and_compiles():
+    def fn(t):
+        x = t * 2
+        a, b = x.unsafe_split(1)
+        a.add_(1)
+        return a + b
+    t = torch.randn(2, 3, requires_grad=True)
+    compiled = tempa.compile(fn)
+    got, want = compiled(t), fn(t)
+    torch.testing.assert_close(got, want)
+    got.sum().backward()
+    assert tempa.entries(compiled)[0].compiled.tempa_info.fallback_reason is None
