@@ -335,8 +335,19 @@ _VARIANT_WORDS = {
 # (CreationMeta::MULTI_OUTPUT_NODE); the unsafe_ variants are the ones that allow them.
 _MULTI_OUTPUT_VIEWS = {"unbind", "split", "chunk", "split_with_sizes", "tensor_split",
                        "hsplit", "vsplit", "dsplit"}
+# Views whose elements may share memory: an in-place write to one raises in eager.
+_OVERLAPPING_VIEWS = {"expand", "expand_as", "broadcast_to", "broadcast_tensors", "as_strided"}
+# The first lines of eager's refusals (TensorIterator's overlap check, autograd's view checks).
+_REFUSED_INPLACE = ("more than one element of the written-to tensor refers to a single memory location",
+                    "is a view and is being modified inplace",
+                    "A view was created in no_grad mode and is being modified inplace")
 _INPLACE_OPERATORS = {"setitem", "iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow",
                       "iand", "ior", "ixor", "ilshift", "irshift", "imatmul"}
+
+
+def _overlaps(t: torch.Tensor) -> bool:
+    """Do some of ``t``'s elements share memory (a dim of stride 0 and size > 1)?"""
+    return any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))
 
 
 def _op_name(n) -> str:
@@ -407,6 +418,7 @@ class GraphVariants:
 
     def _trace(self):
         if self.traced is None:
+            self._check_no_write_to_overlapping_memory()
             self.traced = trace_forward(self.pgm, self.examples, self.target.decomps())
         return self.traced
 
@@ -472,6 +484,7 @@ class GraphVariants:
             if self._writes_grad_inputs_outside_autograd():
                 return self._inference_under_no_grad()
             try:
+                self._check_no_write_to_overlapping_memory()
                 self._check_autograd_allows_inplace_views()
                 joint = trace_training(self.pgm, self.examples, self.target.decomps())
                 joint.recompute = self.pgm
@@ -524,9 +537,7 @@ class GraphVariants:
         then gives it on every call. Checked by running the graph on fake copies in grad
         mode (non-leaves where the inputs are), only when it has both such an op and an
         in-place write: importing fake tensors costs seconds."""
-        nodes = list(self.pgm.graph.nodes)
-        if not (any(_op_name(n) in _MULTI_OUTPUT_VIEWS or _op_name(n) == "_set_grad_enabled" for n in nodes)
-                and any(_writes_in_place(n) for n in nodes)):
+        if not self._writes_in_place_after(_MULTI_OUTPUT_VIEWS | {"_set_grad_enabled"}):
             return
         from torch._subclasses.fake_tensor import FakeTensorMode
         mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -534,14 +545,44 @@ class GraphVariants:
         def copy_of(t):
             c = mode.from_tensor(t.detach()).requires_grad_(t.requires_grad)
             return c if t.is_leaf or not t.requires_grad else c.clone()
+        with mode, torch.enable_grad():
+            self._raise_if_refused(lambda: [copy_of(t) if isinstance(t, torch.Tensor) else t
+                                            for t in self.examples])
+
+    def _check_no_write_to_overlapping_memory(self):
+        """Raise UntraceableGraph where the graph writes in place to a tensor whose elements
+        share memory (``x.expand(4, 3).add_(1)``, an expanded input): eager refuses it, the
+        functionalized trace never writes in place. Fake tensors do not check it, so the
+        graph runs once on real copies of the inputs (their layouts kept), only when it has
+        an in-place write and such a view or input."""
+        if not (any(isinstance(t, torch.Tensor) and _overlaps(t) for t in self.examples)
+                and any(_writes_in_place(n) for n in self.pgm.graph.nodes)) \
+                and not self._writes_in_place_after(_OVERLAPPING_VIEWS):
+            return
+
+        def copy_of(t):
+            memory = t.untyped_storage().clone()
+            return torch.empty((0,), dtype=t.dtype, device=t.device).set_(
+                memory, t.storage_offset(), t.shape, t.stride())
+        with torch.no_grad():
+            self._raise_if_refused(lambda: [copy_of(t) if isinstance(t, torch.Tensor) else t
+                                            for t in self.examples])
+
+    def _writes_in_place_after(self, ops) -> bool:
+        """Does the graph call one of ``ops`` and write in place (anywhere)?"""
+        nodes = list(self.pgm.graph.nodes)
+        return any(_op_name(n) in ops for n in nodes) and any(_writes_in_place(n) for n in nodes)
+
+    def _raise_if_refused(self, make_copies):
+        """Run the graph on ``make_copies()``; UntraceableGraph if it raised one of eager's
+        refusals of an in-place write. Any other failure is left to the trace."""
         try:
-            with mode, torch.enable_grad(), torch.random.fork_rng(devices=[]):
-                copies = [copy_of(t) if isinstance(t, torch.Tensor) else t for t in self.examples]
-                self.pgm(*copies)
+            with torch.random.fork_rng(devices=[]):
+                self.pgm(*make_copies())
         except RuntimeError as e:
-            if "inplace" in str(e) and "view" in str(e):
-                raise UntraceableGraph(f"autograd refuses an in-place write to a view here "
-                                       f"({str(e).splitlines()[0][:160]})") from None
+            first = str(e).splitlines()[0] if str(e) else ""
+            if any(m in first for m in _REFUSED_INPLACE):
+                raise UntraceableGraph(f"eager refuses an in-place write here ({first[:160]})") from None
         except Exception:  # noqa: BLE001 - ops fake tensors cannot run: traced as before
             return
 
