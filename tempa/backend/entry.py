@@ -495,8 +495,38 @@ class GraphVariants:
             self.info.forward, self.info.backward = fw_info, bw_info
             self.info._adopt(fw_info)
             self.info._adopt(bw_info)
-            self.train_fn = fn
+            self.train_fn = fn = self._training_views(fn, joint)
             return fn
+
+    def _training_views(self, fn, joint):
+        """The autograd variant's ``fn`` with outputs that eager returns as views of inputs
+        or of other outputs made again as those views (the compiled Function returns copies):
+        a view made in grad mode outside the Function, so autograd records it as eager's view
+        is recorded (its gradient flows to the base), or a view of the detached base where
+        the output does not require grad (``x.detach()``). As for inference, shape-generic
+        code keeps only outputs that are an input itself."""
+        aliases = [(i, a) for i, a in enumerate(joint.aliases or ()) if a is not None and not a.same]
+        if aliases and (self.info.dynamic or hasattr(self.target, "bind")):
+            self.info.notes.append("training: outputs that are views of inputs or of other "
+                                   "outputs are copies (shape-generic code)")
+            aliases = []
+        if not aliases:
+            return fn
+        single, as_strided = joint.single, torch.as_strided
+
+        def with_views(*args):
+            outs = fn(*args)
+            outs = [outs] if single else list(outs)
+            for i, a in aliases:
+                base = args[a.index] if a.base == "input" else outs[a.index]
+                if not outs[i].requires_grad:
+                    base = base.detach()
+                    if (a.size, a.stride, a.offset) == (tuple(base.shape), base.stride(), 0):
+                        outs[i] = base          # x.detach(): no view, as in eager
+                        continue
+                outs[i] = as_strided(base, a.size, a.stride, base.storage_offset() + a.offset)
+            return outs[0] if single else tuple(outs)
+        return with_views
 
     def _writes_grad_inputs_outside_autograd(self) -> bool:
         """The graph writes in place to an input that requires grad, and autograd records

@@ -379,6 +379,7 @@ class Joint:
     # the torch-level graph over the same inputs: a double backward recomputes it eagerly
     recompute: object = None
     graph: fx.Graph = None  # the recorded joint graph fw and bw were partitioned from
+    aliases: list = None    # the forward trace's OutputAlias per user output (Traced.aliases)
 
     def __str__(self):
         """The joint graph, what the partition saved, and the two graphs (tempa_info.trace())."""
@@ -410,6 +411,7 @@ def trace_training(gm: fx.GraphModule, inputs: list, decomps: dict) -> Joint:
     traced = trace_forward(gm, inputs, forward_decomps)
     joint = trace_joint(traced, inputs, decomps)
     joint.single = traced.single
+    joint.aliases = traced.aliases
     return joint
 
 
