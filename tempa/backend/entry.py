@@ -461,7 +461,6 @@ class GraphVariants:
         if not mutated and not aliases:
             return call
         bump = torch._C._increment_version
-        as_strided = torch.as_strided
 
         def with_eager_results(*args):
             outs = call(*args)
@@ -472,8 +471,7 @@ class GraphVariants:
             outs = list(outs)
             for i, a in aliases:
                 base = args[a.index] if a.base == "input" else outs[a.index]
-                outs[i] = base if a.same else as_strided(base, a.size, a.stride,
-                                                          base.storage_offset() + a.offset)
+                outs[i] = base if a.same else a.view_of(base)
             return tuple(outs)
         return with_eager_results
 
@@ -512,7 +510,7 @@ class GraphVariants:
             aliases = []
         if not aliases:
             return fn
-        single, as_strided = joint.single, torch.as_strided
+        single = joint.single
 
         def with_views(*args):
             outs = fn(*args)
@@ -524,7 +522,7 @@ class GraphVariants:
                     if (a.size, a.stride, a.offset) == (tuple(base.shape), base.stride(), 0):
                         outs[i] = base          # x.detach(): no view, as in eager
                         continue
-                outs[i] = as_strided(base, a.size, a.stride, base.storage_offset() + a.offset)
+                outs[i] = a.view_of(base)
             return outs[0] if single else tuple(outs)
         return with_views
 

@@ -311,13 +311,21 @@ class OutputAlias:
     earlier output. The compiled graph computes a copy; the caller hands out this instead
     (``base`` is "input" or "output", ``index`` its position). ``same`` is the base object
     itself (``x.add_(1); return x``); otherwise a view with these sizes and strides at
-    ``offset`` elements from the base's own storage offset."""
+    ``offset`` elements from the base's own storage offset. ``dtype`` is the view's where
+    it differs from the base's (``z.real`` of a complex ``z``, ``x.view(torch.int32)``): the
+    base is viewed as that dtype first, and sizes, strides and offset count its elements."""
     base: str
     index: int
     same: bool
     size: tuple = ()
     stride: tuple = ()
     offset: int = 0
+    dtype: torch.dtype | None = None
+
+    def view_of(self, base: torch.Tensor) -> torch.Tensor:
+        if self.dtype is not None:
+            base = base.view(self.dtype)
+        return torch.as_strided(base, self.size, self.stride, base.storage_offset() + self.offset)
 
 
 def output_aliases(outs, clones, mutated, new_val_tensors) -> list:
@@ -359,8 +367,14 @@ def output_aliases(outs, clones, mutated, new_val_tensors) -> list:
         if hit is None or hit[0] == "output" and hit[2] is o:
             continue                            # its own memory (or a base of others)
         kind, j, base = hit
-        aliases[i] = OutputAlias(kind, j, o is base, tuple(o.shape), tuple(o.stride()),
-                                 o.storage_offset() - base.storage_offset())
+        dtype = None
+        if o.dtype != base.dtype:
+            try:
+                dtype, base = o.dtype, base.view(o.dtype)
+            except RuntimeError:   # a layout that cannot be viewed as the dtype: a copy
+                continue
+        aliases[i] = OutputAlias(kind, j, o is hit[2], tuple(o.shape), tuple(o.stride()),
+                                 o.storage_offset() - base.storage_offset(), dtype)
     return aliases
 
 
