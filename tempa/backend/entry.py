@@ -12,7 +12,7 @@ import torch
 
 from .compile_graph import CompiledGraphInfo, compile_graph
 from .lower.decomps import table
-from .lower.trace import UntraceableGraph, prepare, trace_forward, trace_training
+from .lower.trace import UntraceableGraph, prepare, trace_forward, trace_training, with_output_views
 from .pipeline import show
 from .runtime.build import BuildError
 
@@ -428,12 +428,13 @@ class GraphVariants:
                 return self.infer_fn
             try:
                 tr = self._trace()
+                views_by_target = self._views_per_shape(tr.aliases, "inference")
                 call, gi = self.target.compile_graph(tr.gm, tr.num_outputs, tr.mutated, self.n_in, "inference")
             except Exception as e:  # noqa: BLE001
                 return self._failed(e, "inference")
             self.info.inference = gi
             self.info._adopt(gi)
-            call = self._eager_results(call, tr)
+            call = self._eager_results(call, tr, views_by_target)
             single = getattr(tr, "single", False)
             if single:
                 def fn(*args):
@@ -443,22 +444,17 @@ class GraphVariants:
                 self.infer_fn = call
             return self.infer_fn
 
-    def _eager_results(self, call, tr):
+    def _eager_results(self, call, tr, views_by_target):
         """``call`` with what eager returns beyond values: an input the graph mutated has its
         version counter bumped (so autograd still sees that a tensor it saved was modified in
         place), and an output that eager returns as an input itself or as a view of an input
-        or of another output is that object or view, not the graph's copy (trace.OutputAlias)."""
+        or of another output is that object or view, not the graph's copy (trace.OutputAlias;
+        a shape-generic target makes the views itself, per shape: ``_views_per_shape``)."""
+        if not views_by_target:
+            call = with_output_views(call, tr.aliases)
         mutated = tuple(dict.fromkeys(tr.mutated))
-        aliases = [(i, a) for i, a in enumerate(tr.aliases or ()) if a is not None]
-        if self.info.dynamic or hasattr(self.target, "bind"):
-            # shape-generic code: sizes, strides and offsets recorded at one size do not hold
-            # at others; the input itself is still the input
-            kept = [(i, a) for i, a in aliases if a.same]
-            if len(kept) < len(aliases):
-                self.info.notes.append("inference: outputs that are views of inputs or of other "
-                                       "outputs are copies (shape-generic code)")
-            aliases = kept
-        if not mutated and not aliases:
+        same = [(i, a.index) for i, a in enumerate(tr.aliases or ()) if a is not None and a.same]
+        if not mutated and not same:
             return call
         bump = torch._C._increment_version
 
@@ -466,14 +462,23 @@ class GraphVariants:
             outs = call(*args)
             if mutated:
                 bump(tuple(args[j] for j in mutated))     # (a tensor itself: bumped per element)
-            if not aliases:
+            if not same:
                 return outs
             outs = list(outs)
-            for i, a in aliases:
-                base = args[a.index] if a.base == "input" else outs[a.index]
-                outs[i] = base if a.same else a.view_of(base)
+            for i, j in same:
+                outs[i] = args[j]
             return tuple(outs)
         return with_eager_results
+
+    def _views_per_shape(self, aliases, variant) -> bool:
+        """Does the target make the output views itself? A shape-generic target does: the
+        sizes, strides and offsets of a view recorded at one size do not hold at others, so
+        a graph whose outputs are views is compiled per shape there, each shape's call
+        handing out its own views (``DynamicTarget.keep_output_views``)."""
+        if not hasattr(self.target, "bind"):
+            return False
+        self.target.keep_output_views(aliases, variant)
+        return True
 
     def training(self):
         with self.lock:
@@ -487,44 +492,17 @@ class GraphVariants:
                 joint = trace_training(self.pgm, self.examples, self.target.decomps())
                 joint.recompute = self.pgm
                 self.info.passes["joint"] = joint
+                views_by_target = self._views_per_shape(joint.aliases, "training")
                 fn, fw_info, bw_info = self.target.build_training(joint, self.n_in, joint.single)
             except Exception as e:  # noqa: BLE001
                 return self._failed(e, "training")
             self.info.forward, self.info.backward = fw_info, bw_info
             self.info._adopt(fw_info)
             self.info._adopt(bw_info)
-            self.train_fn = fn = self._training_views(fn, joint)
+            if not views_by_target:
+                fn = with_output_views(fn, joint.aliases, joint.single)
+            self.train_fn = fn
             return fn
-
-    def _training_views(self, fn, joint):
-        """The autograd variant's ``fn`` with outputs that eager returns as views of inputs
-        or of other outputs made again as those views (the compiled Function returns copies):
-        a view made in grad mode outside the Function, so autograd records it as eager's view
-        is recorded (its gradient flows to the base), or a view of the detached base where
-        the output does not require grad (``x.detach()``). As for inference, shape-generic
-        code keeps only outputs that are an input itself."""
-        aliases = [(i, a) for i, a in enumerate(joint.aliases or ()) if a is not None and not a.same]
-        if aliases and (self.info.dynamic or hasattr(self.target, "bind")):
-            self.info.notes.append("training: outputs that are views of inputs or of other "
-                                   "outputs are copies (shape-generic code)")
-            aliases = []
-        if not aliases:
-            return fn
-        single = joint.single
-
-        def with_views(*args):
-            outs = fn(*args)
-            outs = [outs] if single else list(outs)
-            for i, a in aliases:
-                base = args[a.index] if a.base == "input" else outs[a.index]
-                if not outs[i].requires_grad:
-                    base = base.detach()
-                    if (a.size, a.stride, a.offset) == (tuple(base.shape), base.stride(), 0):
-                        outs[i] = base          # x.detach(): no view, as in eager
-                        continue
-                outs[i] = a.view_of(base)
-            return outs[0] if single else tuple(outs)
-        return with_views
 
     def _writes_grad_inputs_outside_autograd(self) -> bool:
         """The graph writes in place to an input that requires grad, and autograd records

@@ -54,3 +54,20 @@ def test_detach_shares_the_input_and_does_not_require_grad():
     assert _shares(d, x) and not d.requires_grad and d.is_leaf and y.requires_grad
     d[0] = 7.0
     assert x[0].item() == 7.0
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["inference", "training"])
+def test_views_stay_views_when_the_sizes_change(requires_grad):
+    """After a call at a second size the graph is recompiled for symbolic sizes; a view's
+    sizes, strides and offset recorded at one size do not hold at others, and the
+    shape-generic code handed out copies. Such a graph is compiled per shape instead."""
+    fn = lambda x: (x[1:], x.t(), x * 2)  # noqa: E731
+    compiled = tempa.compile(fn)
+    for rows in (3, 5, 6):
+        x = torch.randn(rows, 4, requires_grad=requires_grad)
+        got, want = compiled(x), fn(x)
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e)
+            assert (g.shape, g.stride()) == (e.shape, e.stride())
+            assert _shares(g, x) == _shares(e, x)
+    assert tempa.stats().eager_fallbacks == 0

@@ -328,6 +328,32 @@ class OutputAlias:
         return torch.as_strided(base, self.size, self.stride, base.storage_offset() + self.offset)
 
 
+def with_output_views(call, aliases, single=False):
+    """``call`` handing out, for each output that eager returns as a view of an input or of
+    another output (an OutputAlias that is not ``same``), that view of its base instead of
+    the graph's copy. The view is made in the caller's grad mode, so autograd records it as
+    it records eager's (its gradient reaches the base); an output that does not require
+    grad although its base does is a view of the detached base (``x.detach()``: the
+    detached input itself). ``single``: ``call`` returns its one output unwrapped."""
+    views = [(i, a) for i, a in enumerate(aliases or ()) if a is not None and not a.same]
+    if not views:
+        return call
+
+    def with_views(*args):
+        outs = call(*args)
+        outs = [outs] if single else list(outs)
+        for i, a in views:
+            base = args[a.index] if a.base == "input" else outs[a.index]
+            if base.requires_grad and not outs[i].requires_grad:
+                base = base.detach()
+                if (a.dtype, a.size, a.stride, a.offset) == (None, tuple(base.shape), base.stride(), 0):
+                    outs[i] = base
+                    continue
+            outs[i] = a.view_of(base)
+        return outs[0] if single else tuple(outs)
+    return with_views
+
+
 def output_aliases(outs, clones, mutated, new_val_tensors) -> list:
     """OutputAlias (or None) for each user output, from the storages of the traced values.
 
