@@ -343,6 +343,7 @@ _REFUSED_INPLACE = ("more than one element of the written-to tensor refers to a 
                     "A view was created in no_grad mode and is being modified inplace")
 _INPLACE_OPERATORS = {"setitem", "iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow",
                       "iand", "ior", "ixor", "ilshift", "irshift", "imatmul"}
+_INPLACE_OPERATORS |= {f"__{name}__" for name in _INPLACE_OPERATORS}   # x.__setitem__(i, v)
 
 
 def _overlaps(t: torch.Tensor) -> bool:
