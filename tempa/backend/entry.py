@@ -351,6 +351,39 @@ def _overlaps(t: torch.Tensor) -> bool:
     return any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))
 
 
+# In-place arithmetic whose result type is the promotion of its operands, cast back into the
+# written tensor (TensorIterator refuses a cast that loses the kind: float into int, int
+# into bool); true division promotes integers to the default float dtype.
+_PROMOTING_IN_PLACE = {"add_", "sub_", "mul_", "div_", "true_divide_", "floor_divide_",
+                       "remainder_", "fmod_", "iadd", "isub", "imul", "itruediv", "ifloordiv",
+                       "imod", "__iadd__", "__isub__", "__imul__", "__itruediv__",
+                       "__ifloordiv__", "__imod__"}
+_TRUE_DIVISIONS = {"div_", "true_divide_", "itruediv", "__itruediv__"}
+
+
+def _in_place_cast_refused(n):
+    """(result dtype, tensor dtype) where the in-place arithmetic ``n`` writes a result its
+    tensor cannot hold, else None."""
+    name = _op_name(n)
+    if n.op not in ("call_function", "call_method") or name not in _PROMOTING_IN_PLACE or len(n.args) < 2:
+        return None
+    def example(a):
+        # a tensor of the value's dtype and rank (promotion reads nothing else): the example
+        # is a fake tensor or capture's MetaInfo
+        v = a.meta.get("example_value") if isinstance(a, torch.fx.Node) else a
+        if hasattr(v, "dtype") and hasattr(v, "shape"):
+            return torch.empty([1] * len(v.shape), dtype=v.dtype, device="meta")
+        return v if isinstance(v, (bool, int, float, complex)) else None
+    target, other = example(n.args[0]), example(n.args[1])
+    if not isinstance(target, torch.Tensor) or other is None:
+        return None
+    result = torch.result_type(target, other)
+    if name in _TRUE_DIVISIONS and n.kwargs.get("rounding_mode") is None and \
+            not (result.is_floating_point or result.is_complex):
+        result = torch.get_default_dtype()
+    return None if torch.can_cast(result, target.dtype) else (result, target.dtype)
+
+
 def _op_name(n) -> str:
     t = n.target
     return t if isinstance(t, str) else getattr(t, "__name__", "")
@@ -420,6 +453,7 @@ class GraphVariants:
     def _trace(self):
         if self.traced is None:
             self._check_no_write_to_overlapping_memory()
+            self._check_in_place_result_types()
             self.traced = trace_forward(self.pgm, self.examples, self.target.decomps())
         return self.traced
 
@@ -489,6 +523,7 @@ class GraphVariants:
                 return self._inference_under_no_grad()
             try:
                 self._check_no_write_to_overlapping_memory()
+                self._check_in_place_result_types()
                 self._check_autograd_allows_inplace_views()
                 joint = trace_training(self.pgm, self.examples, self.target.decomps())
                 joint.recompute = self.pgm
@@ -574,6 +609,17 @@ class GraphVariants:
         with torch.no_grad():
             self._raise_if_refused(lambda: [copy_of(t) if isinstance(t, torch.Tensor) else t
                                             for t in self.examples])
+
+    def _check_in_place_result_types(self):
+        """Raise UntraceableGraph where eager refuses an in-place arithmetic op whose result
+        type cannot be cast to its tensor's dtype (``bool_t.mul_(2)``: Long into Bool): the
+        functionalized op computes the promoted value and the copy back casts it silently.
+        Read from the captured graph's example values; no run."""
+        for n in self.pgm.graph.nodes:
+            refused = _in_place_cast_refused(n)
+            if refused:
+                raise UntraceableGraph(f"eager refuses an in-place write here (result type "
+                                       f"{refused[0]} can't be cast to {refused[1]})")
 
     def _writes_in_place_after(self, ops) -> bool:
         """Does the graph call one of ``ops`` and write in place (anywhere)?"""

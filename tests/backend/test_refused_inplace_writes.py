@@ -140,3 +140,24 @@ def test_unsafe_split_allows_the_write_and_compiles():
     torch.testing.assert_close(got, want)
     got.sum().backward()
     assert tempa.entries(compiled)[0].compiled.tempa_info.fallback_reason is None
+
+
+@pytest.mark.parametrize("fn, make", [
+    (lambda x: x.mul_(2), lambda: torch.tensor([True, False])),
+    (lambda x: x.int().add_(torch.tensor(1.5)), lambda: torch.tensor([1.0, 2.0])),
+    (lambda x: x.long().__itruediv__(2), lambda: torch.tensor([1.0, 2.0])),
+], ids=["bool_times_int", "int_plus_float_tensor", "int_true_division"])
+def test_in_place_result_its_tensor_cannot_hold_raises_eagers_error(fn, make):
+    want = _error(fn, make())
+    assert want is not None and "can't be cast" in want
+    compiled = tempa.compile(fn)
+    for _ in range(2):
+        assert _error(compiled, make()) == want
+
+
+def test_in_place_result_its_tensor_can_hold_compiles():
+    fn = lambda x: x.long().div_(2, rounding_mode="floor").add_(True)  # noqa: E731
+    x = torch.tensor([3.0, 8.0])
+    compiled = tempa.compile(fn)
+    torch.testing.assert_close(compiled(x), fn(x))
+    assert tempa.entries(compiled)[0].compiled.tempa_info.fallback_reason is None
