@@ -341,6 +341,10 @@ _OVERLAPPING_VIEWS = {"expand", "expand_as", "broadcast_to", "broadcast_tensors"
 _REFUSED_INPLACE = ("more than one element of the written-to tensor refers to a single memory location",
                     "is a view and is being modified inplace",
                     "A view was created in no_grad mode and is being modified inplace")
+# Ops autograd has no derivative for (the backward raises where an input requires grad);
+# their decompositions do have one, so the joint trace would differentiate them.
+_NOT_DIFFERENTIABLE = {"floor_divide", "floor_divide_", "floordiv", "ifloordiv", "__floordiv__",
+                       "__rfloordiv__", "__ifloordiv__"}
 _INPLACE_OPERATORS = {"setitem", "iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow",
                       "iand", "ior", "ixor", "ilshift", "irshift", "imatmul"}
 _INPLACE_OPERATORS |= {f"__{name}__" for name in _INPLACE_OPERATORS}   # x.__setitem__(i, v)
@@ -524,7 +528,7 @@ class GraphVariants:
             try:
                 self._check_no_write_to_overlapping_memory()
                 self._check_in_place_result_types()
-                self._check_autograd_allows_inplace_views()
+                self._check_autograd_accepts_graph()
                 joint = trace_training(self.pgm, self.examples, self.target.decomps())
                 joint.recompute = self.pgm
                 self.info.passes["joint"] = joint
@@ -571,14 +575,22 @@ class GraphVariants:
             not any(isinstance(o, torch.Tensor) and o.requires_grad and id(o) not in inputs
                     for o in outs)
 
-    def _check_autograd_allows_inplace_views(self):
-        """Raise UntraceableGraph where autograd refuses an in-place write the graph makes:
-        to an output of a function returning several views (``a, b = x.unbind(); a.add_(1)``
-        with ``x`` requiring grad) or to a view made under no_grad. The functionalized trace
-        runs on tensors without autograd, so it never sees eager's error; the ATen graph
-        then gives it on every call. Checked by running the graph on fake copies in grad
-        mode (non-leaves where the inputs are), only when it has both such an op and an
-        in-place write: importing fake tensors costs seconds."""
+    def _check_autograd_accepts_graph(self):
+        """Raise UntraceableGraph where autograd refuses what the graph does, so that the
+        ATen graph gives eager's error on every call: an op with no derivative applied to a
+        value that requires grad (``x // 2``: eager's backward raises "derivative for
+        aten::floor_divide is not implemented", the joint trace differentiated its
+        decomposition), and an in-place write to an output of a function returning several
+        views (``a, b = x.unbind(); a.add_(1)`` with ``x`` requiring grad) or to a view made
+        under no_grad (the functionalized trace runs without autograd). The writes are
+        checked by running the graph on fake copies in grad mode (non-leaves where the
+        inputs are), only when it has such ops: importing fake tensors costs seconds."""
+        for n in self.pgm.graph.nodes:
+            if _op_name(n) in _NOT_DIFFERENTIABLE and any(
+                    getattr(a.meta.get("example_value"), "requires_grad", False)
+                    for a in n.args if isinstance(a, torch.fx.Node)):
+                raise UntraceableGraph(f"autograd has no derivative for {_op_name(n)}, which "
+                                       "is given a value that requires grad")
         if not self._writes_in_place_after(_MULTI_OUTPUT_VIEWS | {"_set_grad_enabled"}):
             return
         from torch._subclasses.fake_tensor import FakeTensorMode
@@ -635,7 +647,7 @@ class GraphVariants:
         except RuntimeError as e:
             first = str(e).splitlines()[0] if str(e) else ""
             if any(m in first for m in _REFUSED_INPLACE):
-                raise UntraceableGraph(f"eager refuses an in-place write here ({first[:160]})") from None
+                raise UntraceableGraph(f"eager refuses this graph's work ({first[:160]})") from None
         except Exception:  # noqa: BLE001 - ops fake tensors cannot run: traced as before
             return
 
