@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import sys
+import threading
 import types
 import weakref
 
@@ -49,6 +51,36 @@ def _outside_dispatch_modes():
                                          for m in _get_current_dispatch_mode_stack()):
         return _disable_current_modes()
     return contextlib.nullcontext()
+
+
+# How many compiles this thread is inside (capture, then the backend): a compiled function
+# called meanwhile is run by the compile itself (see CompileContext._eager_inside_trace).
+_compiling = threading.local()
+
+
+@contextlib.contextmanager
+def _compiling_here():
+    _compiling.depth = getattr(_compiling, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _compiling.depth -= 1
+
+
+def _has_fake_tensor(args, kwargs) -> bool:
+    """Is an argument (or an item of a list/tuple/dict argument) a fake tensor? Asked on a
+    miss only; without the fake-tensor module loaded no fake tensor exists (and importing
+    it costs seconds)."""
+    fake_tensor = sys.modules.get("torch._subclasses.fake_tensor")
+    if fake_tensor is None:
+        return False
+    values = [*args, *kwargs.values()]
+    for v in [*values]:
+        if isinstance(v, (list, tuple)):
+            values += v
+        elif isinstance(v, dict):
+            values += v.values()
+    return any(isinstance(v, torch.Tensor) and fake_tensor.is_fake(v) for v in values)
 
 
 def _raised_at(fn, exc: BaseException) -> BreakReason:
@@ -97,6 +129,7 @@ class CompileContext:
         self.break_log: list = []  # (function, BreakReason)
         self.fallback_log: list = []  # (function, reason)
         self._mode_eager_noted = weakref.WeakSet()   # caches said to run under a dispatch mode
+        self._inside_trace_noted = weakref.WeakSet()   # caches said to run inside a trace
         self.recompile_log: list = []  # (function name, the guard that failed)
         self.auto_trials: dict = {}    # CodeCache -> stance.AutoTrial (stance "auto")
         self.measure_trials: dict = {}  # the same for config.measure_against_eager
@@ -266,6 +299,8 @@ class CompileContext:
 
     # -- the slow path: no entry matched --------------------------------------------------
     def _miss(self, cache: CodeCache, fn, eager, args, kwargs):
+        if getattr(_compiling, "depth", 0) or _has_fake_tensor(args, kwargs):
+            return self._eager_inside_trace(cache, fn, eager, args, kwargs)
         entry = None
         with cache.lock:
             for e in cache.entries:  # another thread may have captured meanwhile
@@ -277,7 +312,7 @@ class CompileContext:
                 # (nor reach the dispatch modes that ignore compile internals: capture's
                 # ops on fake tensors are such internals; the compiled graph runs under them)
                 with distributed.outside_saved_tensors_hooks(), _outside_dispatch_modes(), \
-                        logs.compiling_for(logs._compiling_for or logs.user_frame()):
+                        logs.compiling_for(logs._compiling_for or logs.user_frame()), _compiling_here():
                     entry = self._capture_and_compile(cache, fn, args, kwargs)
         if type(entry) is _CaptureRaised:
             if self.fullgraph:
@@ -294,6 +329,19 @@ class CompileContext:
                                   "eagerly", cache.name, entry.why(*args, **kwargs))
             return eager(*args, **kwargs)
         return result
+
+    def _eager_inside_trace(self, cache, fn, eager, args, kwargs):
+        """A compiled function called by a trace, not by the program: on fake tensors (a
+        custom op's kernel run by a backend's fake-tensor trace) or while this thread
+        compiles another function (that kernel run by tempa's capture on fakes or by the
+        backend's trace on clones). It runs eagerly as part of that trace: capturing it
+        would make fakes of another mode's fakes, which fake tensors refuse, and a trace
+        nested in the backend's trace crashed. Its calls from the compiled code compile."""
+        if cache not in self._inside_trace_noted:
+            self._inside_trace_noted.add(cache)
+            _fallback_log.info("tempa: %s called by a trace (on fake tensors, or while "
+                               "compiling another function): that call runs eagerly", where(fn))
+        return eager(*args, **kwargs)
 
     def _eager_under_fullgraph(self, fn, eager, args, kwargs):
         """Capture found the user's code raising, so there is no graph: the call runs eagerly

@@ -35,7 +35,7 @@ from .codegen import cpp, wrapper
 from .compile_graph import instantiate, logs, plan_graph, stats
 from .lower.decomps import table
 from .lower.lowerings import SizeChoices
-from .lower.trace import trace_forward, trace_training
+from .lower.trace import trace_forward, trace_training, with_output_views
 from .runtime import build as _build
 
 # More symbols than this: compile per shape (3**n renderings would cost more than they save).
@@ -169,6 +169,7 @@ class DynamicTarget:
 
         self.pgm, self.examples, self.info = pgm, examples, info
         self.reason = None
+        self.example_views = {}         # "inference" / "training" -> the examples' OutputAliases
         self.traced: dict = {}          # (grid index, joint?) -> trace
         self.used_points: set = set()
         try:
@@ -176,6 +177,14 @@ class DynamicTarget:
         except NotGeneric as e:
             self.reason = str(e)
         return self
+
+    def keep_output_views(self, aliases, variant):
+        """Outputs that eager returns as views of inputs or of other outputs: their sizes,
+        strides and offsets hold at one size only, so the graph is compiled per shape, each
+        shape's call handing out the views traced at its sizes (trace.with_output_views)."""
+        if any(a is not None and not a.same for a in aliases or ()):
+            self.reason = self.reason or "outputs are views of inputs or of other outputs"
+            self.example_views[variant] = aliases
 
     # -- the grid --------------------------------------------------------------------------
     def _setup(self):
@@ -281,10 +290,11 @@ class DynamicTarget:
             self._per_shape_note(label, e)
             def one(inputs):
                 tr = trace_forward(self.pgm, inputs, self.decomps())
-                return self._static_compile(tr.gm, tr.num_outputs, tr.mutated, n_in, label)[0]
+                call = self._static_compile(tr.gm, tr.num_outputs, tr.mutated, n_in, label)[0]
+                return with_output_views(call, tr.aliases)
             call, gi = self._static_compile(gm, num_outputs, mutated, n_in, label)
             run = per_shape(one, str(e))
-            run.per_shape[_key(self.examples)] = call
+            run.per_shape[_key(self.examples)] = with_output_views(call, self.example_views.get("inference"))
             return run, gi
 
     def build_training(self, joint, n_in, single):
@@ -326,10 +336,10 @@ class DynamicTarget:
 
             def one(inputs):
                 j = trace_training(self.pgm, inputs, self.decomps())
-                return self._static_training(j, n_in, single)[0]
+                return with_output_views(self._static_training(j, n_in, single)[0], j.aliases, single)
             fn, fw_info, bw_info = self._static_training(joint, n_in, single)
             run = per_shape(one, str(e))
-            run.per_shape[_key(self.examples)] = fn
+            run.per_shape[_key(self.examples)] = with_output_views(fn, self.example_views.get("training"), single)
             return run, fw_info, bw_info
 
     def _generic(self, label):

@@ -12,7 +12,7 @@ import torch
 
 from .compile_graph import CompiledGraphInfo, compile_graph
 from .lower.decomps import table
-from .lower.trace import UntraceableGraph, prepare, trace_forward, trace_training
+from .lower.trace import UntraceableGraph, prepare, trace_forward, trace_training, with_output_views
 from .pipeline import show
 from .runtime.build import BuildError
 
@@ -331,6 +331,78 @@ _VARIANT_WORDS = {
 }
 
 
+# Functions returning several views: autograd refuses in-place writes to their outputs
+# (CreationMeta::MULTI_OUTPUT_NODE); the unsafe_ variants are the ones that allow them.
+_MULTI_OUTPUT_VIEWS = {"unbind", "split", "chunk", "split_with_sizes", "tensor_split",
+                       "hsplit", "vsplit", "dsplit"}
+# Views whose elements may share memory: an in-place write to one raises in eager.
+_OVERLAPPING_VIEWS = {"expand", "expand_as", "broadcast_to", "broadcast_tensors", "as_strided"}
+# The first lines of eager's refusals (TensorIterator's overlap check, autograd's view checks).
+_REFUSED_INPLACE = ("more than one element of the written-to tensor refers to a single memory location",
+                    "is a view and is being modified inplace",
+                    "A view was created in no_grad mode and is being modified inplace")
+# Ops autograd has no derivative for (the backward raises where an input requires grad);
+# their decompositions do have one, so the joint trace would differentiate them.
+_NOT_DIFFERENTIABLE = {"floor_divide", "floor_divide_", "floordiv", "ifloordiv", "__floordiv__",
+                       "__rfloordiv__", "__ifloordiv__"}
+_INPLACE_OPERATORS = {"setitem", "iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow",
+                      "iand", "ior", "ixor", "ilshift", "irshift", "imatmul"}
+_INPLACE_OPERATORS |= {f"__{name}__" for name in _INPLACE_OPERATORS}   # x.__setitem__(i, v)
+
+
+def _overlaps(t: torch.Tensor) -> bool:
+    """Do some of ``t``'s elements share memory (a dim of stride 0 and size > 1)?"""
+    return any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))
+
+
+# In-place arithmetic whose result type is the promotion of its operands, cast back into the
+# written tensor (TensorIterator refuses a cast that loses the kind: float into int, int
+# into bool); true division promotes integers to the default float dtype.
+_PROMOTING_IN_PLACE = {"add_", "sub_", "mul_", "div_", "true_divide_", "floor_divide_",
+                       "remainder_", "fmod_", "iadd", "isub", "imul", "itruediv", "ifloordiv",
+                       "imod", "__iadd__", "__isub__", "__imul__", "__itruediv__",
+                       "__ifloordiv__", "__imod__"}
+_TRUE_DIVISIONS = {"div_", "true_divide_", "itruediv", "__itruediv__"}
+
+
+def _in_place_cast_refused(n):
+    """(result dtype, tensor dtype) where the in-place arithmetic ``n`` writes a result its
+    tensor cannot hold, else None."""
+    name = _op_name(n)
+    if n.op not in ("call_function", "call_method") or name not in _PROMOTING_IN_PLACE or len(n.args) < 2:
+        return None
+    def example(a):
+        # a tensor of the value's dtype and rank (promotion reads nothing else): the example
+        # is a fake tensor or capture's MetaInfo
+        v = a.meta.get("example_value") if isinstance(a, torch.fx.Node) else a
+        if hasattr(v, "dtype") and hasattr(v, "shape"):
+            return torch.empty([1] * len(v.shape), dtype=v.dtype, device="meta")
+        return v if isinstance(v, (bool, int, float, complex)) else None
+    target, other = example(n.args[0]), example(n.args[1])
+    if not isinstance(target, torch.Tensor) or other is None:
+        return None
+    result = torch.result_type(target, other)
+    if name in _TRUE_DIVISIONS and n.kwargs.get("rounding_mode") is None and \
+            not (result.is_floating_point or result.is_complex):
+        result = torch.get_default_dtype()
+    return None if torch.can_cast(result, target.dtype) else (result, target.dtype)
+
+
+def _op_name(n) -> str:
+    t = n.target
+    return t if isinstance(t, str) else getattr(t, "__name__", "")
+
+
+def _writes_in_place(n) -> bool:
+    """Does this torch-level node write to one of its arguments (``add_``, ``x[i] = v``,
+    ``+=``, ``out=``)?"""
+    if n.op not in ("call_function", "call_method"):
+        return False
+    name = _op_name(n)
+    return (name.endswith("_") and not name.endswith("__")) or name in _INPLACE_OPERATORS \
+        or "out" in n.kwargs
+
+
 def raises_in_eager(gm, inputs) -> bool:
     """Whether the torch-level graph raises when run with ATen ops on copies of ``inputs``
     (the RNG state kept): a wrong input dtype fails in eager too, and then the failure is
@@ -384,6 +456,8 @@ class GraphVariants:
 
     def _trace(self):
         if self.traced is None:
+            self._check_no_write_to_overlapping_memory()
+            self._check_in_place_result_types()
             self.traced = trace_forward(self.pgm, self.examples, self.target.decomps())
         return self.traced
 
@@ -393,12 +467,13 @@ class GraphVariants:
                 return self.infer_fn
             try:
                 tr = self._trace()
+                views_by_target = self._views_per_shape(tr.aliases, "inference")
                 call, gi = self.target.compile_graph(tr.gm, tr.num_outputs, tr.mutated, self.n_in, "inference")
             except Exception as e:  # noqa: BLE001
                 return self._failed(e, "inference")
             self.info.inference = gi
             self.info._adopt(gi)
-            call = self._eager_results(call, tr)
+            call = self._eager_results(call, tr, views_by_target)
             single = getattr(tr, "single", False)
             if single:
                 def fn(*args):
@@ -408,39 +483,41 @@ class GraphVariants:
                 self.infer_fn = call
             return self.infer_fn
 
-    def _eager_results(self, call, tr):
+    def _eager_results(self, call, tr, views_by_target):
         """``call`` with what eager returns beyond values: an input the graph mutated has its
         version counter bumped (so autograd still sees that a tensor it saved was modified in
         place), and an output that eager returns as an input itself or as a view of an input
-        or of another output is that object or view, not the graph's copy (trace.OutputAlias)."""
+        or of another output is that object or view, not the graph's copy (trace.OutputAlias;
+        a shape-generic target makes the views itself, per shape: ``_views_per_shape``)."""
+        if not views_by_target:
+            call = with_output_views(call, tr.aliases)
         mutated = tuple(dict.fromkeys(tr.mutated))
-        aliases = [(i, a) for i, a in enumerate(tr.aliases or ()) if a is not None]
-        if self.info.dynamic or hasattr(self.target, "bind"):
-            # shape-generic code: sizes, strides and offsets recorded at one size do not hold
-            # at others; the input itself is still the input
-            kept = [(i, a) for i, a in aliases if a.same]
-            if len(kept) < len(aliases):
-                self.info.notes.append("inference: outputs that are views of inputs or of other "
-                                       "outputs are copies (shape-generic code)")
-            aliases = kept
-        if not mutated and not aliases:
+        same = [(i, a.index) for i, a in enumerate(tr.aliases or ()) if a is not None and a.same]
+        if not mutated and not same:
             return call
         bump = torch._C._increment_version
-        as_strided = torch.as_strided
 
         def with_eager_results(*args):
             outs = call(*args)
             if mutated:
                 bump(tuple(args[j] for j in mutated))     # (a tensor itself: bumped per element)
-            if not aliases:
+            if not same:
                 return outs
             outs = list(outs)
-            for i, a in aliases:
-                base = args[a.index] if a.base == "input" else outs[a.index]
-                outs[i] = base if a.same else as_strided(base, a.size, a.stride,
-                                                          base.storage_offset() + a.offset)
+            for i, j in same:
+                outs[i] = args[j]
             return tuple(outs)
         return with_eager_results
+
+    def _views_per_shape(self, aliases, variant) -> bool:
+        """Does the target make the output views itself? A shape-generic target does: the
+        sizes, strides and offsets of a view recorded at one size do not hold at others, so
+        a graph whose outputs are views is compiled per shape there, each shape's call
+        handing out its own views (``DynamicTarget.keep_output_views``)."""
+        if not hasattr(self.target, "bind"):
+            return False
+        self.target.keep_output_views(aliases, variant)
+        return True
 
     def training(self):
         with self.lock:
@@ -449,15 +526,21 @@ class GraphVariants:
             if self._writes_grad_inputs_outside_autograd():
                 return self._inference_under_no_grad()
             try:
+                self._check_no_write_to_overlapping_memory()
+                self._check_in_place_result_types()
+                self._check_autograd_accepts_graph()
                 joint = trace_training(self.pgm, self.examples, self.target.decomps())
                 joint.recompute = self.pgm
                 self.info.passes["joint"] = joint
+                views_by_target = self._views_per_shape(joint.aliases, "training")
                 fn, fw_info, bw_info = self.target.build_training(joint, self.n_in, joint.single)
             except Exception as e:  # noqa: BLE001
                 return self._failed(e, "training")
             self.info.forward, self.info.backward = fw_info, bw_info
             self.info._adopt(fw_info)
             self.info._adopt(bw_info)
+            if not views_by_target:
+                fn = with_output_views(fn, joint.aliases, joint.single)
             self.train_fn = fn
             return fn
 
@@ -491,6 +574,82 @@ class GraphVariants:
         return not any(isinstance(c, torch.Tensor) and c.grad_fn is not None for c in copies) and \
             not any(isinstance(o, torch.Tensor) and o.requires_grad and id(o) not in inputs
                     for o in outs)
+
+    def _check_autograd_accepts_graph(self):
+        """Raise UntraceableGraph where autograd refuses what the graph does, so that the
+        ATen graph gives eager's error on every call: an op with no derivative applied to a
+        value that requires grad (``x // 2``: eager's backward raises "derivative for
+        aten::floor_divide is not implemented", the joint trace differentiated its
+        decomposition), and an in-place write to an output of a function returning several
+        views (``a, b = x.unbind(); a.add_(1)`` with ``x`` requiring grad) or to a view made
+        under no_grad (the functionalized trace runs without autograd). The writes are
+        checked by running the graph on fake copies in grad mode (non-leaves where the
+        inputs are), only when it has such ops: importing fake tensors costs seconds."""
+        for n in self.pgm.graph.nodes:
+            if _op_name(n) in _NOT_DIFFERENTIABLE and any(
+                    getattr(a.meta.get("example_value"), "requires_grad", False)
+                    for a in n.args if isinstance(a, torch.fx.Node)):
+                raise UntraceableGraph(f"autograd has no derivative for {_op_name(n)}, which "
+                                       "is given a value that requires grad")
+        if not self._writes_in_place_after(_MULTI_OUTPUT_VIEWS | {"_set_grad_enabled"}):
+            return
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+        def copy_of(t):
+            c = mode.from_tensor(t.detach()).requires_grad_(t.requires_grad)
+            return c if t.is_leaf or not t.requires_grad else c.clone()
+        with mode, torch.enable_grad():
+            self._raise_if_refused(lambda: [copy_of(t) if isinstance(t, torch.Tensor) else t
+                                            for t in self.examples])
+
+    def _check_no_write_to_overlapping_memory(self):
+        """Raise UntraceableGraph where the graph writes in place to a tensor whose elements
+        share memory (``x.expand(4, 3).add_(1)``, an expanded input): eager refuses it, the
+        functionalized trace never writes in place. Fake tensors do not check it, so the
+        graph runs once on real copies of the inputs (their layouts kept), only when it has
+        an in-place write and such a view or input."""
+        if not (any(isinstance(t, torch.Tensor) and _overlaps(t) for t in self.examples)
+                and any(_writes_in_place(n) for n in self.pgm.graph.nodes)) \
+                and not self._writes_in_place_after(_OVERLAPPING_VIEWS):
+            return
+
+        def copy_of(t):
+            memory = t.untyped_storage().clone()
+            return torch.empty((0,), dtype=t.dtype, device=t.device).set_(
+                memory, t.storage_offset(), t.shape, t.stride())
+        with torch.no_grad():
+            self._raise_if_refused(lambda: [copy_of(t) if isinstance(t, torch.Tensor) else t
+                                            for t in self.examples])
+
+    def _check_in_place_result_types(self):
+        """Raise UntraceableGraph where eager refuses an in-place arithmetic op whose result
+        type cannot be cast to its tensor's dtype (``bool_t.mul_(2)``: Long into Bool): the
+        functionalized op computes the promoted value and the copy back casts it silently.
+        Read from the captured graph's example values; no run."""
+        for n in self.pgm.graph.nodes:
+            refused = _in_place_cast_refused(n)
+            if refused:
+                raise UntraceableGraph(f"eager refuses an in-place write here (result type "
+                                       f"{refused[0]} can't be cast to {refused[1]})")
+
+    def _writes_in_place_after(self, ops) -> bool:
+        """Does the graph call one of ``ops`` and write in place (anywhere)?"""
+        nodes = list(self.pgm.graph.nodes)
+        return any(_op_name(n) in ops for n in nodes) and any(_writes_in_place(n) for n in nodes)
+
+    def _raise_if_refused(self, make_copies):
+        """Run the graph on ``make_copies()``; UntraceableGraph if it raised one of eager's
+        refusals of an in-place write. Any other failure is left to the trace."""
+        try:
+            with torch.random.fork_rng(devices=[]):
+                self.pgm(*make_copies())
+        except RuntimeError as e:
+            first = str(e).splitlines()[0] if str(e) else ""
+            if any(m in first for m in _REFUSED_INPLACE):
+                raise UntraceableGraph(f"eager refuses this graph's work ({first[:160]})") from None
+        except Exception:  # noqa: BLE001 - ops fake tensors cannot run: traced as before
+            return
 
     def _inference_under_no_grad(self):
         """The training variant of a graph that autograd records nothing of although it

@@ -86,7 +86,10 @@ def _cumprods(sizes):
 def common_outer(outer, sizes):
     """The finest outer space that both ``outer`` and ``sizes``' non-unit dims are runs of,
     cut at their last common boundary: (8, 16, 16) and (2, 4, 16) give (2, 4, 16). None when
-    the dims cross (6, 4) vs (4, 6) or share no boundary."""
+    the dims cross (6, 4) vs (4, 6) or share no boundary, or when either space is empty: a
+    zero-size dim has no boundary in common with any other (its group's loops never run)."""
+    if 0 in outer or 0 in sizes:
+        return None
     a, b = _cumprods(outer), _cumprods(nonunit(sizes))
     common = set(a) & set(b)
     if not common or max(common) <= 1:

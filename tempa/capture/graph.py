@@ -572,7 +572,14 @@ def _mutates_arguments(target) -> bool:
     if isinstance(target, torch._ops.OpOverload):
         return target._schema.is_mutable
     name = target if isinstance(target, str) else getattr(target, "__name__", "")
-    return name.endswith("_") and not name.endswith("__")
+    return (name.endswith("_") and not name.endswith("__")) or name in _MUTATING_DUNDERS
+
+
+# Tensor methods spelled as dunders that write into the tensor: ``x.__setitem__(0, v)`` or
+# ``torch.Tensor.__iadd__(x, 1)`` called explicitly (their result unused, they were dropped).
+_MUTATING_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__",
+                     "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__",
+                     "__ilshift__", "__irshift__", "__imatmul__"}
 
 
 

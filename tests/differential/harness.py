@@ -307,6 +307,7 @@ class TensorSnap:
     is_leaf: bool
     grad: Any
     version: int | None
+    strides: tuple = ()             # the strides of the dims of size > 1 (the layout)
 
 
 @dataclasses.dataclass
@@ -377,7 +378,15 @@ def _tensor_snap(t: torch.Tensor, versions: bool) -> TensorSnap:
         type_name=_type_name(t), value=value, requires_grad=t.requires_grad,
         has_grad_fn=t.grad_fn is not None, is_leaf=t.is_leaf,
         grad=None if grad is None else _tensor_snap(grad, False),
-        version=t._version if versions else None)
+        version=t._version if versions else None, strides=_layout(t))
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    """The strides that say how the elements lie (size-1 dims' strides say nothing)."""
+    try:
+        return tuple(st for st, n in zip(t.stride(), t.shape) if n > 1)
+    except RuntimeError:  # noqa: BLE001 - sparse / nested tensors have no strides
+        return ()
 
 
 def _module_items(m: torch.nn.Module, rec) -> dict:
@@ -529,7 +538,7 @@ def _compare_items(actual, expected, path, tol, diffs):
 def _compare_tensor(a: TensorSnap, e: TensorSnap, path, tol, diffs):
     if a.type_name != e.type_name:
         diffs.append(f"{path}: tensor type {e.type_name} expected, got {a.type_name}")
-    for attr in ("requires_grad", "has_grad_fn", "is_leaf", "version"):
+    for attr in ("requires_grad", "has_grad_fn", "is_leaf", "version", "strides"):
         if getattr(a, attr) != getattr(e, attr):
             diffs.append(f"{path}: {attr} {getattr(e, attr)} expected, got {getattr(a, attr)}")
     if (a.value is None) != (e.value is None):

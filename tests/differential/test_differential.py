@@ -5,11 +5,11 @@ import pytest
 
 from tempa.capture import liveness
 
-from . import cases_bugs, cases_general, cases_peer
+from . import cases_bugs, cases_general, cases_peer, cases_sound
 from .harness import State, check_case, seed_everything
 from .known_failures import KNOWN_FAILURES
 
-ALL_CASES = cases_general.CASES + cases_bugs.CASES + cases_peer.CASES
+ALL_CASES = cases_general.CASES + cases_bugs.CASES + cases_peer.CASES + cases_sound.CASES
 
 
 def _unique(cases):

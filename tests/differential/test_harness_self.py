@@ -178,3 +178,9 @@ def test_probe_and_mutation_steps_are_compared():
         _seen.append(cfg["k"])
         return x * _seen[0]
     _one_diff_about(_diffs(lambda x, cfg: x * cfg["k"], stale, steps, state=state), "step 2", "result")
+
+
+def test_wrong_layout():
+    m = torch.arange(6.0).reshape(2, 3)
+    _one_diff_about(_diffs(lambda x: x.t() * 2, lambda x: (x.t() * 2).contiguous(), [call(m)]),
+                    "result", "strides")

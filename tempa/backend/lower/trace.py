@@ -311,13 +311,47 @@ class OutputAlias:
     earlier output. The compiled graph computes a copy; the caller hands out this instead
     (``base`` is "input" or "output", ``index`` its position). ``same`` is the base object
     itself (``x.add_(1); return x``); otherwise a view with these sizes and strides at
-    ``offset`` elements from the base's own storage offset."""
+    ``offset`` elements from the base's own storage offset. ``dtype`` is the view's where
+    it differs from the base's (``z.real`` of a complex ``z``, ``x.view(torch.int32)``): the
+    base is viewed as that dtype first, and sizes, strides and offset count its elements."""
     base: str
     index: int
     same: bool
     size: tuple = ()
     stride: tuple = ()
     offset: int = 0
+    dtype: torch.dtype | None = None
+
+    def view_of(self, base: torch.Tensor) -> torch.Tensor:
+        if self.dtype is not None:
+            base = base.view(self.dtype)
+        return torch.as_strided(base, self.size, self.stride, base.storage_offset() + self.offset)
+
+
+def with_output_views(call, aliases, single=False):
+    """``call`` handing out, for each output that eager returns as a view of an input or of
+    another output (an OutputAlias that is not ``same``), that view of its base instead of
+    the graph's copy. The view is made in the caller's grad mode, so autograd records it as
+    it records eager's (its gradient reaches the base); an output that does not require
+    grad although its base does is a view of the detached base (``x.detach()``: the
+    detached input itself). ``single``: ``call`` returns its one output unwrapped."""
+    views = [(i, a) for i, a in enumerate(aliases or ()) if a is not None and not a.same]
+    if not views:
+        return call
+
+    def with_views(*args):
+        outs = call(*args)
+        outs = [outs] if single else list(outs)
+        for i, a in views:
+            base = args[a.index] if a.base == "input" else outs[a.index]
+            if base.requires_grad and not outs[i].requires_grad:
+                base = base.detach()
+                if (a.dtype, a.size, a.stride, a.offset) == (None, tuple(base.shape), base.stride(), 0):
+                    outs[i] = base
+                    continue
+            outs[i] = a.view_of(base)
+        return outs[0] if single else tuple(outs)
+    return with_views
 
 
 def output_aliases(outs, clones, mutated, new_val_tensors) -> list:
@@ -331,20 +365,25 @@ def output_aliases(outs, clones, mutated, new_val_tensors) -> list:
     def key(t):
         return t.untyped_storage().data_ptr()
 
+    def has_memory(t):
+        # a storage of no bytes has no address (every one reads 0), so it is nobody's base;
+        # a zero-element view of a real storage (``x[5:2]``) still is a view of it
+        return isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > 0
+
     def layout(t):
         return (tuple(t.shape), tuple(t.stride()), t.storage_offset())
     bases = {}                                  # storage -> (kind, index, base tensor)
     for j, c in enumerate(clones):
-        if isinstance(c, torch.Tensor) and j not in mutated:
+        if has_memory(c) and j not in mutated:
             bases.setdefault(key(c), ("input", j, c))
     for j, nv in zip(mutated, new_val_tensors):
         c = clones[j]
-        if isinstance(nv, torch.Tensor) and layout(nv) == layout(c):
+        if has_memory(nv) and layout(nv) == layout(c):
             bases[key(nv)] = ("input", j, nv)
     def whole(o):
         return o.storage_offset() == 0 and o.is_contiguous() and \
             o.numel() * o.element_size() == o.untyped_storage().nbytes()
-    tensors = [(i, o) for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.numel()]
+    tensors = [(i, o) for i, o in enumerate(outs) if has_memory(o)]
     for i, o in tensors:
         if key(o) not in bases and whole(o):
             bases[key(o)] = ("output", i, o)
@@ -354,8 +393,14 @@ def output_aliases(outs, clones, mutated, new_val_tensors) -> list:
         if hit is None or hit[0] == "output" and hit[2] is o:
             continue                            # its own memory (or a base of others)
         kind, j, base = hit
-        aliases[i] = OutputAlias(kind, j, o is base, tuple(o.shape), tuple(o.stride()),
-                                 o.storage_offset() - base.storage_offset())
+        dtype = None
+        if o.dtype != base.dtype:
+            try:
+                dtype, base = o.dtype, base.view(o.dtype)
+            except RuntimeError:   # a layout that cannot be viewed as the dtype: a copy
+                continue
+        aliases[i] = OutputAlias(kind, j, o is hit[2], tuple(o.shape), tuple(o.stride()),
+                                 o.storage_offset() - base.storage_offset(), dtype)
     return aliases
 
 
@@ -374,6 +419,7 @@ class Joint:
     # the torch-level graph over the same inputs: a double backward recomputes it eagerly
     recompute: object = None
     graph: fx.Graph = None  # the recorded joint graph fw and bw were partitioned from
+    aliases: list = None    # the forward trace's OutputAlias per user output (Traced.aliases)
 
     def __str__(self):
         """The joint graph, what the partition saved, and the two graphs (tempa_info.trace())."""
@@ -405,6 +451,7 @@ def trace_training(gm: fx.GraphModule, inputs: list, decomps: dict) -> Joint:
     traced = trace_forward(gm, inputs, forward_decomps)
     joint = trace_joint(traced, inputs, decomps)
     joint.single = traced.single
+    joint.aliases = traced.aliases
     return joint
 
 
