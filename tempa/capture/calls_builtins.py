@@ -218,7 +218,13 @@ def _minmax(which):
     def handler(tracer, frame, args, kwargs):
         items = list(frame.get_iter(args[0])) if len(args) == 1 else list(args)
         if any(isinstance(v, _SYMBOLIC) for v in items):
-            raise Unsupported("data-dependent branch", f"{which}() over tensors compares values")
+            if len(items) == 1 and not kwargs:
+                return items[0]   # nothing to compare: the item itself
+            chosen = None if kwargs else tracer.selections.choose(tracer, frame, which, items)
+            if chosen is None:
+                raise Unsupported("data-dependent branch",
+                                  f"{which}() over tensors compares values")
+            return chosen
         if "key" in kwargs and isinstance(kwargs["key"], types.FunctionType):
             keys = [frame.call(kwargs["key"], [v], {}) for v in items]
             pairs = list(zip(keys, range(len(items))))
