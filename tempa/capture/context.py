@@ -93,7 +93,6 @@ def make(tracer, cls, args, kwargs):
         # set_grad_enabled(mode) switches immediately, even without `with`.
         ctx.prev = torch.is_grad_enabled()
         _set_grad(tracer, mode)
-        ctx.entered_on_create = True
         return tracer.mark_internal(_AlreadyEntered(ctx))
     if cls in PROFILER_LABEL_CLASSES:
         _log.info("tempa: the profiler label %r inside compiled code is not recorded",

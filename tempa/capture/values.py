@@ -46,7 +46,7 @@ class TensorVar:
     __int__ = __float__ = __index__
 
     def __iter__(self):
-        raise Unsupported("unsupported construct", "iterating a tensor outside the interpreter")
+        raise Unsupported("tensor in native code", "iterating a tensor outside the interpreter")
 
 
 class ScalarVar:
