@@ -79,7 +79,8 @@ BREAK_TYPES = {
     "call depth": "calls nest deeper than tempa inlines (recursion?); write the recursion as "
                   "a loop, or mark the recursive function @tempa.disable",
     "context manager": "tempa captures no_grad / enable_grad / set_grad_enabled(constant) / "
-                       "autocast and context managers written in Python (classes, "
+                       "autocast, warnings.catch_warnings with no break inside, and "
+                       "context managers written in Python (classes, "
                        "@contextmanager functions called in the compiled code); enter this "
                        "one outside the compiled function, or accept the break",
     "module created in forward": "a module with parameters made in forward gets new "

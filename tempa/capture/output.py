@@ -267,6 +267,9 @@ class OutputPlan:
             return f"{const(iter, 'F')}([{joined(value.remaining())}])", True
         if t is GradModeExit:
             ctx = value.context
+            if ctx.kind == "warnings":
+                raise Unsupported("context manager", "a graph break inside a "
+                                  "warnings.catch_warnings block")
             if ctx.kind == "grad":
                 return f"{const(runtime.enter_grad, 'F')}({ctx.target}, {ctx.prev})", True
             a = ctx.autocast

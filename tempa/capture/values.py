@@ -129,7 +129,8 @@ class StorageMethod(_MethodOf):
 
 
 class GradModeExit:
-    """The ``__exit__`` of a grad-mode or autocast context active in the captured code."""
+    """The ``__exit__`` of a grad-mode, autocast or warnings context active in the captured
+    code."""
     __slots__ = ("restore", "context")
 
     def __init__(self, restore, context):
