@@ -93,7 +93,7 @@ class Selections:
         if not self._made:
             return None
         nodes = list(builder.graph.nodes)
-        roots = _memory_roots(nodes)
+        roots = memory_roots(nodes)
         output_roots = [roots[t.node] for t in outputs if isinstance(t, TensorVar)]
         for sel in self._made:
             if self._visible(sel, nodes, roots, output_roots):
@@ -106,7 +106,7 @@ class Selections:
         result_roots = roots[sel.result_node]
         item_roots = frozenset().union(*(roots[n] for n in sel.item_nodes))
         after = nodes[nodes.index(sel.result_node) + 1:]
-        if any(_may_write_into(n, roots, result_roots | item_roots) for n in after):
+        if any(may_write_into(n, roots, result_roots | item_roots) for n in after):
             return True
         if not any(r & result_roots for r in output_roots):
             return False
@@ -143,7 +143,7 @@ def _break_here(tracer, which: str) -> Unsupported:
     return u
 
 
-def _memory_roots(nodes) -> dict:
+def memory_roots(nodes) -> dict:
     """For each node, the nodes whose memory its result may share: itself where it is a new
     tensor (or an input), else what its arguments share."""
     roots = {}
@@ -167,7 +167,7 @@ def _makes_new_tensor(node) -> bool:
         return False
 
 
-def _may_write_into(node, roots, memory) -> bool:
+def may_write_into(node, roots, memory) -> bool:
     """Whether ``node`` may write into a tensor sharing ``memory`` (a submodule call may:
     ``nn.ReLU(inplace=True)``)."""
     if node.op == "call_module":
