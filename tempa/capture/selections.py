@@ -19,6 +19,9 @@ the result or the items, no item aliases an input of the graph while the result 
 the result and an item do not both leave the graph, and no ``is``/dict key/C call used
 which object one of them is. Otherwise the capture runs again with a graph break at the
 call, and eager picks the object.
+
+The alias analysis (``memory_roots``, ``may_write_into``) also serves ``output.py``: a
+returned ``t.item()`` leaves the graph as ``t`` where nothing writes into ``t`` after.
 """
 from __future__ import annotations
 
