@@ -17,8 +17,18 @@ BREAK_TYPES = {
     "print / side effect": "remove the print or logging from forward, or accept the break",
     "non-torch library call": "calls into numpy/math/other libraries run in Python; use the "
                               "torch equivalent to keep one graph",
-    "unsupported construct": "this Python construct is not captured yet; move it out of the "
-                             "compiled region or wrap the helper with @tempa.disable",
+    "interpreter invariant": "tempa's interpreter reached a state that valid bytecode never "
+                             "produces (a bug in tempa, please report it); the code runs "
+                             "eagerly meanwhile",
+    "zero-argument super": "super() with no arguments needs the __class__ cell of a method "
+                           "defined in a class body; call super(Class, self) explicitly",
+    "operator on a container of tensors": "tempa does not apply this operator (a dict or set "
+                                          "operator) to containers that hold tensors; build "
+                                          "the container another way (dict.update, a "
+                                          "comprehension), or outside the compiled function",
+    "tensor in native code": "a library function tempa runs natively (not interpreted) was "
+                             "handed a graph tensor and iterated it; iterate the tensor in "
+                             "your own code, or mark the helper @tempa.disable",
     "impure call": "the call reads or changes state outside the program (random numbers, the "
                    "clock, the environment, an outside iterator, warnings, I/O); it runs in "
                    "Python on every call and the rest stays compiled",
@@ -44,8 +54,9 @@ BREAK_TYPES = {
                                 "something bounded (a range, a list), or move the loop out of "
                                 "the compiled function",
     "tensor attribute": "this attribute of a graph tensor (.grad_fn, ._version, ._base, the "
-                        ".grad of a tensor computed in the graph, an attribute set on it) is "
-                        "not part of a graph; read or set it outside the compiled function",
+                        ".grad of a tensor computed in the graph, an attribute set on it; "
+                        "setting .data, .requires_grad or a .grad of another shape) is not "
+                        "part of a graph; read or set it outside the compiled function",
     "value leaving compiled code": "a value made in the compiled code that Python receives "
                                    "(after a graph break, or as the return value) is rebuilt "
                                    "there; a generator, lazy iterator, @contextmanager or "
@@ -68,7 +79,8 @@ BREAK_TYPES = {
     "call depth": "calls nest deeper than tempa inlines (recursion?); write the recursion as "
                   "a loop, or mark the recursive function @tempa.disable",
     "context manager": "tempa captures no_grad / enable_grad / set_grad_enabled(constant) / "
-                       "autocast and context managers written in Python (classes, "
+                       "autocast, warnings.catch_warnings with no break inside, and "
+                       "context managers written in Python (classes, "
                        "@contextmanager functions called in the compiled code); enter this "
                        "one outside the compiled function, or accept the break",
     "module created in forward": "a module with parameters made in forward gets new "

@@ -18,7 +18,7 @@ import types
 import torch
 import torch.optim.optimizer as torch_optimizer
 
-from . import context, numpy_values, scalar_tensors, scalars, shapes
+from . import numpy_values, scalar_tensors, scalars, shapes
 from .breaks import Unsupported, UserError
 from .instructions import PY
 from .purity import _check_pure_arguments
@@ -192,20 +192,6 @@ def _super(tracer, frame, args, kwargs):
     return frame.zero_arg_super()
 
 
-def _unbind_if_tensor(tracer, v):
-    if isinstance(v, TensorVar):
-        return list(tracer.builder.call("call_method", "unbind", (v, 0), {}))
-    return v
-
-
-def _list(tracer, frame, args, kwargs):
-    return list(frame.get_iter(args[0])) if args else []
-
-
-def _tuple(tracer, frame, args, kwargs):
-    return tuple(frame.get_iter(args[0])) if args else ()
-
-
 def _sum(tracer, frame, args, kwargs):
     items = list(frame.get_iter(args[0]))
     total = args[1] if len(args) > 1 else kwargs.get("start", 0)
@@ -218,7 +204,13 @@ def _minmax(which):
     def handler(tracer, frame, args, kwargs):
         items = list(frame.get_iter(args[0])) if len(args) == 1 else list(args)
         if any(isinstance(v, _SYMBOLIC) for v in items):
-            raise Unsupported("data-dependent branch", f"{which}() over tensors compares values")
+            if len(items) == 1 and not kwargs:
+                return items[0]   # nothing to compare: the item itself
+            chosen = None if kwargs else tracer.selections.choose(tracer, frame, which, items)
+            if chosen is None:
+                raise Unsupported("data-dependent branch",
+                                  f"{which}() over tensors compares values")
+            return chosen
         if "key" in kwargs and isinstance(kwargs["key"], types.FunctionType):
             keys = [frame.call(kwargs["key"], [v], {}) for v in items]
             pairs = list(zip(keys, range(len(items))))
@@ -370,10 +362,6 @@ def _false(tracer, frame, args, kwargs):
 
 def _grad_enabled(tracer, frame, args, kwargs):
     return torch.is_grad_enabled()
-
-
-def _set_grad_enabled_fn(tracer, frame, args, kwargs):
-    return context.make(tracer, torch.set_grad_enabled, args, kwargs)
 
 
 def _builtin_type(tracer, frame, cls, args, kwargs):

@@ -83,17 +83,14 @@ def _instantiate(tracer, frame, cls: type, args, kwargs):
     if isinstance(new, types.FunctionType) or isinstance(new, staticmethod):
         obj = tracer.call(frame, new, [cls, *args], kwargs)
     else:
-        obj = new(cls) if new is not object.__new__ else object.__new__(cls)
+        obj = new(cls)
     tracer.mark_internal(obj)
     init = cls.__init__
     if isinstance(init, types.FunctionType):
         inline(tracer, frame, init, [obj, *args], kwargs)
     elif init is not object.__init__:
-        if contains_tensor(args) or contains_tensor(kwargs):
-            # e.g. an OrderedDict subclass filled from tensors: the C init just stores them.
-            init(obj, *args, **kwargs)
-        else:
-            init(obj, *args, **kwargs)
+        # a C __init__ (an OrderedDict subclass filled from tensors): it just stores them
+        init(obj, *args, **kwargs)
     return obj
 
 

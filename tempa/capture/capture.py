@@ -129,6 +129,11 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
                 body += break_plan.lines
             else:
                 body.append(f"return {plan.expr(result)}")
+            unsound = tracer.selections.first_unsound(builder, plan.outputs)
+            if unsound is not None:   # max()/min() whose chosen object the code can see
+                if not (allow_breaks and _stop is None):
+                    raise unsound
+                retry, first_break = True, unsound
     finally:
         for ctx in reversed(tracer.active_contexts):
             ctx.autocast.__exit__(None, None, None)

@@ -1,19 +1,29 @@
-"""Grad-mode and autocast contexts inside captured code.
+"""Grad-mode, autocast and warnings contexts inside captured code.
 
 ``with torch.no_grad():`` and ``with torch.autocast(...):`` change how later operations run.
 During capture the change is applied for real (so fake tensors get the right requires_grad
 and dtype) and recorded in the graph as ``_set_grad_enabled`` / ``_enter_autocast`` nodes,
 which the backend replays, so the compiled graph switches modes exactly where eager did.
+
+``with warnings.catch_warnings(...):`` around captured code saves the warnings module's
+state and restores it at the end: around a graph it changes nothing a program reads, so it
+is captured as nothing (as torch.compile does). What it could change stays eager: a
+``warnings`` call inside the block is an impure call, and a break inside the block is
+refused (the rest would run outside the block), as is ``as log`` with ``record=True`` (the
+list of what was warned). Left out: warnings that ATen kernels raise while the graph runs
+are shown rather than recorded, and the filters' version is not bumped (which makes
+warnings shown once per place show again), as under torch.compile.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 
 import torch
 from torch.amp import autocast_mode
 
-from .breaks import Unsupported
+from .breaks import Unsupported, UserError
 from .values import GradModeExit
 
 GRAD_CONTEXT_CLASSES = {torch.no_grad, torch.enable_grad, torch.set_grad_enabled,
@@ -35,7 +45,7 @@ class CapturedContext:
     """A grad-mode/autocast context manager object created in captured code."""
 
     def __init__(self, kind: str, target=None, autocast=None):
-        self.kind = kind            # "grad" | "autocast"
+        self.kind = kind            # "grad" | "autocast" | "warnings"
         self.target = target        # grad mode to switch to
         self.autocast = autocast    # the real torch.autocast object
         self.prev = None
@@ -44,6 +54,9 @@ class CapturedContext:
 
     def enter(self, tracer):
         builder = tracer.builder
+        if self.kind == "warnings":
+            self.exited = False
+            return GradModeExit(self._exit, self), None
         if self.kind == "grad":
             self.prev = torch.is_grad_enabled()
             _set_grad(tracer, self.target)
@@ -61,6 +74,8 @@ class CapturedContext:
         if self.exited:
             return
         self.exited = True
+        if self.kind == "warnings":
+            return
         if self.kind == "grad":
             _set_grad(tracer, self.prev)
             return
@@ -68,6 +83,17 @@ class CapturedContext:
         self.autocast.__exit__(None, None, None)
         if self in tracer.active_contexts:
             tracer.active_contexts.remove(self)
+
+
+def catch_warnings_block(tracer, ctx: warnings.catch_warnings, value_used: bool):
+    """Entering a ``warnings.catch_warnings`` object made in this capture (see above)."""
+    if value_used and ctx._record:
+        raise Unsupported("context manager", "warnings.catch_warnings(record=True) as a name: "
+                                             "the list of warnings it records")
+    if ctx._entered:
+        raise UserError(RuntimeError(f"Cannot enter {ctx!r} twice"))
+    ctx._entered = True
+    return CapturedContext("warnings")
 
 
 def _set_grad(tracer, mode: bool) -> None:
@@ -93,7 +119,6 @@ def make(tracer, cls, args, kwargs):
         # set_grad_enabled(mode) switches immediately, even without `with`.
         ctx.prev = torch.is_grad_enabled()
         _set_grad(tracer, mode)
-        ctx.entered_on_create = True
         return tracer.mark_internal(_AlreadyEntered(ctx))
     if cls in PROFILER_LABEL_CLASSES:
         _log.info("tempa: the profiler label %r inside compiled code is not recorded",

@@ -421,10 +421,6 @@ class GraphBuilder:
                               f"{type(result).__name__}, which needs the real tensor")
         return result
 
-    def side_effect(self, target, *args) -> None:
-        """Record a state-changing call (grad mode, autocast) that returns nothing."""
-        self.graph.call_function(target, args)
-
     # -- finishing -----------------------------------------------------------------------
     def finish(self, outputs: list[TensorVar]) -> fx.GraphModule:
         # Placeholders: the caller's tensors first, then parameters/buffers (the backend

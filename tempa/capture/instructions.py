@@ -136,9 +136,3 @@ def _normalise(ins: dis.Instruction, code: CodeType, lineno: int) -> list[Instr]
     if op == "RETURN_CONST":
         return [mk("LOAD_CONST", av=argval), mk("RETURN_VALUE", a=None, av=None)]
     return [mk(op)]
-
-
-def line_of(code: CodeType, offset: int) -> int | None:
-    dec = decode(code)
-    i = dec.index_of_offset.get(offset)
-    return dec.instrs[i].lineno if i is not None else code.co_firstlineno

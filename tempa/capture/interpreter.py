@@ -212,7 +212,7 @@ class Frame(LoadStoreOpcodes, CallOpcodes, ControlOpcodes, DataOpcodes):
         if isinstance(v, TensorVar):
             raise Unsupported("data-dependent branch", "a condition on a tensor's value")
         if v is NULL:
-            raise Unsupported("unsupported construct", "truth of NULL")
+            raise Unsupported("interpreter invariant", "the truth of NULL (a stack slot of a call)")
         result = operators.truth(self, v)
         return bool(v) if result is operators.NATIVE else result
 
@@ -259,7 +259,8 @@ class Frame(LoadStoreOpcodes, CallOpcodes, ControlOpcodes, DataOpcodes):
     def zero_arg_super(self):
         cls_cell = self.cells.get("__class__")
         if cls_cell is None or not self.code.co_varnames:
-            raise Unsupported("unsupported construct", "super() without __class__ cell")
+            raise Unsupported("zero-argument super", "super() in a function without a __class__ "
+                              "cell or without arguments")
         first = self.code.co_varnames[0]
         obj = self.locals.get(first, NULL)
         if obj is NULL and first in self.cells:
@@ -293,7 +294,7 @@ class Frame(LoadStoreOpcodes, CallOpcodes, ControlOpcodes, DataOpcodes):
                 return fn(a, b)
             if key == "MULTIPLY" and _is_repetition(a, b):   # [x] * 4: references, repeated
                 return fn(a, b)
-            raise Unsupported("unsupported construct", f"{key} on containers of tensors")
+            raise Unsupported("operator on a container of tensors", f"{key} on containers of tensors")
         return fn(a, b)
 
     def store_attr(self, obj, name, value):

@@ -111,10 +111,6 @@ def contiguous_strides(shape) -> tuple:
 
 # -- helpers ---------------------------------------------------------------------------
 
-def _tensors(values):
-    return [v for v in values if isinstance(v, (MetaInfo, torch.Tensor))]
-
-
 def _grad(*values) -> bool:
     return torch.is_grad_enabled() and any(getattr(v, "requires_grad", False) for v in values
                                            if isinstance(v, (MetaInfo, torch.Tensor)))

@@ -5,9 +5,10 @@
 from __future__ import annotations
 
 import types
+import warnings
 
 from .breaks import Unsupported
-from .context import CapturedContext
+from .context import CapturedContext, catch_warnings_block
 from .frame_exits import _MAX_INSTRUCTIONS, _PyException
 from .instructions import PY
 from .values import NULL, GradModeExit, GeneratorContext, check_own_iterator
@@ -77,6 +78,9 @@ class ControlOpcodes:
     # -- with blocks and exceptions ----------------------------------------------------------
     def BEFORE_WITH(self, ins):
         ctx = self.pop()
+        if type(ctx) is warnings.catch_warnings and self.tracer.is_internal(ctx):
+            discarded = self.instrs[ins.index + 1].opname == "POP_TOP"
+            ctx = catch_warnings_block(self.tracer, ctx, value_used=not discarded)
         if isinstance(ctx, CapturedContext):
             exit_fn, value = ctx.enter(self.tracer)
             self.push(exit_fn)

@@ -30,7 +30,7 @@ import types
 
 import torch
 
-from . import runtime
+from . import runtime, selections
 from . import numpy_values
 from .values import NdarrayMethod, NdarrayVar, ScalarVar, StorageMethod, StorageVar, TensorVar, \
     NULL, TensorMethod, GradModeExit, \
@@ -126,6 +126,26 @@ def input_exprs(builder) -> dict:
     return out
 
 
+def _item_source(value: ScalarVar):
+    """The tensor whose ``.item()`` ``value`` is, where that tensor can leave the graph in
+    its place (the entry calls ``.item()`` on it, as eager does, and the graph needs no
+    ``item``/``scalar_tensor`` nodes): computed in the graph and not written in place after
+    the ``.item()``. Else None."""
+    node = value.node
+    if node.op != "call_method" or node.target != "item" or len(node.args) != 1:
+        return None
+    source = node.args[0]
+    fake = source.meta.get("example_value")
+    if not source.op.startswith("call") or fake is None:
+        return None
+    nodes = list(node.graph.nodes)
+    roots = selections.memory_roots(nodes)
+    later = nodes[nodes.index(node) + 1:]
+    if any(selections.may_write_into(n, roots, roots[source]) for n in later):
+        return None
+    return TensorVar(source, fake)
+
+
 class OutputPlan:
     def __init__(self, guards: GuardSet, is_internal, external_copies=None, sizes=None,
                  inputs=None, recipes=None):
@@ -177,6 +197,9 @@ class OutputPlan:
         if isinstance(value, TensorVar):
             return self.slot(value)
         if type(value) is ScalarVar:
+            source = _item_source(value)
+            if source is not None:   # `return loss.item()`: the tensor leaves, as in eager
+                return f"{self.slot(source)}.item()"
             return f"{self.slot(value.tensor)}.item()"   # the number, as the graph computed it
         if type(value) is NdarrayVar and value.source is not None:
             return value.source   # an input array comes back as itself
@@ -267,6 +290,9 @@ class OutputPlan:
             return f"{const(iter, 'F')}([{joined(value.remaining())}])", True
         if t is GradModeExit:
             ctx = value.context
+            if ctx.kind == "warnings":
+                raise Unsupported("context manager", "a graph break inside a "
+                                  "warnings.catch_warnings block")
             if ctx.kind == "grad":
                 return f"{const(runtime.enter_grad, 'F')}({ctx.target}, {ctx.prev})", True
             a = ctx.autocast

@@ -291,11 +291,11 @@ def check_tensor_attr_write(tracer, t: TensorVar, name: str, value) -> None:
         if value is None:
             return
         if not isinstance(value, TensorVar) or _grad_metadata(value) != _grad_metadata(t):
-            raise Unsupported("unsupported construct", "setting tensor.grad to a value of "
+            raise Unsupported("tensor attribute", "setting tensor.grad to a value of "
                               "another type, shape, dtype or device")
         return
     if hasattr(cls, name):
-        raise Unsupported("unsupported construct", f"setting tensor.{name} (an attribute of "
+        raise Unsupported("tensor attribute", f"setting tensor.{name} (an attribute of "
                           f"{cls.__name__} itself)")
 
 

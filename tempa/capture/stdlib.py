@@ -386,7 +386,7 @@ def _context_decorated(ctx, fn):
 def _catch_warnings(tracer, frame, args, kwargs):
     """``warnings.catch_warnings(...)`` only stores its arguments (the warnings module it
     will save and restore included): an object of this capture, rebuilt for each call
-    where it leaves it. Entering it changes the warnings module, which stays a graph break."""
+    where it leaves it. Entering it in the capture: ``context.catch_warnings_block``."""
     if contains_tensor(args) or contains_tensor(kwargs):
         raise Unsupported("unsupported call", "warnings.catch_warnings(tensor)")
     try:

@@ -22,6 +22,7 @@ from . import calls, calls_builtins, calls_inline, numpy_values
 from .breaks import Unsupported
 from .graph import GraphBuilder
 from .guards import is_constant_type
+from .selections import Selections
 from .side_effects import SideEffects, DELETED, MISSING, is_data_descriptor
 from .values import NdarrayVar, StorageVar, TensorVar, TensorMethod, bound_self
 
@@ -82,6 +83,7 @@ class Tracer:
         self.sourced: dict[int, tuple] = {}
         self._pinned: set[int] = set()
         self.current_frame = None   # the frame running an instruction (interpreter.Frame.run)
+        self.selections = Selections()   # max()/min() over tensors made torch.where
         builder.graph.where = self.user_stack
 
     def user_stack(self) -> str:
@@ -221,6 +223,7 @@ class Tracer:
         """The capture's result depends on which objects ``values`` are (an ``is``, a dict
         key, ``id()``, C code given them): those guarded by type only are guarded by
         identity from now on."""
+        self.selections.note_identity(values)
         for value in values:
             known = self.sourced.get(id(value))
             if known is not None and known[0] is value and id(value) not in self._pinned:
@@ -571,6 +574,7 @@ class Tracer:
         so it is in no caller's dict."""
         if not isinstance(container, (dict, set, frozenset)):
             raise Unsupported("data-dependent value", "indexing a Python container with a tensor")
+        self.selections.note_identity((key,))
         source = self.builder.input_source(key)
         if source is not None and (source[0] in container or id(container) in self.external_copies):
             return source[0]

@@ -46,7 +46,7 @@ class TensorVar:
     __int__ = __float__ = __index__
 
     def __iter__(self):
-        raise Unsupported("unsupported construct", "iterating a tensor outside the interpreter")
+        raise Unsupported("tensor in native code", "iterating a tensor outside the interpreter")
 
 
 class ScalarVar:
@@ -129,7 +129,8 @@ class StorageMethod(_MethodOf):
 
 
 class GradModeExit:
-    """The ``__exit__`` of a grad-mode or autocast context active in the captured code."""
+    """The ``__exit__`` of a grad-mode, autocast or warnings context active in the captured
+    code."""
     __slots__ = ("restore", "context")
 
     def __init__(self, restore, context):

@@ -356,3 +356,14 @@ def test_break_types_are_specific_and_each_has_a_hint():
     assert out.break_reasons and out.break_reasons[0].type == "tensor attribute"
     assert "outside the compiled function" in out.break_reasons[0].hint
     assert all(hint for hint in BREAK_TYPES.values())
+    assert "unsupported construct" not in BREAK_TYPES   # no catch-all type
+
+
+@pytest.mark.parametrize("body, kind", [
+    (lambda x: ({1: x} | {2: x}, x + 1), "operator on a container of tensors"),
+    (lambda x: setattr(x * 2, "requires_grad", True), "tensor attribute"),
+])
+def test_former_catch_all_breaks_have_their_own_type(body, kind):
+    out = tempa.explain(body)(torch.ones(2))
+    assert [r.type for r in out.break_reasons] == [kind]
+    assert out.break_reasons[0].hint

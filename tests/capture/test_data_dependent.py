@@ -409,3 +409,42 @@ def test_a_value_sized_op_outside_fullgraph_is_a_break_so_the_rest_keeps_its_ker
     tempa.reset()
     _same_calls(f, xs, fullgraph=True)   # one graph there, run with ATen calls
     assert _counts()[:2] == (1, 0)
+
+
+def _graph_ops(fn, *args):
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    got = tempa.compile(fn, backend=backend)(*args)
+    ops = [n.target for g in graphs for n in g.graph.nodes if n.op.startswith("call")]
+    return got, ops
+
+
+def test_returned_item_leaves_as_its_tensor():
+    # torch.compile breaks at .item() and returns the sum (2 ops); the entry here calls
+    # .item() on the graph's sum as well, with no item/scalar_tensor nodes in the graph
+    def f(a, b):
+        return (a + b).sum().item()
+
+    a, b = torch.randn(10, 10), torch.randn(10, 10)
+    got, ops = _graph_ops(f, a, b)
+    assert got == f(a, b) and type(got) is float
+    assert len(ops) == 2 and "item" not in ops and torch.scalar_tensor not in ops
+    assert _counts() == (1, 0, 0, 0)
+
+
+def test_item_read_before_an_in_place_write_keeps_the_value_read():
+    def f(a):
+        t = a.sum()
+        v = t.item()
+        t.add_(1)
+        return v, t
+
+    a = torch.randn(4)
+    got, ops = _graph_ops(f, a)
+    want = f(a)
+    assert got[0] == want[0] and torch.equal(got[1], want[1])
+    assert "item" in ops

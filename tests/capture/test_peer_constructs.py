@@ -267,13 +267,59 @@ def test_catch_warnings_made_inside_is_a_new_object_per_call():
     assert _counts() == (1, 0, 0)
 
 
-def test_entering_catch_warnings_stays_a_break():
+def test_catch_warnings_around_captured_code_is_one_graph():
     def f(x):
         with warnings.catch_warnings(record=True):
             return x.sin()
 
+    before = list(warnings.filters)
+    x = torch.randn(8)
+    assert torch.equal(tempa.compile(f, backend="eager", fullgraph=True)(x), x.sin())
+    assert warnings.filters == before
+    assert _counts() == (1, 0, 0)
+
+
+def test_catch_warnings_recording_into_a_name_breaks():
+    def f(x):
+        with warnings.catch_warnings(record=True) as log:
+            y = x.sin()
+        return y, len(log)
+
+    x = torch.randn(8)
+    got = tempa.compile(f, backend="eager")(x)
+    assert torch.equal(got[0], x.sin()) and got[1] == 0
+    assert _counts() == (1, 1, 0)
+
+
+def test_catch_warnings_with_a_break_inside_runs_eagerly():
+    # the filter set inside must end with the block: the rest of the block cannot resume
+    # outside it
+    def f(x):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            y = x.sin()
+        return y + 1
+
+    before = list(warnings.filters)
+    x = torch.randn(8)
+    assert torch.equal(tempa.compile(f, backend="eager")(x), x.sin() + 1)
+    assert warnings.filters == before
+    assert _counts() == (0, 1, 1)
     with pytest.raises(tempa.GraphBreakError, match="catch_warnings"):
-        tempa.compile(f, backend="eager", fullgraph=True)(torch.randn(2))
+        tempa.compile(f, backend="eager", fullgraph=True)(x)
+
+
+@pytest.mark.passes_without_capture("the compiled call raises eager's own error")
+def test_catch_warnings_entered_twice_raises_eagers_error():
+    def f(x):
+        block = warnings.catch_warnings()
+        with block:
+            x = x + 1
+        with block:
+            return x + 1
+
+    with pytest.raises(RuntimeError, match="Cannot enter catch_warnings"):
+        tempa.compile(f, backend="eager")(torch.randn(2))
 
 
 # -- interpreter settings read and guarded ---------------------------------------------------
