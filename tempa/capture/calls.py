@@ -34,7 +34,7 @@ import types
 import torch
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from . import calls_builtins, higher_order, numpy_values, scalar_tensors, scalars, stdlib
+from . import autograd_function, calls_builtins, higher_order, numpy_values, scalar_tensors, scalars, stdlib
 from .breaks import Unsupported, UserError
 from .calls_builtins import _tensor_type
 from .calls_classes import call_class
@@ -114,7 +114,8 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
         raise Unsupported("impure call", impure)
     if isinstance(fn, torch.nn.Module):
         return call_module(tracer, frame, fn, args, kwargs)
-    higher_order.check_not_autograd_function(fn)
+    if higher_order.is_autograd_function_apply(fn):
+        return autograd_function.apply(tracer, frame, fn.__self__, args, kwargs)
     if isinstance(fn, types.MethodType):
         return call(tracer, frame, fn.__func__, [fn.__self__, *args], kwargs)
     if kwargs.get("out") is not None and is_torch_op(fn):
@@ -345,4 +346,5 @@ _SPECIAL.update(calls_builtins.MODELS)
 _SPECIAL.update(stdlib.MODELS)
 _SPECIAL.update(GUARDED_READERS)
 _SPECIAL.update(higher_order.MODELS)
+_SPECIAL.update(autograd_function.MODELS)
 _SPECIAL[torch.vmap] = higher_order.vmap_model(is_torch_op)

@@ -1,5 +1,6 @@
 """Higher-order constructs user code applies to its functions: torch.compiler.disable,
-user autograd Functions, torch.utils.checkpoint, torch.vmap of a torch operation.
+user autograd Functions (recognised here, captured by ``autograd_function.py``),
+torch.utils.checkpoint, torch.vmap of a torch operation.
 
 Each is recognised by the object the user calls (an attribute the decorator sets, the
 class's base), never by importing the compiler it rebuilds.
@@ -30,19 +31,11 @@ def check_not_disabled(fn) -> None:
 
 
 def is_autograd_function_apply(fn) -> bool:
-    """Whether ``fn`` is ``Fn.apply`` of a user ``torch.autograd.Function``."""
+    """Whether ``fn`` is ``Fn.apply`` of a user ``torch.autograd.Function`` (captured as one
+    operation, ``autograd_function.py``; a break runner calls it as it is)."""
     owner = getattr(fn, "__self__", None)
     return isinstance(owner, type) and issubclass(owner, torch.autograd.Function) and \
         getattr(fn, "__func__", None) is torch.autograd.Function.apply.__func__
-
-
-def check_not_autograd_function(fn) -> None:
-    """``Fn.apply`` of a user autograd Function is a graph break: it runs eagerly, so its
-    backward is the user's. Tracing its forward into the graph would let autograd
-    differentiate the forward's ops instead (wrong for a straight-through estimator...)."""
-    if is_autograd_function_apply(fn):
-        raise Unsupported("unsupported call", f"{fn.__self__.__qualname__}.apply: a user "
-                          "torch.autograd.Function runs eagerly, with its own backward")
 
 
 def runs_as_is(fn) -> bool:

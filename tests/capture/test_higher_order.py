@@ -1,5 +1,5 @@
 """Higher-order constructs in captured code (issue 16 item 4): torch.compiler.disable,
-user autograd Functions, torch.utils.checkpoint."""
+user autograd Functions, torch.utils.checkpoint, torch.library custom ops."""
 import pytest
 import torch
 
@@ -95,19 +95,139 @@ def _value_and_grad(fn, x):
 
 
 def test_autograd_function_uses_the_users_backward():
-    x, fast = torch.randn(5), tempa.compile(_uses_ste)
+    x, fast = torch.randn(5), tempa.compile(_uses_ste, fullgraph=True)
     for _ in range(2):
         out, grad = _value_and_grad(fast, x)
         want_out, want_grad = _value_and_grad(_uses_ste, x)
         torch.testing.assert_close(out, want_out)
         torch.testing.assert_close(grad, want_grad)
-    # Fn.apply runs eagerly (one break), the code around it is captured
-    assert _counts() == (2, 1, 0)
+    # one graph: Fn.apply is one operation whose gradient is the captured backward
+    assert _counts() == (1, 0, 0)
+    (op,) = [n.target for n in tempa.entries(fast)[0].graph.graph.nodes
+             if isinstance(n.target, torch._ops.OpOverload)]
+    assert op.namespace == "tempa_fn" and "_StraightThroughRound" in op.name()
 
 
-def test_autograd_function_under_fullgraph_is_refused_by_name():
-    with pytest.raises(tempa.GraphBreakError, match="_StraightThroughRound.apply"):
-        tempa.compile(_uses_ste, fullgraph=True)(torch.randn(5, requires_grad=True))
+class _ScaledExp(torch.autograd.Function):
+    """Saves its output, keeps a non-tensor and a flag on ctx, returns a second output
+    marked non-differentiable, and skips the gradient of inputs that need none."""
+
+    @staticmethod
+    def forward(ctx, x, w, power):
+        y = torch.exp(x * w) ** power
+        ctx.save_for_backward(y, x, w)
+        ctx.power, ctx.first_is_x = power, True
+        sign = torch.sign(x)
+        ctx.mark_non_differentiable(sign)
+        return y, sign
+
+    @staticmethod
+    def backward(ctx, grad_y, grad_sign):
+        y, x, w = ctx.saved_tensors
+        gx = grad_y * y * ctx.power * w if ctx.needs_input_grad[0] else None
+        gw = (grad_y * y * ctx.power * x).sum(0) if ctx.needs_input_grad[1] else None
+        return gx, gw, None
+
+
+class _OnceCube(torch.autograd.Function):
+    """The new-style Function: forward without ctx, setup_context, once_differentiable."""
+
+    @staticmethod
+    def forward(x):
+        return x ** 3
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * 3 * x * x
+
+
+def _uses_functions(x, w):
+    y, sign = _ScaledExp.apply(x.sin(), w, 2)
+    return (_OnceCube.apply(y) * sign).sum() + sign.sum()
+
+
+def _values_and_grads(fn, *inputs):
+    inputs = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    out = fn(*inputs)
+    out.backward()
+    return out, [t.grad for t in inputs]
+
+
+@pytest.mark.parametrize("backend", ["eager", "tempa"])
+@pytest.mark.parametrize("w_grad", [True, False])
+def test_autograd_functions_match_eager_values_and_gradients(backend, w_grad):
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, dtype=torch.float64, requires_grad=w_grad) * 0.3
+    fast = tempa.compile(_uses_functions, backend=backend, fullgraph=True)
+    for _ in range(2):
+        out, grads = _values_and_grads(fast, x, w)
+        want_out, want_grads = _values_and_grads(_uses_functions, x, w)
+        torch.testing.assert_close(out, want_out)
+        for got, want in zip(grads, want_grads):
+            torch.testing.assert_close(got, want)
+    assert _counts() == (1, 0, 0)
+
+
+def test_autograd_function_outputs_keep_eager_flags():
+    def f(x, w):
+        return _ScaledExp.apply(x, w, 3)
+
+    x, w = torch.randn(2, 3, requires_grad=True), torch.randn(3)
+    y, sign = tempa.compile(f, fullgraph=True)(x, w)
+    want_y, want_sign = f(x, w)
+    torch.testing.assert_close((y, sign), (want_y, want_sign))
+    assert (y.requires_grad, sign.requires_grad) == (want_y.requires_grad, want_sign.requires_grad)
+    with torch.no_grad():
+        assert not tempa.compile(f)(x, w)[0].requires_grad
+
+
+class _WritesItsInput(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.mul_(2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+_CALLS = []
+
+
+class _RecordsCalls(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        _CALLS.append(1)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+@pytest.mark.parametrize("fn, reason", [(_WritesItsInput, "writes a tensor it was given"),
+                                        (_RecordsCalls, "changes state outside the call")])
+def test_autograd_function_that_one_operation_cannot_show_breaks_by_name(fn, reason):
+    def f(x):
+        return fn.apply(x * 1) + 1
+
+    with pytest.raises(tempa.GraphBreakError, match=reason):
+        tempa.compile(f, fullgraph=True)(torch.randn(3))
+    tempa.reset()
+    x = torch.randn(3, requires_grad=True)
+    _CALLS.clear()
+    out, (grad,) = _values_and_grads(lambda t: tempa.compile(f)(t).sum(), x)
+    want_out, (want_grad,) = _values_and_grads(lambda t: f(t).sum(), x)
+    torch.testing.assert_close((out, grad), (want_out, want_grad))
+    assert tempa.stats().graph_breaks == 1
+    if fn is _RecordsCalls:
+        assert len(_CALLS) == 2   # once compiled (run eagerly), once eager
 
 
 def test_checkpoint_is_captured_as_the_call():
