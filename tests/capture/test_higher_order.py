@@ -259,3 +259,43 @@ def test_reentrant_checkpoint_runs_eagerly_by_name():
 
     with pytest.raises(tempa.GraphBreakError, match="use_reentrant=False"):
         tempa.compile(f, fullgraph=True)(torch.randn(3, requires_grad=True))
+
+
+@torch.library.custom_op("tempa_test::scaled_sin", mutates_args=())
+def _scaled_sin(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return x.sin() * scale
+
+
+@_scaled_sin.register_fake
+def _(x, scale):
+    return torch.empty_like(x)
+
+
+def _scaled_sin_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.scale = inputs[1]
+
+
+def _scaled_sin_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    return grad * x.cos() * ctx.scale * 10, None   # not the true derivative: the user's
+
+
+_scaled_sin.register_autograd(_scaled_sin_backward, setup_context=_scaled_sin_setup)
+
+
+def _uses_custom_op(x):
+    return _scaled_sin(x * 2, 0.5).cos().sum()
+
+
+@pytest.mark.parametrize("backend", ["eager", "tempa"])
+def test_custom_op_is_one_node_with_its_registered_autograd(backend):
+    x = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    fast = tempa.compile(_uses_custom_op, backend=backend, fullgraph=True)
+    for _ in range(2):
+        out, (grad,) = _values_and_grads(fast, x)
+        want_out, (want_grad,) = _values_and_grads(_uses_custom_op, x)
+        torch.testing.assert_close((out, grad), (want_out, want_grad))
+    assert _counts() == (1, 0, 0)
+    targets = [n.target for n in tempa.entries(fast)[0].graph.graph.nodes]
+    assert torch.ops.tempa_test.scaled_sin.default in targets
