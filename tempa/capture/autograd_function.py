@@ -155,10 +155,7 @@ def _like(builder, fake):
 
 
 def _check_region(tracer, writes_before: dict, nodes, what: str) -> None:
-    writes = tracer.side_effects.writes
-    if len(writes) != len(writes_before) or any(writes_before.get(k) is not v for k, v in writes.items()):
-        raise Unsupported("autograd.Function", f"{what} changes state outside the call; the "
-                          "Function runs eagerly")
+    regions.refuse_side_effects(tracer, writes_before, what)
     regions.refuse_outside_writes(nodes, what)
 
 

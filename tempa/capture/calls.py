@@ -34,7 +34,7 @@ import types
 import torch
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from . import autograd_function, calls_builtins, higher_order, numpy_values, scalar_tensors, scalars, stdlib
+from . import autograd_function, calls_builtins, cond, higher_order, numpy_values, scalar_tensors, scalars, stdlib
 from .breaks import Unsupported, UserError
 from .calls_builtins import _tensor_type
 from .calls_classes import call_class
@@ -347,4 +347,5 @@ _SPECIAL.update(stdlib.MODELS)
 _SPECIAL.update(GUARDED_READERS)
 _SPECIAL.update(higher_order.MODELS)
 _SPECIAL.update(autograd_function.MODELS)
+_SPECIAL[torch.cond] = cond.cond
 _SPECIAL[torch.vmap] = higher_order.vmap_model(is_torch_op)

@@ -55,6 +55,16 @@ def free_inputs(nodes: list[fx.Node]) -> list[fx.Node]:
     return list(free)
 
 
+def refuse_side_effects(tracer, writes_before: dict, what: str) -> None:
+    """A region must leave the capture's recorded writes to outside objects as they were
+    (``writes_before``, a copy taken when it began): its subgraph runs where eager runs
+    it, while the entry replays recorded writes after the whole graph."""
+    writes = tracer.side_effects.writes
+    if len(writes) != len(writes_before) or any(writes_before.get(k) is not v
+                                                for k, v in writes.items()):
+        raise Unsupported("unsupported call", f"{what} changes state outside the call")
+
+
 def refuse_outside_writes(nodes: list[fx.Node], what: str) -> None:
     """A region that writes a tensor it did not make (an argument, a parameter) changes the
     caller's state in a way its subgraph, run as one operation, would not show (eager's

@@ -299,3 +299,50 @@ def test_custom_op_is_one_node_with_its_registered_autograd(backend):
     assert _counts() == (1, 0, 0)
     targets = [n.target for n in tempa.entries(fast)[0].graph.graph.nodes]
     assert torch.ops.tempa_test.scaled_sin.default in targets
+
+
+_W = torch.randn(3, dtype=torch.float64)
+
+
+def _uses_cond(x, flag):
+    (y,) = torch.cond(flag, lambda t: (t.sin() * _W,), lambda t: (t.cos() + _W,), (x,))
+    return y.sum() + 1
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_cond_on_a_python_bool_inlines_the_taken_branch(flag):
+    x = torch.randn(3, dtype=torch.float64)
+    fast = tempa.compile(_uses_cond, fullgraph=True)
+    torch.testing.assert_close(fast(x, flag), _uses_cond(x, flag))
+    assert _counts() == (1, 0, 0)
+    code = tempa.entries(fast)[0].graph_code
+    assert ("sin" in code) is flag and ("cos" in code) is not flag
+    torch.testing.assert_close(fast(x, not flag), _uses_cond(x, not flag))
+    assert _counts() == (2, 0, 0)   # the other value is another graph (guarded)
+
+
+def test_cond_on_a_tensor_decides_when_the_graph_runs():
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    fast = tempa.compile(_uses_cond, backend="eager", fullgraph=True)
+    for flag in (True, False, True):
+        pred = torch.tensor(flag)
+        out, (grad,) = _values_and_grads(lambda t: fast(t, pred), x)
+        want_out, (want_grad,) = _values_and_grads(lambda t: _uses_cond(t, pred), x)
+        torch.testing.assert_close((out, grad), (want_out, want_grad))
+    assert _counts() == (1, 0, 0)
+
+
+def test_cond_on_a_tensor_compiled_by_tempa():
+    x = torch.randn(3, dtype=torch.float64)
+    fast = tempa.compile(_uses_cond, fullgraph=True)
+    for flag in (True, False):
+        torch.testing.assert_close(fast(x, torch.tensor(flag)), _uses_cond(x, torch.tensor(flag)))
+    assert _counts() == (1, 0, 0)
+
+
+def test_cond_branches_of_other_shapes_break_by_name():
+    def f(x):
+        return torch.cond(x.sum() > 0, lambda t: t * 2, lambda t: t[:1], (x,))
+
+    with pytest.raises(tempa.GraphBreakError, match="branches return tensors of other shapes"):
+        tempa.compile(f, fullgraph=True)(torch.randn(3))
