@@ -34,7 +34,7 @@ import types
 import torch
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from . import autograd_function, calls_builtins, cond, higher_order, numpy_values, scalar_tensors, scalars, stdlib
+from . import autograd_function, calls_builtins, cond, func_transforms, higher_order, numpy_values, scalar_tensors, scalars, stdlib
 from .breaks import Unsupported, UserError
 from .calls_builtins import _tensor_type
 from .calls_classes import call_class
@@ -93,6 +93,8 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
                           "a tensor's storage needs the real storage")
     if type(fn) is higher_order.VmappedOp:
         return tracer.builder.call("call_function", fn.vmapped, tuple(args), kwargs)
+    if type(fn) is func_transforms.TransformedFunction:
+        return func_transforms.call(tracer, frame, fn, args, kwargs)
     if numpy_values.is_numpy_callable(fn):
         return numpy_values.call_numpy(tracer, fn, args, kwargs)
     if numpy_values.holds_array((args, kwargs)):
@@ -348,4 +350,5 @@ _SPECIAL.update(GUARDED_READERS)
 _SPECIAL.update(higher_order.MODELS)
 _SPECIAL.update(autograd_function.MODELS)
 _SPECIAL[torch.cond] = cond.cond
+_SPECIAL.update({t: func_transforms.model(t) for t in func_transforms.TRANSFORMS})
 _SPECIAL[torch.vmap] = higher_order.vmap_model(is_torch_op)

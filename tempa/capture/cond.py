@@ -119,19 +119,17 @@ def cond_op(true_gm, false_gm, metas: tuple):
                 for shape, stride, dtype, device in metas]
 
     def backward_impl(pred, inputs, grads):
-        # torch.func.vjp, not autograd.grad: this kernel runs below the autograd dispatch
-        # keys (inside a backend's functionalizing trace too), where a plain re-run would
-        # record no graph to differentiate
-        wanted = [i for i, x in enumerate(inputs) if _differentiable(x)]
-
-        def picked(*differentiable):
-            args = list(inputs)
-            for i, x in zip(wanted, differentiable):
-                args[i] = x
-            return [o for o, _ in zip(branch(pred)(*args), grads)]
-        _, pullback = torch.func.vjp(picked, *[inputs[i] for i in wanted])
-        computed = dict(zip(wanted, pullback(list(grads))))
-        return [computed[i] if i in computed else torch.zeros_like(x) for i, x in enumerate(inputs)]
+        # an operation's kernel runs below the autograd keys: the recomputation turns them
+        # back on, so autograd records the picked branch and differentiates it
+        with _autograd_dispatch(), torch.enable_grad():
+            leaves = [x.detach().requires_grad_(_differentiable(x)) for x in inputs]
+            outs = branch(pred)(*leaves)
+            pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
+            wanted = [x for x in leaves if x.requires_grad]
+            found = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
+                                             allow_unused=True) if pairs else [None] * len(wanted))
+        per_input = [next(found) if x.requires_grad else None for x in leaves]
+        return [torch.zeros_like(x) if g is None else g for g, x in zip(per_input, leaves)]
 
     def backward_fake(pred, inputs, grads):
         return [torch.empty_like(i) for i in inputs]
@@ -157,6 +155,17 @@ def cond_op(true_gm, false_gm, metas: tuple):
     op = getattr(torch.ops.tempa_fn, name).default
     _OPERATIONS[name] = op
     return op
+
+
+_AUTOGRAD_KEYS = (torch._C.DispatchKey.ADInplaceOrView, torch._C.DispatchKey.AutogradFunctionality)
+
+
+def _autograd_dispatch():
+    """A dispatch-key scope where autograd runs again (the kernel's caller excluded it)."""
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for key in _AUTOGRAD_KEYS:
+        exclude = exclude.remove(key)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
 
 
 def _differentiable(t) -> bool:

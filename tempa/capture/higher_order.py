@@ -1,6 +1,7 @@
 """Higher-order constructs user code applies to its functions: torch.compiler.disable,
 user autograd Functions (recognised here, captured by ``autograd_function.py``),
-torch.utils.checkpoint, torch.vmap of a torch operation.
+torch.utils.checkpoint, torch.vmap of a torch operation (of Python functions: 
+``func_transforms.py``).
 
 Each is recognised by the object the user calls (an attribute the decorator sets, the
 class's base), never by importing the compiler it rebuilds.
@@ -12,6 +13,7 @@ import inspect
 import torch
 import torch.utils.checkpoint as checkpoint_module
 
+from . import func_transforms
 from .breaks import Unsupported, UserError
 
 
@@ -91,10 +93,12 @@ _VMAP_OPTIONS = ("in_dims", "out_dims", "randomness", "chunk_size")
 
 def vmap_model(is_torch_op):
     """The model of ``torch.vmap(func, in_dims=0, out_dims=0, randomness='error', *,
-    chunk_size=None)``. Only a torch operation is vmapped inside the graph: it runs on
-    fake tensors at capture and again in the graph, so it must have no Python effects.
-    A Python function stays in Python (its code would run at capture), as does a
-    randomness other than 'error' (random draws under vmap)."""
+    chunk_size=None)``. A torch operation is one node vmapping it (``VmappedOp``): it runs
+    on fake tensors at capture and again in the graph, so it must have no Python effects. A
+    Python function is captured as a subgraph the real vmap runs (``func_transforms.py``).
+    A randomness other than 'error' (random draws under vmap) stays in Python."""
+    python_function = func_transforms.model(torch.vmap)
+
     def vmap(tracer, frame, args, kwargs):
         from .values import contains_tensor
         try:
@@ -103,12 +107,11 @@ def vmap_model(is_torch_op):
             raise UserError(e) from None
         func = bound["func"]
         options = {k: bound[k] for k in _VMAP_OPTIONS if k in bound}
-        if not is_torch_op(func):
-            raise Unsupported("unsupported call", f"torch.vmap of {getattr(func, '__qualname__', func)!r}: "
-                              "only a torch operation is vmapped inside the graph")
         if contains_tensor(list(options.values())) or options.get("randomness", "error") != "error":
             raise Unsupported("unsupported call", "torch.vmap with tensor options or randomness "
                               "other than 'error'")
+        if not is_torch_op(func):
+            return python_function(tracer, frame, args, kwargs)
         return tracer.mark_internal(VmappedOp(torch.vmap(func, **options)))
     return vmap
 

@@ -309,25 +309,33 @@ def _uses_cond(x, flag):
     return y.sum() + 1
 
 
+def _cond_in_eager(x, flag):
+    # eager's reference, without eager's torch.cond: that runs torch.compile, which imports
+    # Dynamo for the rest of the session (the optimizers' disable marks then resolve)
+    y = x.sin() * _W if bool(flag) else x.cos() + _W
+    return y.sum() + 1
+
+
 @pytest.mark.parametrize("flag", [True, False])
 def test_cond_on_a_python_bool_inlines_the_taken_branch(flag):
     x = torch.randn(3, dtype=torch.float64)
     fast = tempa.compile(_uses_cond, fullgraph=True)
-    torch.testing.assert_close(fast(x, flag), _uses_cond(x, flag))
+    torch.testing.assert_close(fast(x, flag), _cond_in_eager(x, flag))
     assert _counts() == (1, 0, 0)
     code = tempa.entries(fast)[0].graph_code
     assert ("sin" in code) is flag and ("cos" in code) is not flag
-    torch.testing.assert_close(fast(x, not flag), _uses_cond(x, not flag))
+    torch.testing.assert_close(fast(x, not flag), _cond_in_eager(x, not flag))
     assert _counts() == (2, 0, 0)   # the other value is another graph (guarded)
 
 
-def test_cond_on_a_tensor_decides_when_the_graph_runs():
+@pytest.mark.parametrize("backend", ["eager", "tempa"])
+def test_cond_on_a_tensor_decides_when_the_graph_runs(backend):
     x = torch.randn(3, dtype=torch.float64, requires_grad=True)
-    fast = tempa.compile(_uses_cond, backend="eager", fullgraph=True)
+    fast = tempa.compile(_uses_cond, backend=backend, fullgraph=True)
     for flag in (True, False, True):
         pred = torch.tensor(flag)
         out, (grad,) = _values_and_grads(lambda t: fast(t, pred), x)
-        want_out, (want_grad,) = _values_and_grads(lambda t: _uses_cond(t, pred), x)
+        want_out, (want_grad,) = _values_and_grads(lambda t: _cond_in_eager(t, pred), x)
         torch.testing.assert_close((out, grad), (want_out, want_grad))
     assert _counts() == (1, 0, 0)
 
@@ -336,7 +344,7 @@ def test_cond_on_a_tensor_compiled_by_tempa():
     x = torch.randn(3, dtype=torch.float64)
     fast = tempa.compile(_uses_cond, fullgraph=True)
     for flag in (True, False):
-        torch.testing.assert_close(fast(x, torch.tensor(flag)), _uses_cond(x, torch.tensor(flag)))
+        torch.testing.assert_close(fast(x, torch.tensor(flag)), _cond_in_eager(x, flag))
     assert _counts() == (1, 0, 0)
 
 
@@ -346,3 +354,50 @@ def test_cond_branches_of_other_shapes_break_by_name():
 
     with pytest.raises(tempa.GraphBreakError, match="branches return tensors of other shapes"):
         tempa.compile(f, fullgraph=True)(torch.randn(3))
+
+
+_V = torch.randn(4, dtype=torch.float64)
+
+
+def _loss(p, x):
+    return ((x * p).sin() * _V).sum()
+
+
+def _uses_transforms(x, p):
+    per_row = torch.vmap(lambda r: (r * _V).cos() + r.sum())(x)
+    grad = torch.func.grad(_loss)(p, x[0])
+    per_row_grads = torch.vmap(torch.func.grad(_loss), in_dims=(None, 0))(p, x)
+    jacobian = torch.func.jacrev(lambda t: t.sin() * _V)(p)
+    return per_row, grad, per_row_grads, jacobian
+
+
+@pytest.mark.parametrize("backend", ["eager", "tempa"])
+def test_func_transforms_of_python_functions_are_one_graph(backend):
+    x, p = torch.randn(3, 4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    fast = tempa.compile(_uses_transforms, backend=backend, fullgraph=True)
+    for _ in range(2):
+        torch.testing.assert_close(fast(x, p), _uses_transforms(x, p))
+    assert _counts() == (1, 0, 0)
+
+
+def test_vmap_of_a_python_function_gets_eager_gradients():
+    def f(x):
+        return torch.vmap(lambda r: (r * _V).cos() * r.sum())(x.sin()).sum()
+
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    fast = tempa.compile(f, fullgraph=True)
+    out, (grad,) = _values_and_grads(fast, x)
+    want_out, (want_grad,) = _values_and_grads(f, x)
+    torch.testing.assert_close((out, grad), (want_out, want_grad))
+    assert _counts() == (1, 0, 0)
+
+
+def test_vmap_of_a_function_writing_its_argument_breaks_by_name():
+    def f(x):
+        return torch.vmap(lambda r: r.mul_(2))(x.clone())
+
+    with pytest.raises(tempa.GraphBreakError, match="torch.func.vmap writes a tensor it was given"):
+        tempa.compile(f, fullgraph=True)(torch.randn(2, 3))
+    tempa.reset()
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(tempa.compile(f)(x), f(x))
