@@ -1,7 +1,7 @@
 """Higher-order constructs user code applies to its functions: torch.compiler.disable,
 user autograd Functions (recognised here, captured by ``autograd_function.py``),
-torch.utils.checkpoint, torch.vmap of a torch operation (of Python functions: 
-``func_transforms.py``).
+torch.utils.checkpoint, torch.vmap of a torch operation (of Python functions:
+``func_transforms.py``), torch.func.functional_call (a break).
 
 Each is recognised by the object the user calls (an attribute the decorator sets, the
 class's base), never by importing the compiler it rebuilds.
@@ -40,9 +40,20 @@ def is_autograd_function_apply(fn) -> bool:
         getattr(fn, "__func__", None) is torch.autograd.Function.apply.__func__
 
 
+# Calls that swap a module's parameters for the call's duration (``_parameters`` written,
+# then read by the module's forward). Capture does not yet see such writes when forward
+# reads the parameters, so these run eagerly, whole, as a break that names them.
+_SWAPS_PARAMETERS = (torch.func.functional_call, torch.nn.utils.stateless.functional_call)
+
+
+def _functional_call(tracer, frame, args, kwargs):
+    raise Unsupported("unsupported call", "torch.func.functional_call swaps the module's "
+                      "parameters for the call: it runs eagerly")
+
+
 def runs_as_is(fn) -> bool:
     """Whether a break runner calls ``fn`` as it is rather than compiling its frame."""
-    return is_disabled(fn) or is_autograd_function_apply(fn)
+    return is_disabled(fn) or is_autograd_function_apply(fn) or fn in _SWAPS_PARAMETERS
 
 
 # checkpoint's own options: they change what backward recomputes, never a value or gradient
@@ -116,4 +127,5 @@ def vmap_model(is_torch_op):
     return vmap
 
 
-MODELS = {checkpoint_module.checkpoint: _checkpoint}
+MODELS = {checkpoint_module.checkpoint: _checkpoint,
+          **{fn: _functional_call for fn in _SWAPS_PARAMETERS}}

@@ -401,3 +401,19 @@ def test_vmap_of_a_function_writing_its_argument_breaks_by_name():
     tempa.reset()
     x = torch.randn(2, 3)
     torch.testing.assert_close(tempa.compile(f)(x), f(x))
+
+
+def test_functional_call_runs_eagerly_with_the_given_parameters():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 2)
+    params = {k: v.detach() * 2 for k, v in lin.named_parameters()}
+
+    def f(x, params):
+        return torch.func.functional_call(lin, params, (x,)).sin()
+
+    x, fast = torch.randn(4, 3), tempa.compile(f)
+    for _ in range(2):
+        torch.testing.assert_close(fast(x, params), f(x, params))
+    assert _counts() == (2, 1, 0)   # the frame up to the call, and the resume after it
+    assert [r.reason for r in tempa.explain(f)(x, params).break_reasons] == [
+        "torch.func.functional_call swaps the module's parameters for the call: it runs eagerly"]
