@@ -34,7 +34,7 @@ import types
 import torch
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from . import autograd_function, calls_builtins, cond, func_transforms, higher_order, numpy_values, scalar_tensors, scalars, stdlib
+from . import autograd_function, calls_builtins, cond, custom_ops, func_transforms, higher_order, numpy_values, scalar_tensors, scalars, stdlib
 from .breaks import Unsupported, UserError
 from .calls_builtins import _tensor_type
 from .calls_classes import call_class
@@ -138,6 +138,8 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
     if isinstance(fn, type):
         return call_class(tracer, frame, fn, args, kwargs)
     if is_torch_op(fn):
+        if custom_ops.writes_arguments(fn):
+            return custom_ops.record(tracer, fn, args, kwargs)
         name = getattr(fn, "__name__", "")
         if any(isinstance(a, (types.FunctionType, types.MethodType))
                for a in (*args, *kwargs.values())):

@@ -1,5 +1,7 @@
 """Higher-order constructs in captured code (issue 16 item 4): torch.compiler.disable,
 user autograd Functions, torch.utils.checkpoint, torch.library custom ops."""
+import warnings
+
 import pytest
 import torch
 
@@ -417,3 +419,44 @@ def test_functional_call_runs_eagerly_with_the_given_parameters():
     assert _counts() == (2, 1, 0)   # the frame up to the call, and the resume after it
     assert [r.reason for r in tempa.explain(f)(x, params).break_reasons] == [
         "torch.func.functional_call swaps the module's parameters for the call: it runs eagerly"]
+
+
+@torch.library.custom_op("tempa_test::add_into", mutates_args=("x",))
+def _add_into(x: torch.Tensor, y: torch.Tensor, alpha: float = 1.0) -> None:
+    x.add_(y * alpha)
+
+
+@_add_into.register_fake
+def _(x, y, alpha=1.0):
+    return None
+
+
+@torch.library.custom_op("tempa_test::double_and_dot", mutates_args=("buf",))
+def _double_and_dot(x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+    buf.mul_(2)
+    return (x * buf).sum(0)
+
+
+@_double_and_dot.register_fake
+def _(x, buf):
+    return x.new_empty(x.shape[1:])
+
+
+def _uses_mutating_ops(x, y, buf):
+    z = x * 1
+    _add_into(z, y, alpha=3.0)
+    return z + 1, _double_and_dot(z, buf)
+
+
+@pytest.mark.parametrize("backend", ["eager", "tempa"])
+def test_custom_ops_writing_their_arguments_are_one_graph(backend):
+    fast = tempa.compile(_uses_mutating_ops, backend=backend, fullgraph=True)
+    for _ in range(2):
+        x, y, buf = torch.randn(2, 4), torch.randn(2, 4), torch.randn(2, 4)
+        eager_buf = buf.clone()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)   # no eager fallback of the graph
+            got = fast(x, y, buf)
+        torch.testing.assert_close(got, _uses_mutating_ops(x, y, eager_buf))
+        torch.testing.assert_close(buf, eager_buf)   # the caller's buffer written as in eager
+    assert _counts() == (1, 0, 0)
