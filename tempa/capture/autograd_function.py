@@ -125,10 +125,13 @@ def apply(tracer, frame, cls, args, kwargs):
         backward = backward.__wrapped__
     grad_vars = [TensorVar(builder.graph.call_function(_grad_slot, (i,)), _like(builder, v.fake))
                  for i, v in enumerate(outs)]
+    # one gradient per output, as eager passes them: None for an output that is no tensor
+    slot_of = {id(v): g for v, g in zip(outs, grad_vars)}
+    backward_args = [slot_of.get(id(v)) for v in (out if isinstance(out, tuple) else (out,))]
     ctx.saved_tensors = ctx.to_save
     backward_region = regions.Region(builder.graph)
     with _grad_mode(False):
-        grads = tracer.call(frame, backward, [ctx, *grad_vars], {})
+        grads = tracer.call(frame, backward, [ctx, *backward_args], {})
     backward_nodes = backward_region.close()
     _check_region(tracer, writes, backward_nodes, f"{name}.backward")
     grads = _gradient_vars(grads, args, name)

@@ -189,6 +189,29 @@ def test_autograd_function_outputs_keep_eager_flags():
         assert not tempa.compile(f)(x, w)[0].requires_grad
 
 
+class _TimesTwoAndAnInt(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2, 3
+
+    @staticmethod
+    def backward(ctx, grad, grad_of_int):
+        assert grad_of_int is None   # eager passes None for the output that is no tensor
+        return grad * 5
+
+
+def test_autograd_function_with_an_output_that_is_no_tensor():
+    def f(x):
+        y, k = _TimesTwoAndAnInt.apply(x)
+        return (y * k).sum()
+
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    out, (grad,) = _values_and_grads(tempa.compile(f, fullgraph=True), x)
+    want_out, (want_grad,) = _values_and_grads(f, x)
+    torch.testing.assert_close((out, grad), (want_out, want_grad))
+    assert _counts() == (1, 0, 0)
+
+
 class _WritesItsInput(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
