@@ -34,7 +34,8 @@ import types
 import torch
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from . import autograd_function, calls_builtins, cond, custom_ops, func_transforms, higher_order, numpy_values, scalar_tensors, scalars, stdlib
+from . import autograd_function, calls_builtins, cond, custom_ops, func_transforms, higher_order, \
+    numpy_values, scalar_tensors, scalars, stdlib
 from .breaks import Unsupported, UserError
 from .calls_builtins import _tensor_type
 from .calls_classes import call_class

@@ -15,7 +15,7 @@ import torch
 import torch.fx as fx
 
 from .breaks import Unsupported
-from .graph import _mutates_arguments
+from .graph import _mutates_arguments, _name
 from .values import TensorVar
 
 
@@ -76,7 +76,7 @@ def refuse_outside_writes(nodes: list[fx.Node], what: str) -> None:
             written = node.args[0] if node.args else None
             if isinstance(written, fx.Node) and written not in inside:
                 raise Unsupported("unsupported call", f"{what} writes a tensor it was given "
-                                  f"in place ({node.target if isinstance(node.target, str) else getattr(node.target, '__name__', node.target)})")
+                                  f"in place ({_name(node.target)})")
 
 
 def extract(graph: fx.Graph, nodes: list[fx.Node], outputs: list[fx.Node],
