@@ -34,6 +34,8 @@ BREAK_TYPES = {
                    "Python on every call and the rest stays compiled",
     "unsupported call": "tempa does not know how to capture this callable; wrap it with "
                         "@tempa.disable to run it eagerly on purpose",
+    "autograd.Function": "this user autograd.Function does something one graph operation "
+                         "cannot show (see the reason); it runs eagerly, with its own backward",
     "disabled by tempa.disable": "the function is marked @tempa.disable; it runs eagerly",
     "disabled by torch.compiler.disable": "the function is marked @torch.compiler.disable; it "
                                           "runs eagerly",

@@ -34,7 +34,8 @@ import types
 import torch
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from . import calls_builtins, higher_order, numpy_values, scalar_tensors, scalars, stdlib
+from . import autograd_function, calls_builtins, cond, custom_ops, func_transforms, higher_order, \
+    numpy_values, scalar_tensors, scalars, stdlib
 from .breaks import Unsupported, UserError
 from .calls_builtins import _tensor_type
 from .calls_classes import call_class
@@ -93,6 +94,8 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
                           "a tensor's storage needs the real storage")
     if type(fn) is higher_order.VmappedOp:
         return tracer.builder.call("call_function", fn.vmapped, tuple(args), kwargs)
+    if type(fn) is func_transforms.TransformedFunction:
+        return func_transforms.call(tracer, frame, fn, args, kwargs)
     if numpy_values.is_numpy_callable(fn):
         return numpy_values.call_numpy(tracer, fn, args, kwargs)
     if numpy_values.holds_array((args, kwargs)):
@@ -114,7 +117,8 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
         raise Unsupported("impure call", impure)
     if isinstance(fn, torch.nn.Module):
         return call_module(tracer, frame, fn, args, kwargs)
-    higher_order.check_not_autograd_function(fn)
+    if higher_order.is_autograd_function_apply(fn):
+        return autograd_function.apply(tracer, frame, fn.__self__, args, kwargs)
     if isinstance(fn, types.MethodType):
         return call(tracer, frame, fn.__func__, [fn.__self__, *args], kwargs)
     if kwargs.get("out") is not None and is_torch_op(fn):
@@ -135,6 +139,8 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
     if isinstance(fn, type):
         return call_class(tracer, frame, fn, args, kwargs)
     if is_torch_op(fn):
+        if custom_ops.writes_arguments(fn):
+            return custom_ops.record(tracer, fn, args, kwargs)
         name = getattr(fn, "__name__", "")
         if any(isinstance(a, (types.FunctionType, types.MethodType))
                for a in (*args, *kwargs.values())):
@@ -345,4 +351,7 @@ _SPECIAL.update(calls_builtins.MODELS)
 _SPECIAL.update(stdlib.MODELS)
 _SPECIAL.update(GUARDED_READERS)
 _SPECIAL.update(higher_order.MODELS)
+_SPECIAL.update(autograd_function.MODELS)
+_SPECIAL[torch.cond] = cond.cond
+_SPECIAL.update({t: func_transforms.model(t) for t in func_transforms.TRANSFORMS})
 _SPECIAL[torch.vmap] = higher_order.vmap_model(is_torch_op)

@@ -1,5 +1,7 @@
 """Higher-order constructs user code applies to its functions: torch.compiler.disable,
-user autograd Functions, torch.utils.checkpoint, torch.vmap of a torch operation.
+user autograd Functions (recognised here, captured by ``autograd_function.py``),
+torch.utils.checkpoint, torch.vmap of a torch operation (of Python functions:
+``func_transforms.py``), torch.func.functional_call (a break).
 
 Each is recognised by the object the user calls (an attribute the decorator sets, the
 class's base), never by importing the compiler it rebuilds.
@@ -11,6 +13,7 @@ import inspect
 import torch
 import torch.utils.checkpoint as checkpoint_module
 
+from . import func_transforms
 from .breaks import Unsupported, UserError
 
 
@@ -30,24 +33,27 @@ def check_not_disabled(fn) -> None:
 
 
 def is_autograd_function_apply(fn) -> bool:
-    """Whether ``fn`` is ``Fn.apply`` of a user ``torch.autograd.Function``."""
+    """Whether ``fn`` is ``Fn.apply`` of a user ``torch.autograd.Function`` (captured as one
+    operation, ``autograd_function.py``; a break runner calls it as it is)."""
     owner = getattr(fn, "__self__", None)
     return isinstance(owner, type) and issubclass(owner, torch.autograd.Function) and \
         getattr(fn, "__func__", None) is torch.autograd.Function.apply.__func__
 
 
-def check_not_autograd_function(fn) -> None:
-    """``Fn.apply`` of a user autograd Function is a graph break: it runs eagerly, so its
-    backward is the user's. Tracing its forward into the graph would let autograd
-    differentiate the forward's ops instead (wrong for a straight-through estimator...)."""
-    if is_autograd_function_apply(fn):
-        raise Unsupported("unsupported call", f"{fn.__self__.__qualname__}.apply: a user "
-                          "torch.autograd.Function runs eagerly, with its own backward")
+# Calls that swap a module's parameters for the call's duration (``_parameters`` written,
+# then read by the module's forward). Capture does not yet see such writes when forward
+# reads the parameters, so these run eagerly, whole, as a break that names them.
+_SWAPS_PARAMETERS = (torch.func.functional_call, torch.nn.utils.stateless.functional_call)
+
+
+def _functional_call(tracer, frame, args, kwargs):
+    raise Unsupported("unsupported call", "torch.func.functional_call swaps the module's "
+                      "parameters for the call: it runs eagerly")
 
 
 def runs_as_is(fn) -> bool:
     """Whether a break runner calls ``fn`` as it is rather than compiling its frame."""
-    return is_disabled(fn) or is_autograd_function_apply(fn)
+    return is_disabled(fn) or is_autograd_function_apply(fn) or fn in _SWAPS_PARAMETERS
 
 
 # checkpoint's own options: they change what backward recomputes, never a value or gradient
@@ -98,10 +104,12 @@ _VMAP_OPTIONS = ("in_dims", "out_dims", "randomness", "chunk_size")
 
 def vmap_model(is_torch_op):
     """The model of ``torch.vmap(func, in_dims=0, out_dims=0, randomness='error', *,
-    chunk_size=None)``. Only a torch operation is vmapped inside the graph: it runs on
-    fake tensors at capture and again in the graph, so it must have no Python effects.
-    A Python function stays in Python (its code would run at capture), as does a
-    randomness other than 'error' (random draws under vmap)."""
+    chunk_size=None)``. A torch operation is one node vmapping it (``VmappedOp``): it runs
+    on fake tensors at capture and again in the graph, so it must have no Python effects. A
+    Python function is captured as a subgraph the real vmap runs (``func_transforms.py``).
+    A randomness other than 'error' (random draws under vmap) stays in Python."""
+    python_function = func_transforms.model(torch.vmap)
+
     def vmap(tracer, frame, args, kwargs):
         from .values import contains_tensor
         try:
@@ -110,14 +118,14 @@ def vmap_model(is_torch_op):
             raise UserError(e) from None
         func = bound["func"]
         options = {k: bound[k] for k in _VMAP_OPTIONS if k in bound}
-        if not is_torch_op(func):
-            raise Unsupported("unsupported call", f"torch.vmap of {getattr(func, '__qualname__', func)!r}: "
-                              "only a torch operation is vmapped inside the graph")
         if contains_tensor(list(options.values())) or options.get("randomness", "error") != "error":
             raise Unsupported("unsupported call", "torch.vmap with tensor options or randomness "
                               "other than 'error'")
+        if not is_torch_op(func):
+            return python_function(tracer, frame, args, kwargs)
         return tracer.mark_internal(VmappedOp(torch.vmap(func, **options)))
     return vmap
 
 
-MODELS = {checkpoint_module.checkpoint: _checkpoint}
+MODELS = {checkpoint_module.checkpoint: _checkpoint,
+          **{fn: _functional_call for fn in _SWAPS_PARAMETERS}}

@@ -1,0 +1,101 @@
+"""Regions of a capture moved into graphs of their own: the subgraphs of higher-order
+constructs (a user autograd Function's forward and backward).
+
+A construct's body is inlined into the capture's graph like any other call, so its guards,
+purity checks and graph breaks are those of the interpreter; the nodes it recorded are then
+moved out into a separate ``fx.GraphModule`` whose inputs are the outside values they read
+(``extract``). What runs the subgraph (an operator of ``tempa_fn``, ``function_ops``)
+becomes one node in the capture's graph.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from .breaks import Unsupported
+from .graph import _mutates_arguments, _name
+from .values import TensorVar
+
+
+class Region:
+    """The nodes recorded from here on, up to ``close``. Placeholders (a parameter or global
+    tensor first read inside) stay inputs of the capture's graph."""
+
+    def __init__(self, graph: fx.Graph):
+        self.graph = graph
+        self.before = set(graph.nodes)
+        self.nodes: list[fx.Node] = []
+
+    def close(self) -> list[fx.Node]:
+        self.nodes = [n for n in self.graph.nodes if n not in self.before and n.op != "placeholder"]
+        for node in self.nodes:
+            if node.op not in ("call_function", "call_method"):
+                raise Unsupported("unsupported call", f"a {node.op} node inside a subgraph")
+        return self.nodes
+
+
+def tensor_nodes(value) -> list[fx.Node]:
+    """The nodes of the TensorVars in ``value`` (nested tuples/lists), in order."""
+    if isinstance(value, TensorVar):
+        return [value.node]
+    if isinstance(value, (tuple, list)):
+        return [n for v in value for n in tensor_nodes(v)]
+    return []
+
+
+def free_inputs(nodes: list[fx.Node]) -> list[fx.Node]:
+    """The outside nodes the region's nodes read, in the order of first use."""
+    inside, free = set(nodes), {}
+    for node in nodes:
+        for arg in node.all_input_nodes:
+            if arg not in inside:
+                free.setdefault(arg, None)
+    return list(free)
+
+
+def refuse_side_effects(tracer, writes_before: dict, what: str) -> None:
+    """A region must leave the capture's recorded writes to outside objects as they were
+    (``writes_before``, a copy taken when it began): its subgraph runs where eager runs
+    it, while the entry replays recorded writes after the whole graph."""
+    writes = tracer.side_effects.writes
+    if len(writes) != len(writes_before) or any(writes_before.get(k) is not v
+                                                for k, v in writes.items()):
+        raise Unsupported("unsupported call", f"{what} changes state outside the call")
+
+
+def refuse_outside_writes(nodes: list[fx.Node], what: str) -> None:
+    """A region that writes a tensor it did not make (an argument, a parameter) changes the
+    caller's state in a way its subgraph, run as one operation, would not show (eager's
+    ``ctx.mark_dirty`` protocol); writes into its own tensors are plain values."""
+    inside = set(nodes)
+    for node in nodes:
+        if _mutates_arguments(node.target) or node.target is operator.setitem or \
+                node.meta.get("returns_argument"):
+            written = node.args[0] if node.args else None
+            if isinstance(written, fx.Node) and written not in inside:
+                raise Unsupported("unsupported call", f"{what} writes a tensor it was given "
+                                  f"in place ({_name(node.target)})")
+
+
+def extract(graph: fx.Graph, nodes: list[fx.Node], outputs: list[fx.Node],
+            inputs: list[fx.Node]) -> fx.GraphModule:
+    """Move ``nodes`` out of ``graph`` into a GraphModule with one placeholder per node of
+    ``inputs`` (in that order; every outside node the region reads must be one) that returns
+    ``outputs`` as a tuple. The moved nodes must have no users left outside the region."""
+    sub = fx.Graph()
+    env = {}
+    for i, node in enumerate(inputs):
+        env[node] = sub.placeholder(f"in{i}")
+        env[node].meta = dict(node.meta)
+    for node in nodes:
+        env[node] = sub.node_copy(node, lambda n: env[n])
+    sub.output(tuple(env[n] for n in outputs))
+    inside = set(nodes)
+    for node in reversed(nodes):
+        if any(user not in inside for user in node.users):
+            raise Unsupported("unsupported call", "a value made inside a subgraph is used "
+                              "outside it")
+        graph.erase_node(node)
+    return fx.GraphModule(torch.nn.Module(), sub)
