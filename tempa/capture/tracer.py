@@ -496,6 +496,17 @@ class Tracer:
         g = self.guards
         for table in ("_parameters", "_buffers", "_modules"):
             entries = d.get(table)
+            copied = self._copy_of.get(id(entries)) if entries is not None else None
+            if copied is not None and copied[0] is entries:
+                # The code read this table as a dict (`m._parameters["w"] = new`, what
+                # functional_call does): its writes live in our copy, whose entries were
+                # guarded at their sources when it was made, so read it there.
+                if name in copied[1]:
+                    return copied[1][name]
+                if name in entries and name not in d and not hasattr(type(mod), name):
+                    # deleted from the table by this call (`del m._buffers["b"]`)
+                    raise AttributeError(f"'{type(mod).__name__}' object has no attribute '{name}'")
+                continue
             if entries is None or name not in entries:
                 continue
             value = entries[name]

@@ -5,6 +5,7 @@ Each test checks the values, the outside object's state after the call, and whic
 torch.compile's counts on the same code, measured in a separate script (torch 2.13 CPU),
 are quoted where they differ from one graph."""
 import collections
+import copy
 
 import pytest
 import torch
@@ -357,3 +358,36 @@ def test_python_descriptor_read_sees_the_pending_writes():
     out, text = tempa.compile(f, fullgraph=True, backend="eager")(torch.zeros(1), c)
     assert text == "direct" and out.item() == len("set_hello") and c.__dict__ == {"_v": "direct"}
     assert _counts() == (1, 0, 0)
+
+
+def test_a_parameter_written_into_the_modules_table_is_what_the_module_then_reads():
+    """``m._parameters["weight"] = w`` (what torch.func.functional_call does) and then
+    ``m(x)``: the call uses ``w``. The module's attribute read found the table's entry in
+    the real dict, from before the write, so the graph used the old weight."""
+    def swap_then_call(m, x, w):
+        m._parameters["weight"] = w
+        return m(x)
+
+    def removed_then_read(m):
+        del m._buffers["running"]
+        return m.running
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 3)
+    lin = nn.Linear(3, 2)
+    lin_eager = copy.deepcopy(lin)
+    fast = tempa.compile(swap_then_call, fullgraph=True)
+    for _ in range(2):   # a new weight each call: its source is the argument
+        w = nn.Parameter(torch.randn(2, 3))
+        want = swap_then_call(lin_eager, x, w)
+        got = fast(lin, x, w)
+        torch.testing.assert_close(got, want)
+        assert lin.weight is w
+    # the table's entries are guarded by identity: the second weight recaptures, no break
+    assert _counts()[1:] == (0, 0)
+
+    m = nn.Module()
+    m.register_buffer("running", torch.zeros(2))
+    with pytest.raises(AttributeError):
+        tempa.compile(removed_then_read)(m)
+    assert "running" not in m._buffers
