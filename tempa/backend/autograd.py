@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from .compile_graph import finish, plan_graph
+from .runtime import nativeautograd
 from ..sourcefiles import source_file
 
 _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
@@ -55,46 +56,55 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
     saved_nodes = vals[len(vals) - n_saved:] if n_saved else []
     alias = [user_nodes.index(sn) if sn in user_nodes else -1 for sn in saved_nodes]
     has_alias = any(a >= 0 for a in alias) and not all_saved_variables
-    n_si = len(saved_inputs)
-
-    forward = _render_forward(fw_call, n_in, n_out, n_saved, saved_inputs, alias, non_diff, single,
-                              all_saved_variables)
 
     is_grad = torch.is_grad_enabled
     recompute = joint.recompute
-
-    def backward(ctx, *grads):
-        if is_grad():
-            return _differentiable_backward(ctx, grads, compiled_backward, recompute, diff,
-                                            grad_inputs, joint.mutated, n_in)
-        return compiled_backward(ctx, grads)
-
-    # where the backward's saved arguments sit in ctx.tempa_saved (the forward's inputs,
-    # then the saved values it kept there; see _render_forward)
+    # where the backward's saved arguments sit in ``held`` (the forward's inputs, then its
+    # saved values; see _render_forward)
     held_order = saved_inputs + tuple(range(n_in, n_in + n_saved))
 
-    def compiled_backward(ctx, grads):
+    def compiled_backward(saved, grads):
         tangents = []
         for i in diff:
             g = grads[i]
             if not g.is_contiguous():
                 g = g.contiguous()   # the backward was compiled for contiguous tangents
             tangents.append(g)
-        if all_saved_variables:
-            saved = ctx.saved_tensors
-        else:
-            held = ctx.tempa_saved
-            saved = [held[i] for i in held_order]
-        if has_alias:
-            it = iter(ctx.saved_tensors)
-            for k, a in enumerate(alias):
-                if a >= 0:
-                    saved[n_si + k] = next(it)
         res = bw_call(*saved, *tangents)
         out = [None] * n_in
         for i, g in zip(grad_inputs, res):
             out[i] = g
         return tuple(out)
+
+    def backward_from(inputs, saved, grads):
+        if is_grad():
+            return _differentiable_backward(inputs, saved, grads, compiled_backward, recompute,
+                                            diff, grad_inputs, joint.mutated)
+        return compiled_backward(saved, grads)
+
+    def backward_of_held(held, grads):
+        return backward_from(held[:n_in], [held[i] for i in held_order], grads)
+
+    if not all_saved_variables:
+        native = nativeautograd.function(fw_call, backward_of_held, n_in, n_out, diff,
+                                         saved_inputs, alias, single)
+        if native is not None:
+            return native, fw_info, bw_info
+
+    forward = _render_forward(fw_call, n_in, n_out, n_saved, saved_inputs, alias, non_diff, single,
+                              all_saved_variables)
+
+    def backward(ctx, *grads):
+        if all_saved_variables:
+            return backward_from(ctx.tempa_saved, ctx.saved_tensors, grads)
+        held = ctx.tempa_saved
+        if has_alias:
+            held = list(held)
+            it = iter(ctx.saved_tensors)
+            for k, a in enumerate(alias):
+                if a >= 0:
+                    held[n_in + k] = next(it)
+        return backward_of_held(held, grads)
 
     Fn = type("TempaCompiledFunction", (torch.autograd.Function,),
               {"forward": staticmethod(forward), "backward": staticmethod(backward)})
@@ -106,8 +116,8 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
     return _C_APPLY.__get__(None, Fn), fw_info, bw_info
 
 
-def _differentiable_backward(ctx, grads, compiled_backward, recompute, diff, grad_inputs,
-                             mutated, n_in):
+def _differentiable_backward(inputs, saved, grads, compiled_backward, recompute, diff,
+                             grad_inputs, mutated):
     """The backward under ``create_graph``: eager's gradient, itself differentiable. Inputs
     the graph mutates (BatchNorm's running statistics) are recomputed from copies: the
     forward already updated them once."""
@@ -117,8 +127,7 @@ def _differentiable_backward(ctx, grads, compiled_backward, recompute, diff, gra
                            "recompute it from. Run this function eagerly (tempa.disable) for "
                            "higher-order gradients.")
     with torch.no_grad():
-        expected = compiled_backward(ctx, grads)
-    inputs = ctx.tempa_saved[:n_in]
+        expected = compiled_backward(saved, grads)
     fresh = [t.clone() if i in mutated else t for i, t in enumerate(inputs)]
     with torch.enable_grad():
         outs = recompute(*fresh)

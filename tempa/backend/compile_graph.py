@@ -16,7 +16,7 @@ stats = importlib.import_module("tempa.stats")  # the module; tempa.stats is als
 from .codegen import cpp, wrapper
 from ..sourcefiles import source_file
 from .pipeline import Target, memory_summary, plan_graph as run_passes, show
-from .runtime import build as _build, fastcall
+from .runtime import build as _build, fastcall, nativeautograd
 from .schedule import plan_memory
 
 
@@ -157,7 +157,8 @@ def instantiate(wsrc: str, lib, seg_codes: dict, constants: dict, consts: list, 
     ptrs = {k: v.data_ptr() for k, v in constants.items()}
     ns: dict = {}
     exec(compile(wsrc, source_file(wsrc, f"wrapper {label}"), "exec"), ns)
-    call = ns["make"](seg_funcs, constants, ptrs, consts, torch.empty_strided, torch.as_strided, _index_error)
+    call = ns["make"](seg_funcs, constants, ptrs, consts, nativeautograd.empty_strided(),
+                      torch.as_strided, _index_error)
     call._keepalive = (lib, constants)
     kinds = {"ctypes" if isinstance(f, ctypes._CFuncPtr) else "extension" for f in seg_funcs.values()}
     call.segment_calls = "+".join(sorted(kinds))
