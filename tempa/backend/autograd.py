@@ -89,7 +89,9 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
         native = nativeautograd.function(fw_call, backward_of_held, n_in, n_out, diff,
                                          saved_inputs, alias, single)
         if native is not None:
+            fw_info.autograd = "native"
             return native, fw_info, bw_info
+    fw_info.autograd = "autograd.Function"
 
     forward = _render_forward(fw_call, n_in, n_out, n_saved, saved_inputs, alias, non_diff, single,
                               all_saved_variables)

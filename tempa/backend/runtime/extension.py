@@ -96,9 +96,9 @@ class BuiltOnce:
                         self._state["module"] = None
         return self._state["module"]
 
-    def ready(self):
-        """The module if it is built and loaded, else None (never waits for a build)."""
-        return self._state.get("module")
+    def settled(self) -> bool:
+        """Whether ``get()`` has its answer (the module or None) without waiting."""
+        return "module" in self._state
 
     def prebuild(self) -> None:
         """Start the build in a background thread; a no-op once built or started."""

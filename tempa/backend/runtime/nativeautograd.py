@@ -504,9 +504,8 @@ def module_if_ready(start_build: bool = True):
     it is done."""
     if not _config().native_autograd:
         return None
-    ready = _extension.ready()
-    if ready is not None:
-        return ready
+    if _extension.settled():
+        return _extension.get()
     try:
         cached = extension.is_cached("nativeautograd", SOURCE, _key_parts())
     except Exception:  # noqa: BLE001 - no compiler: get() says why, once
