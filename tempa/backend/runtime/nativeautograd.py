@@ -105,8 +105,7 @@ struct TempaNode : Node {
     ~TempaNode() override {
         if (Py_IsInitialized()) {
             Gil gil;
-            Py_XDECREF(inputs_);
-            Py_XDECREF(saved_);
+            clear();
             Py_DECREF(spec_);
         }
     }
@@ -115,16 +114,24 @@ struct TempaNode : Node {
     void release_variables() override {
         std::lock_guard<std::mutex> lock(mutex_);
         Gil gil;
-        Py_CLEAR(inputs_);
-        Py_CLEAR(saved_);
-        saved_outputs_.clear();
+        clear();
         released_ = true;
     }
+    void clear() {     // with the GIL: the tensors' last references may free Python objects
+        inputs_.clear();
+        saved_.clear();
+        saved_outputs_.clear();
+        Py_CLEAR(other_inputs_);
+    }
+    PyObject* held();
 
     PyObject* spec_;
-    PyObject* inputs_ = nullptr;                    // every input (the recompute of a double backward)
-    PyObject* saved_ = nullptr;                     // saved values, None where saved_outputs_ holds it
-    std::vector<uint32_t> versions_;                // of Spec::checked, at the forward
+    // every input (the recompute of a double backward reads them all): tensors as tensors,
+    // no Python tuple a call (each tuple made would count towards the garbage collector)
+    c10::SmallVector<at::Tensor, 8> inputs_;
+    PyObject* other_inputs_ = nullptr;              // all inputs, where some are no tensors
+    c10::SmallVector<uint32_t, 8> versions_;        // of Spec::checked, at the forward
+    c10::SmallVector<at::Tensor, 4> saved_;         // saved values (undefined: in saved_outputs_)
     std::vector<SavedVariable> saved_outputs_;      // saved values that are user outputs
     bool released_ = false;
 };
@@ -135,6 +142,39 @@ const std::function<variable_list(variable_list, variable_list)> kNoJvp =
         TORCH_CHECK(false, "tempa: forward-mode AD through the native autograd node");
     };
 const std::function<at::Tensor(at::Tensor)> kViewAsSelf = [](at::Tensor x) { return x.view_as(x); };
+
+PyObject* wrap_or_none(const at::Tensor& t) {
+    if (t.defined()) return THPVariable_Wrap(t);
+    Py_INCREF(Py_None);
+    return Py_None;
+}
+
+// (inputs..., saved values...): what the Python backward reads
+PyObject* TempaNode::held() {
+    Spec* s = reinterpret_cast<Spec*>(spec_);
+    Py_ssize_t n_in = s->n_in;
+    THPObjectPtr held(PyTuple_New(n_in + s->n_saved));
+    if (!held) return NULL;
+    for (Py_ssize_t i = 0; i < n_in; ++i) {
+        PyObject* o;
+        if (other_inputs_) {
+            o = PyTuple_GET_ITEM(other_inputs_, i);
+            Py_INCREF(o);
+        } else {
+            o = THPVariable_Wrap(inputs_[i]);
+            if (!o) return NULL;
+        }
+        PyTuple_SET_ITEM(held.get(), i, o);
+    }
+    size_t next_output = 0;
+    for (Py_ssize_t k = 0; k < s->n_saved; ++k) {
+        PyObject* o = (*s->alias)[k] >= 0 ? wrap_or_none(saved_outputs_[next_output++].unpack(getptr()))
+                                          : wrap_or_none(saved_[k]);
+        if (!o) return NULL;
+        PyTuple_SET_ITEM(held.get(), n_in + k, o);
+    }
+    return held.release();
+}
 
 variable_list TempaNode::apply(variable_list&& grads) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -147,8 +187,8 @@ variable_list TempaNode::apply(variable_list&& grads) {
         "calling backward.");
     Spec* s = reinterpret_cast<Spec*>(spec_);
     for (size_t k = 0; k < s->checked->size(); ++k) {
-        PyObject* obj = PyTuple_GET_ITEM(inputs_, (*s->checked)[k]);
-        const at::Tensor& t = THPVariable_Unpack(obj);
+        const at::Tensor& t = inputs_[(*s->checked)[k]];
+        if (!t.defined()) continue;
         uint32_t now = t._version();
         TORCH_CHECK(now == versions_[k],
             "one of the variables needed for gradient computation has been modified by an "
@@ -157,26 +197,8 @@ variable_list TempaNode::apply(variable_list&& grads) {
             "find the operation that failed to compute its gradient, with "
             "torch.autograd.set_detect_anomaly(True).");
     }
-    Py_ssize_t n_in = PyTuple_GET_SIZE(inputs_);
-    THPObjectPtr held(PyTuple_New(n_in + s->n_saved));
-    if (!held) throw python_error();
-    for (Py_ssize_t i = 0; i < n_in; ++i) {
-        PyObject* o = PyTuple_GET_ITEM(inputs_, i);
-        Py_INCREF(o);
-        PyTuple_SET_ITEM(held.get(), i, o);
-    }
-    size_t next_output = 0;
-    for (Py_ssize_t k = 0; k < s->n_saved; ++k) {
-        PyObject* o;
-        if ((*s->alias)[k] >= 0) {
-            o = THPVariable_Wrap(saved_outputs_[next_output++].unpack(getptr()));
-            if (!o) throw python_error();
-        } else {
-            o = PyTuple_GET_ITEM(saved_, k);
-            Py_INCREF(o);
-        }
-        PyTuple_SET_ITEM(held.get(), n_in + k, o);
-    }
+    THPObjectPtr held_values(held());
+    if (!held_values) throw python_error();
     THPObjectPtr py_grads(PyTuple_New(grads.size()));
     if (!py_grads) throw python_error();
     for (size_t i = 0; i < grads.size(); ++i) {
@@ -192,16 +214,29 @@ variable_list TempaNode::apply(variable_list&& grads) {
         if (!g) throw python_error();
         PyTuple_SET_ITEM(py_grads.get(), i, g);
     }
-    THPObjectPtr res(PyObject_CallFunctionObjArgs(s->backward, held.get(), py_grads.get(), NULL));
+    THPObjectPtr res(PyObject_CallFunctionObjArgs(s->backward, held_values.get(), py_grads.get(), NULL));
     if (!res) throw python_error();
-    TORCH_CHECK(PyTuple_Check(res.get()) && PyTuple_GET_SIZE(res.get()) == n_in,
+    TORCH_CHECK(PyTuple_Check(res.get()) && PyTuple_GET_SIZE(res.get()) == s->n_in,
                 "tempa: the compiled backward returned the wrong number of gradients");
-    variable_list out(n_in);
-    for (Py_ssize_t i = 0; i < n_in; ++i) {
+    variable_list out(s->n_in);
+    for (Py_ssize_t i = 0; i < s->n_in; ++i) {
         PyObject* g = PyTuple_GET_ITEM(res.get(), i);
         if (g != Py_None && next_edge(i).is_valid()) out[i] = THPVariable_Unpack(g);
     }
     return out;
+}
+
+// Whether every output is a new tensor without autograd state (not an input, not a view):
+// then setting its history is what _wrap_outputs would do, without its bookkeeping.
+bool all_fresh(const std::vector<std::optional<Variable>>& outs, const variable_list& inputs) {
+    for (const auto& o : outs) {
+        if (!o.has_value()) return false;
+        at::TensorImpl* impl = o->unsafeGetTensorImpl();
+        if (impl->autograd_meta() != nullptr || o->is_view()) return false;
+        for (const auto& in : inputs)
+            if (in.defined() && in.unsafeGetTensorImpl() == impl) return false;
+    }
+    return true;
 }
 
 PyObject* spec_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
@@ -214,13 +249,14 @@ PyObject* spec_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObje
     }
     variable_list inputs;
     inputs.reserve(n);
-    bool any_requires_grad = false;
+    bool any_requires_grad = false, all_tensors = true;
     for (Py_ssize_t i = 0; i < n; ++i) {
         if (THPVariable_Check(args[i])) {
             inputs.push_back(THPVariable_Unpack(args[i]));
             any_requires_grad |= inputs.back().requires_grad();
         } else {
             inputs.emplace_back();
+            all_tensors = false;
         }
     }
     c10::intrusive_ptr<TempaNode> node;
@@ -239,61 +275,72 @@ PyObject* spec_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObje
         PyErr_SetString(PyExc_RuntimeError, "tempa: the compiled forward returned an unexpected result");
         return NULL;
     }
-    std::vector<std::optional<Variable>> raw(s->n_out);
-    std::unordered_set<at::TensorImpl*> non_differentiable;
-    for (Py_ssize_t i = 0; i < s->n_out; ++i) {
-        PyObject* o = PySequence_Fast_GET_ITEM(r.get(), i);
-        if (!THPVariable_Check(o)) continue;
-        raw[i] = THPVariable_Unpack(o);
-        if (!(*s->differentiable)[i]) non_differentiable.insert(raw[i]->unsafeGetTensorImpl());
-    }
-    c10::intrusive_ptr<Node> cdata = node;
-    auto wrapped = torch::autograd::_wrap_outputs(inputs, non_differentiable, kNone, raw, cdata, kNoJvp,
-                                                  kNone, kViewAsSelf, false);
-    THPObjectPtr outs(PyTuple_New(s->n_out));
-    if (!outs) return NULL;
-    for (Py_ssize_t i = 0; i < s->n_out; ++i) {
-        PyObject* o = PySequence_Fast_GET_ITEM(r.get(), i);
-        PyObject* w;
-        if (!wrapped[i].has_value() || wrapped[i]->unsafeGetTensorImpl() == raw[i]->unsafeGetTensorImpl()) {
-            Py_INCREF(o);
-            w = o;
-        } else {
-            w = THPVariable_Wrap(*wrapped[i]);
-            if (!w) return NULL;
+    PyObject** items = PySequence_Fast_ITEMS(r.get());
+    std::vector<std::optional<Variable>> outs(s->n_out);
+    for (Py_ssize_t i = 0; i < s->n_out; ++i)
+        if (THPVariable_Check(items[i])) outs[i] = THPVariable_Unpack(items[i]);
+    std::vector<std::optional<Variable>> wrapped;
+    if (node && all_fresh(outs, inputs)) {
+        for (Py_ssize_t i = 0; i < s->n_out; ++i) {
+            const Variable& v = *outs[i];
+            if ((*s->differentiable)[i] && torch::autograd::isDifferentiableType(v.scalar_type()))
+                torch::autograd::impl::set_gradient_edge(v, {node, node->add_input_metadata(v)});
+            else
+                node->add_input_metadata(Node::undefined_input());
         }
-        PyTuple_SET_ITEM(outs.get(), i, w);
+    } else {
+        std::unordered_set<at::TensorImpl*> non_differentiable;
+        for (Py_ssize_t i = 0; i < s->n_out; ++i)
+            if (outs[i].has_value() && !(*s->differentiable)[i])
+                non_differentiable.insert(outs[i]->unsafeGetTensorImpl());
+        c10::intrusive_ptr<Node> cdata = node;
+        wrapped = torch::autograd::_wrap_outputs(inputs, non_differentiable, kNone, outs, cdata,
+                                                 kNoJvp, kNone, kViewAsSelf, false);
     }
+    // the output objects: the forward's own, or a new one where _wrap_outputs made a view
+    auto result = [&](Py_ssize_t i) -> PyObject* {
+        if (wrapped.empty() || !wrapped[i].has_value() ||
+            wrapped[i]->unsafeGetTensorImpl() == outs[i]->unsafeGetTensorImpl()) {
+            Py_INCREF(items[i]);
+            return items[i];
+        }
+        return THPVariable_Wrap(*wrapped[i]);
+    };
+    const auto& final_outs = wrapped.empty() ? outs : wrapped;
     if (node) {
-        node->inputs_ = PyTuple_New(n);
-        if (!node->inputs_) return NULL;
-        for (Py_ssize_t i = 0; i < n; ++i) {
-            Py_INCREF(args[i]);
-            PyTuple_SET_ITEM(node->inputs_, i, args[i]);
+        node->inputs_.assign(inputs.begin(), inputs.end());
+        if (!all_tensors) {
+            node->other_inputs_ = PyTuple_New(n);
+            if (!node->other_inputs_) return NULL;
+            for (Py_ssize_t i = 0; i < n; ++i) {
+                Py_INCREF(args[i]);
+                PyTuple_SET_ITEM(node->other_inputs_, i, args[i]);
+            }
         }
-        node->versions_.reserve(s->checked->size());
-        for (Py_ssize_t i : *s->checked) node->versions_.push_back(inputs[i]._version());
-        node->saved_ = PyTuple_New(s->n_saved);
-        if (!node->saved_) return NULL;
+        for (Py_ssize_t i : *s->checked)
+            node->versions_.push_back(inputs[i].defined() ? inputs[i]._version() : 0);
+        node->saved_.resize(s->n_saved);
         for (Py_ssize_t k = 0; k < s->n_saved; ++k) {
             Py_ssize_t a = (*s->alias)[k];
-            PyObject* o;
             if (a >= 0) {
-                node->saved_outputs_.emplace_back(*wrapped[a], true);
-                o = Py_None;
+                node->saved_outputs_.emplace_back(*final_outs[a], true);
+            } else if (THPVariable_Check(items[s->n_out + k])) {
+                node->saved_[k] = THPVariable_Unpack(items[s->n_out + k]);
             } else {
-                o = PySequence_Fast_GET_ITEM(r.get(), s->n_out + k);
+                PyErr_SetString(PyExc_RuntimeError, "tempa: a saved value is no tensor");
+                return NULL;
             }
-            Py_INCREF(o);
-            PyTuple_SET_ITEM(node->saved_, k, o);
         }
     }
-    if (s->single) {
-        PyObject* o = PyTuple_GET_ITEM(outs.get(), 0);
-        Py_INCREF(o);
-        return o;
+    if (s->single) return result(0);
+    THPObjectPtr tuple(PyTuple_New(s->n_out));
+    if (!tuple) return NULL;
+    for (Py_ssize_t i = 0; i < s->n_out; ++i) {
+        PyObject* o = result(i);
+        if (!o) return NULL;
+        PyTuple_SET_ITEM(tuple.get(), i, o);
     }
-    return outs.release();
+    return tuple.release();
     END_HANDLE_TH_ERRORS
 }
 
