@@ -1,18 +1,25 @@
-"""The autograd variant: compiled forward and backward inside one ``autograd.Function``.
+"""The autograd variant: a compiled forward whose outputs' history leads to the compiled backward.
 
-Why a custom Function and not AOTAutograd's runtime: its wrappers cost tens of microseconds
-per call, more than a small model's whole budget. Here a call is ``apply`` (the C-level
-``_FunctionBase.apply``, skipping the Python ``Function.apply`` shim) plus the compiled
-forward. Saved tensors that are not outputs are kept as plain ctx attributes (cheaper than
-``save_for_backward``; they are fresh buffers nobody else can modify); saved outputs go
-through ``save_for_backward`` to avoid a reference cycle through ``grad_fn``. Under CUDA
-graphs (``graph_calls``) every saved tensor goes through ``save_for_backward``: autograd
-then drops them after the backward, and the forward's next replay need not copy them away.
+Why not AOTAutograd's runtime: its wrappers cost tens of microseconds per call, more than a
+small model's whole budget. Two ways to the same graph, the first where it is available:
+
+- tempa's native autograd node (runtime/nativeautograd.py): one C++ call collects the
+  inputs' edges, runs the compiled forward and sets the outputs' history to a
+  ``torch::autograd::Node`` whose ``apply`` calls ``backward_of_held`` below. It also checks
+  the versions of the inputs the backward reads and frees its saved values after a backward
+  without ``retain_graph``, as eager does (~3 µs less per call than the Function).
+- an ``autograd.Function`` (until that extension is built, or where it cannot be): ``apply``
+  is the C-level ``_FunctionBase.apply``, skipping the Python ``Function.apply`` shim.
+  Saved tensors that are not outputs are kept as plain ctx attributes (cheaper than
+  ``save_for_backward``; they are fresh buffers nobody else can modify); saved outputs go
+  through ``save_for_backward`` to avoid a reference cycle through ``grad_fn``. Under CUDA
+  graphs (``graph_calls``) every saved tensor goes through ``save_for_backward``: autograd
+  then drops them after the backward, and the forward's next replay need not copy them away.
 
 Double backward (``create_graph=True``: Hessians, gradient penalties): the compiled backward
 reads raw buffers and returns gradients without history, which would make every second
 derivative zero. When the backward runs with grad mode on, it instead recomputes the
-torch-level graph from the forward's inputs (kept as ``ctx.tempa_inputs``) with eager ATen
+torch-level graph from the forward's inputs (both ways keep them all) with eager ATen
 ops and differentiates that with ``create_graph``, so the gradient is eager's, history
 included. The compiled backward still runs once as a check: a recomputation that does not
 reproduce its gradient (random ops, an input modified in place since the forward) raises
