@@ -36,8 +36,11 @@ from ..sourcefiles import source_file
 _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
 
 
-def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn=finish, graph_calls=None):
+def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn=finish, graph_calls=None,
+                   native_node: bool = False):
     """``plan_fn``/``finish_fn``: the renderer's passes (C++ here; the GPU path passes its own).
+    ``native_node``: use tempa's native autograd node where it is built (the CPU targets
+    ask for it; the GPU targets keep ``autograd.Function`` until it is tested there).
     ``graph_calls``: (fw_call, bw_call) -> replacements that replay them as CUDA graphs
     (mode="reduce-overhead", runtime/cudagraphs.py). Then every saved tensor goes through
     ``save_for_backward``, so autograd drops it when the backward has run and the forward's
@@ -92,7 +95,7 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
     def backward_of_held(held, grads):
         return backward_from(held[:n_in], [held[i] for i in held_order], grads)
 
-    if not all_saved_variables:
+    if native_node and not all_saved_variables:
         native = nativeautograd.function(fw_call, backward_of_held, n_in, n_out, diff,
                                          saved_inputs, alias, single)
         if native is not None:
