@@ -132,7 +132,9 @@ struct TempaNode : Node {
     PyObject* other_inputs_ = nullptr;              // all inputs, where some are no tensors
     c10::SmallVector<uint32_t, 8> versions_;        // of Spec::checked, at the forward
     c10::SmallVector<at::Tensor, 4> saved_;         // saved values (undefined: in saved_outputs_)
-    std::vector<SavedVariable> saved_outputs_;      // saved values that are user outputs
+    // saved values that are user outputs, in order (a plain reference would be a cycle
+    // through the output's grad_fn, which no garbage collector sees in C++)
+    std::vector<SavedVariable> saved_outputs_;
     bool released_ = false;
 };
 
@@ -168,8 +170,8 @@ PyObject* TempaNode::held() {
     }
     size_t next_output = 0;
     for (Py_ssize_t k = 0; k < s->n_saved; ++k) {
-        PyObject* o = (*s->alias)[k] >= 0 ? wrap_or_none(saved_outputs_[next_output++].unpack(getptr()))
-                                          : wrap_or_none(saved_[k]);
+        PyObject* o = saved_[k].defined() ? wrap_or_none(saved_[k])
+                                          : wrap_or_none(saved_outputs_[next_output++].unpack(getptr()));
         if (!o) return NULL;
         PyTuple_SET_ITEM(held.get(), n_in + k, o);
     }
@@ -322,10 +324,17 @@ PyObject* spec_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObje
         node->saved_.resize(s->n_saved);
         for (Py_ssize_t k = 0; k < s->n_saved; ++k) {
             Py_ssize_t a = (*s->alias)[k];
+            PyObject* item = items[s->n_out + k];
+            if (a < 0 && THPVariable_Check(item)) {
+                // the same tensor as an output, although another value of the graph
+                at::TensorImpl* impl = THPVariable_Unpack(item).unsafeGetTensorImpl();
+                for (Py_ssize_t i = 0; i < s->n_out && a < 0; ++i)
+                    if (final_outs[i].has_value() && final_outs[i]->unsafeGetTensorImpl() == impl) a = i;
+            }
             if (a >= 0) {
                 node->saved_outputs_.emplace_back(*final_outs[a], true);
-            } else if (THPVariable_Check(items[s->n_out + k])) {
-                node->saved_[k] = THPVariable_Unpack(items[s->n_out + k]);
+            } else if (THPVariable_Check(item)) {
+                node->saved_[k] = THPVariable_Unpack(item);
             } else {
                 PyErr_SetString(PyExc_RuntimeError, "tempa: a saved value is no tensor");
                 return NULL;
