@@ -6,11 +6,15 @@ one above passes it, so each layer's cost is its time minus the time of the one 
   call       ``fast(x)``: the OptimizedModule, the dispatcher, the entry and all below
   entry      the generated entry function (guards, then the compiled callable)
   compiled   the backend's callable: picks the variant (functorch/forward-AD, grad mode)
-  apply      ``autograd.Function`` apply (C++: the node, its ctx, edges, output wrapping)
-  forward    the Function's generated forward (a plain object as ctx)
+  apply      the training variant: tempa's native autograd node (runtime/nativeautograd.py:
+             edges, the outputs' history, the saved values) or, where that extension is
+             not built, ``autograd.Function`` apply (its node, ctx, edges, output wrapping)
+  forward    the Function's generated forward (a plain object as ctx); the native node has
+             none (it calls fw_call itself), so this layer reads ~0 there
   fw_call    the compiled forward: allocations, data pointers, the kernel
   kernel     the generated C++ alone (both matmuls, bias, ReLU), on preallocated buffers
-  alloc      one ``torch.empty_strided`` (fw_call makes two: the output, the saved ReLU)
+  alloc      one allocation by the wrapper's allocator (the extension's ``empty_strided``
+             or ``torch.empty_strided``; fw_call makes two: the output, the saved ReLU)
 
 Timing as in guard_cost.py: warm-up, rounds of 200 calls interleaved over the callables,
 median of the rounds, the calling thread's CPU time; ``--runs`` fresh processes (default 3),
@@ -44,8 +48,9 @@ args = (x, *entry.captured.attr_tensors)
 cells = dict(zip(entry.compiled.__code__.co_freevars,
                  [c.cell_contents for c in entry.compiled.__closure__]))
 apply = cells["state"].train_fn
-forward = apply.__self__.forward
-fw_call = forward.__globals__["fw_call"]
+native = hasattr(apply, "fw_call")     # tempa's native autograd node (runtime/nativeautograd.py)
+forward = None if native else apply.__self__.forward
+fw_call = apply.fw_call if native else forward.__globals__["fw_call"]
 fw_cells = dict(zip(fw_call.__code__.co_freevars, [c.cell_contents for c in fw_call.__closure__]))
 kernel, empty_strided = fw_cells["_S0"], fw_cells["_empty_strided"]
 outs = fw_call(*args)
@@ -59,7 +64,8 @@ class Ctx:
 timed = {{
     "eager": (eager, (x,)), "call": (fast, (x,)), "entry": (entry.fn, (model, x)),
     "compiled": (entry.compiled, args), "apply": (apply, args),
-    "forward": (lambda *a: forward(Ctx(), *a), args), "fw_call": (fw_call, args),
+    "forward": (fw_call if native else lambda *a: forward(Ctx(), *a), args),
+    "fw_call": (fw_call, args),
     "kernel": (kernel, pointers),
     "alloc": (lambda: empty_strided((8, 64), (64, 1), dtype=torch.float32), ()),
 }}
@@ -73,7 +79,10 @@ for _ in range(7):
         for _ in range(200):
             fn(*a)
         cpu[name].append((time.thread_time() - c0) / 200 * 1e6)
-print(json.dumps({{name: statistics.median(ts) for name, ts in cpu.items()}}))
+out = {{name: statistics.median(ts) for name, ts in cpu.items()}}
+out["native"] = native
+out["allocator"] = empty_strided.__module__ or ""
+print(json.dumps(out))
 """
 
 
@@ -89,14 +98,18 @@ def measure() -> dict:
 def main(argv: list[str]) -> None:
     runs = int(argv[argv.index("--runs") + 1]) if "--runs" in argv else 3
     per_run = [measure() for _ in range(runs)]
+    node = "native node" if per_run[0].pop("native") else "autograd.Function"
+    allocator = per_run[0].pop("allocator")
+    for r in per_run[1:]:
+        r.pop("native"), r.pop("allocator")
     m = {k: statistics.median(r[k] for r in per_run) for k in per_run[0]}
     layers = [
         ("OptimizedModule + dispatcher", m["call"] - m["entry"]),
         ("entry: guards, frame, output", m["entry"] - m["compiled"]),
         ("variant choice (functorch/forward-AD/grad mode)", m["compiled"] - m["apply"]),
-        ("autograd.Function apply, C++ side", m["apply"] - m["forward"]),
+        (f"{node}: edges, history, saved values", m["apply"] - m["forward"]),
         ("generated forward (ctx tuple, slicing)", m["forward"] - m["fw_call"]),
-        ("two allocations (output, saved ReLU)", 2 * m["alloc"]),
+        (f"two allocations (output, saved ReLU; {allocator})", 2 * m["alloc"]),
         ("kernel launch glue (data_ptr reads, call)", m["fw_call"] - m["kernel"] - 2 * m["alloc"]),
         ("generated C++ kernel", m["kernel"]),
     ]

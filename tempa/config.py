@@ -40,6 +40,11 @@ class Config:
     # with g++ and c10's headers) instead of one Python attribute read per field: ~0.7 µs less
     # per tensor per call. Off (or where it cannot be built): the same guards in Python.
     fast_guards: bool = True
+    # Give a compiled training graph's outputs their history through tempa's native autograd
+    # node (a C++ extension over torch's autograd headers, built once in the background,
+    # ~15-30 s) instead of an autograd.Function: ~3-4 µs less per grad-mode call. Off (or
+    # until it is built, or where it cannot be): autograd.Function, the same answers.
+    native_autograd: bool = True
     # Automatic dynamic shapes: after a size changes once, recapture with that dim symbolic.
     automatic_dynamic_shapes: bool = True
     # Capture at all. Off (TEMPA_CAPTURE=0): every call of compiled code runs eagerly and no

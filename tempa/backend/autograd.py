@@ -1,18 +1,25 @@
-"""The autograd variant: compiled forward and backward inside one ``autograd.Function``.
+"""The autograd variant: a compiled forward whose outputs' history leads to the compiled backward.
 
-Why a custom Function and not AOTAutograd's runtime: its wrappers cost tens of microseconds
-per call, more than a small model's whole budget. Here a call is ``apply`` (the C-level
-``_FunctionBase.apply``, skipping the Python ``Function.apply`` shim) plus the compiled
-forward. Saved tensors that are not outputs are kept as plain ctx attributes (cheaper than
-``save_for_backward``; they are fresh buffers nobody else can modify); saved outputs go
-through ``save_for_backward`` to avoid a reference cycle through ``grad_fn``. Under CUDA
-graphs (``graph_calls``) every saved tensor goes through ``save_for_backward``: autograd
-then drops them after the backward, and the forward's next replay need not copy them away.
+Why not AOTAutograd's runtime: its wrappers cost tens of microseconds per call, more than a
+small model's whole budget. Two ways to the same graph, the first where it is available:
+
+- tempa's native autograd node (runtime/nativeautograd.py): one C++ call collects the
+  inputs' edges, runs the compiled forward and sets the outputs' history to a
+  ``torch::autograd::Node`` whose ``apply`` calls ``backward_of_held`` below. It also checks
+  the versions of the inputs the backward reads and frees its saved values after a backward
+  without ``retain_graph``, as eager does (~3 µs less per call than the Function).
+- an ``autograd.Function`` (until that extension is built, or where it cannot be): ``apply``
+  is the C-level ``_FunctionBase.apply``, skipping the Python ``Function.apply`` shim.
+  Saved tensors that are not outputs are kept as plain ctx attributes (cheaper than
+  ``save_for_backward``; they are fresh buffers nobody else can modify); saved outputs go
+  through ``save_for_backward`` to avoid a reference cycle through ``grad_fn``. Under CUDA
+  graphs (``graph_calls``) every saved tensor goes through ``save_for_backward``: autograd
+  then drops them after the backward, and the forward's next replay need not copy them away.
 
 Double backward (``create_graph=True``: Hessians, gradient penalties): the compiled backward
 reads raw buffers and returns gradients without history, which would make every second
 derivative zero. When the backward runs with grad mode on, it instead recomputes the
-torch-level graph from the forward's inputs (kept as ``ctx.tempa_inputs``) with eager ATen
+torch-level graph from the forward's inputs (both ways keep them all) with eager ATen
 ops and differentiates that with ``create_graph``, so the gradient is eager's, history
 included. The compiled backward still runs once as a check: a recomputation that does not
 reproduce its gradient (random ops, an input modified in place since the forward) raises
@@ -23,13 +30,17 @@ from __future__ import annotations
 import torch
 
 from .compile_graph import finish, plan_graph
+from .runtime import nativeautograd
 from ..sourcefiles import source_file
 
 _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
 
 
-def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn=finish, graph_calls=None):
+def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn=finish, graph_calls=None,
+                   native_node: bool = False):
     """``plan_fn``/``finish_fn``: the renderer's passes (C++ here; the GPU path passes its own).
+    ``native_node``: use tempa's native autograd node where it is built (the CPU targets
+    ask for it; the GPU targets keep ``autograd.Function`` until it is tested there).
     ``graph_calls``: (fw_call, bw_call) -> replacements that replay them as CUDA graphs
     (mode="reduce-overhead", runtime/cudagraphs.py). Then every saved tensor goes through
     ``save_for_backward``, so autograd drops it when the backward has run and the forward's
@@ -55,46 +66,57 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
     saved_nodes = vals[len(vals) - n_saved:] if n_saved else []
     alias = [user_nodes.index(sn) if sn in user_nodes else -1 for sn in saved_nodes]
     has_alias = any(a >= 0 for a in alias) and not all_saved_variables
-    n_si = len(saved_inputs)
-
-    forward = _render_forward(fw_call, n_in, n_out, n_saved, saved_inputs, alias, non_diff, single,
-                              all_saved_variables)
 
     is_grad = torch.is_grad_enabled
     recompute = joint.recompute
-
-    def backward(ctx, *grads):
-        if is_grad():
-            return _differentiable_backward(ctx, grads, compiled_backward, recompute, diff,
-                                            grad_inputs, joint.mutated, n_in)
-        return compiled_backward(ctx, grads)
-
-    # where the backward's saved arguments sit in ctx.tempa_saved (the forward's inputs,
-    # then the saved values it kept there; see _render_forward)
+    # where the backward's saved arguments sit in ``held`` (the forward's inputs, then its
+    # saved values; see _render_forward)
     held_order = saved_inputs + tuple(range(n_in, n_in + n_saved))
 
-    def compiled_backward(ctx, grads):
+    def compiled_backward(saved, grads):
         tangents = []
         for i in diff:
             g = grads[i]
             if not g.is_contiguous():
                 g = g.contiguous()   # the backward was compiled for contiguous tangents
             tangents.append(g)
-        if all_saved_variables:
-            saved = ctx.saved_tensors
-        else:
-            held = ctx.tempa_saved
-            saved = [held[i] for i in held_order]
-        if has_alias:
-            it = iter(ctx.saved_tensors)
-            for k, a in enumerate(alias):
-                if a >= 0:
-                    saved[n_si + k] = next(it)
         res = bw_call(*saved, *tangents)
         out = [None] * n_in
         for i, g in zip(grad_inputs, res):
             out[i] = g
         return tuple(out)
+
+    def backward_from(inputs, saved, grads):
+        if is_grad():
+            return _differentiable_backward(inputs, saved, grads, compiled_backward, recompute,
+                                            diff, grad_inputs, joint.mutated)
+        return compiled_backward(saved, grads)
+
+    def backward_of_held(held, grads):
+        return backward_from(held[:n_in], [held[i] for i in held_order], grads)
+
+    if native_node and not all_saved_variables:
+        native = nativeautograd.function(fw_call, backward_of_held, n_in, n_out, diff,
+                                         saved_inputs, alias, single)
+        if native is not None:
+            fw_info.autograd = "native"
+            return native, fw_info, bw_info
+    fw_info.autograd = "autograd.Function"
+
+    forward = _render_forward(fw_call, n_in, n_out, n_saved, saved_inputs, alias, non_diff, single,
+                              all_saved_variables)
+
+    def backward(ctx, *grads):
+        if all_saved_variables:
+            return backward_from(ctx.tempa_saved, ctx.saved_tensors, grads)
+        held = ctx.tempa_saved
+        if has_alias:
+            held = list(held)
+            it = iter(ctx.saved_tensors)
+            for k, a in enumerate(alias):
+                if a >= 0:
+                    held[n_in + k] = next(it)
+        return backward_of_held(held, grads)
 
     Fn = type("TempaCompiledFunction", (torch.autograd.Function,),
               {"forward": staticmethod(forward), "backward": staticmethod(backward)})
@@ -106,8 +128,8 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
     return _C_APPLY.__get__(None, Fn), fw_info, bw_info
 
 
-def _differentiable_backward(ctx, grads, compiled_backward, recompute, diff, grad_inputs,
-                             mutated, n_in):
+def _differentiable_backward(inputs, saved, grads, compiled_backward, recompute, diff,
+                             grad_inputs, mutated):
     """The backward under ``create_graph``: eager's gradient, itself differentiable. Inputs
     the graph mutates (BatchNorm's running statistics) are recomputed from copies: the
     forward already updated them once."""
@@ -117,8 +139,7 @@ def _differentiable_backward(ctx, grads, compiled_backward, recompute, diff, gra
                            "recompute it from. Run this function eagerly (tempa.disable) for "
                            "higher-order gradients.")
     with torch.no_grad():
-        expected = compiled_backward(ctx, grads)
-    inputs = ctx.tempa_saved[:n_in]
+        expected = compiled_backward(saved, grads)
     fresh = [t.clone() if i in mutated else t for i, t in enumerate(inputs)]
     with torch.enable_grad():
         outs = recompute(*fresh)

@@ -16,7 +16,7 @@ stats = importlib.import_module("tempa.stats")  # the module; tempa.stats is als
 from .codegen import cpp, wrapper
 from ..sourcefiles import source_file
 from .pipeline import Target, memory_summary, plan_graph as run_passes, show
-from .runtime import build as _build, fastcall
+from .runtime import build as _build, fastcall, nativeautograd
 from .schedule import plan_memory
 
 
@@ -34,6 +34,8 @@ class CompiledGraphInfo:
     from_disk_cache: bool = False
     so_path: str = ""
     segment_calls: str = ""            # how the wrapper calls C++: "extension" | "ctypes"
+    allocator: str = ""                # its buffers' allocator: "extension" | "torch.empty_strided"
+    autograd: str = ""                 # a training forward's node: "native" | "autograd.Function"
     passes: dict = field(default_factory=dict)    # pipeline pass name -> its output (trace())
     mutated_inputs: list = field(default_factory=list)   # input indices the graph writes to
 
@@ -125,6 +127,7 @@ def finish(plans: list) -> list:
         info.passes["wrap"] = wsrc
         call = instantiate(wsrc, lib, p.seg_codes, p.lowered.constants, consts, p.label)
         info.segment_calls = call.segment_calls
+        info.allocator = call.allocator
         log = logs.get("code")
         if log.isEnabledFor(20):
             log.info("%s: %s\n--- wrapper ---\n%s\n--- C++ ---\n%s\n--- fusion ---\n%s",
@@ -159,7 +162,9 @@ def instantiate(wsrc: str, lib, seg_codes: dict, constants: dict, consts: list, 
     ptrs = {k: v.data_ptr() for k, v in constants.items()}
     ns: dict = {}
     exec(compile(wsrc, source_file(wsrc, f"wrapper {label}"), "exec"), ns)
-    call = ns["make"](seg_funcs, constants, ptrs, consts, torch.empty_strided, torch.as_strided, _index_error)
+    alloc = nativeautograd.empty_strided()
+    call = ns["make"](seg_funcs, constants, ptrs, consts, alloc, torch.as_strided, _index_error)
+    call.allocator = "torch.empty_strided" if alloc is torch.empty_strided else "extension"
     call._keepalive = (lib, constants)
     kinds = {"ctypes" if isinstance(f, ctypes._CFuncPtr) else "extension" for f in seg_funcs.values()}
     call.segment_calls = "+".join(sorted(kinds))

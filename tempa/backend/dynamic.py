@@ -162,8 +162,8 @@ class DynamicTarget:
     def _static_training(self, joint, n_in, single, plan_fn=None, finish_fn=None):
         from .autograd import build_training
         if plan_fn is None:
-            return build_training(joint, n_in, single)
-        return build_training(joint, n_in, single, plan_fn, finish_fn)
+            return build_training(joint, n_in, single, native_node=True)
+        return build_training(joint, n_in, single, plan_fn, finish_fn, native_node=True)
 
     def bind(self, pgm, examples, info):
 

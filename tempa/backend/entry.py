@@ -107,7 +107,7 @@ class CpuTarget:
     @staticmethod
     def build_training(joint, n_in, single):
         from .autograd import build_training
-        return build_training(joint, n_in, single)
+        return build_training(joint, n_in, single, native_node=True)
 
 
 def _on_cuda(example_inputs) -> bool:

@@ -28,8 +28,7 @@ def build_cached(name: str, kind: str, source: str, language: str, key_parts: tu
     (``kind``) when one built from the same source and ``key_parts`` is there, else
     compiled with ``command(source_path, so_path)`` (``language``: the source file's
     suffix, "c" or "cpp") and stored first."""
-    key = diskcache.key_of(source, *key_parts, importlib.machinery.EXTENSION_SUFFIXES[0])
-    so = diskcache.path(kind, key, "so")
+    so = _cached_path(kind, source, key_parts)
     if diskcache.verified(so):
         try:
             return _load(name, so)
@@ -38,6 +37,17 @@ def build_cached(name: str, kind: str, source: str, language: str, key_parts: tu
             _log.info("cached %s extension %s cannot be loaded (%s); rebuilding it", kind, so, e)
     _compile(source, language, command, timeout, so)
     return _load(name, so)
+
+
+def is_cached(kind: str, source: str, key_parts: tuple) -> bool:
+    """Whether ``build_cached`` with these arguments would find its module in the disk cache
+    (loading it is then fast; building it may not be)."""
+    return diskcache.verified(_cached_path(kind, source, key_parts))
+
+
+def _cached_path(kind: str, source: str, key_parts: tuple) -> str:
+    key = diskcache.key_of(source, *key_parts, importlib.machinery.EXTENSION_SUFFIXES[0])
+    return diskcache.path(kind, key, "so")
 
 
 def _compile(source: str, language: str, command, timeout: int, so: str) -> None:
@@ -85,6 +95,10 @@ class BuiltOnce:
                         _log.info("%s: %s", self._unavailable, e)
                         self._state["module"] = None
         return self._state["module"]
+
+    def settled(self) -> bool:
+        """Whether ``get()`` has its answer (the module or None) without waiting."""
+        return "module" in self._state
 
     def prebuild(self) -> None:
         """Start the build in a background thread; a no-op once built or started."""
