@@ -79,8 +79,6 @@ class _Recorder(TorchDispatchMode):
         self.constants: dict[str, torch.Tensor] = {}
         self.backward_started = False
         self.strict_functional = False
-        self.fresh: set = set()       # ids of tensors the backward made (not inputs, not saved)
-        self.aliased: set = set()     # ids of tensors that are views or have views
 
     def bind(self, t: torch.Tensor, node: fx.Node) -> None:
         self.env[id(t)] = node
@@ -88,50 +86,6 @@ class _Recorder(TorchDispatchMode):
         node.meta["traced_meta"] = TracedMeta.of(t)
         node.meta["bw"] = self.backward_started
         node.meta["grad"] = torch.is_grad_enabled()
-
-    def _note_aliases(self, func, args, out):
-        """Remember which tensors share memory with another (a view op's input and output),
-        and which the backward made, for ``_functional_form``."""
-        if self.backward_started and isinstance(out, torch.Tensor) and id(out) not in self.env:
-            self.fresh.add(id(out))
-        if any(r.alias_info is not None for r in func._schema.returns) and not func._schema.is_mutable:
-            outs = out if isinstance(out, (tuple, list)) else [out]
-            for t in list(args) + list(outs):
-                if isinstance(t, torch.Tensor):
-                    self.aliased.add(id(t))
-
-    def _functional_form(self, func, args):
-        """The out-of-place op for an in-place op on a tensor that the backward made and that
-        shares memory with nothing: autograd's own formulas write such temporaries in place
-        (clamp's backward: ``(x >= min).logical_and_(x <= max)``, ReLU6 in MobileNetV2), and
-        as no other tensor sees the write, the op's result is all there is to record. None
-        when the op is not of that kind (then the graph is refused, as before)."""
-        schema = func._schema
-        if not (args and isinstance(args[0], torch.Tensor) and schema.name.endswith("_")
-                and schema.arguments and schema.arguments[0].alias_info is not None
-                and schema.arguments[0].alias_info.is_write
-                and not any(a.alias_info is not None and a.alias_info.is_write
-                            for a in schema.arguments[1:])):
-            return None
-        t = args[0]
-        if id(t) not in self.fresh or id(t) in self.aliased or t._base is not None:
-            return None
-        packet = getattr(aten, schema.name.split("::")[-1][:-1], None)
-        overload = getattr(packet, schema.overload_name or "default", None) if packet else None
-        if overload is None or len(overload._schema.arguments) != len(schema.arguments):
-            return None
-        return overload
-
-    def _record_functional(self, func, functional, args, kwargs):
-        """Run the in-place op (the traced tensor holds the value it must), record its
-        functional form, and let later reads of the tensor see the new node."""
-        out = func(*args, **kwargs)
-        node = self.graph.call_function(functional, self.lookup(args), self.lookup(kwargs))
-        node.meta["bw"] = self.backward_started
-        node.meta["grad"] = torch.is_grad_enabled()
-        node.meta["traced_meta"] = TracedMeta.of(out)
-        self.env[id(out)] = node
-        return out
 
     def lookup(self, a):
         if isinstance(a, torch.Tensor):
@@ -158,17 +112,13 @@ class _Recorder(TorchDispatchMode):
         if _DATA_DEPENDENT & set(func.tags) and not _static_index(func, args):
             raise UntraceableGraph(f"data-dependent op {func}")
         if self.strict_functional and func._schema.is_mutable:
-            functional = self._functional_form(func, args)
-            if functional is None:
-                raise UntraceableGraph(f"mutating op {func} in the backward")
-            return self._record_functional(func, functional, args, kwargs)
+            raise UntraceableGraph(f"mutating op {func} in the backward")
         if func is aten.lift_fresh.default or func is aten.lift_fresh_copy.default:
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
         node = self.graph.call_function(func, self.lookup(args), self.lookup(kwargs))
         node.meta["bw"] = self.backward_started
         node.meta["grad"] = torch.is_grad_enabled()
-        self._note_aliases(func, args, out)
         if isinstance(out, torch.Tensor):
             if func._schema.is_mutable and id(out) in self.env:
                 self.env[id(out)] = node   # in-place result aliases its input
