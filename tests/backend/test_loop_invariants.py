@@ -124,13 +124,32 @@ def test_load_out_of_bounds_for_some_iterations_stays_in_its_branch():
     assert lines.index(next(l for l in lines if "tail[" in l)) > lines.index("if (x1 > 0) {")
 
 
-def test_load_of_a_buffer_written_in_the_group_is_not_hoisted():
+def test_load_of_a_buffer_the_group_writes_stays_below_its_outer_loops():
     k = _emitter()
     x0, _ = _loops(k, 4, 8)
-    out = _buf("out", 4)
+    k.group_frames = 3                        # the block and both loops are the group's
     k.written = {"out"}
-    k.load(out, IndexExpr.of(x0))
+    k.load(_buf("out", 4), IndexExpr.of(x0))
     assert _loop_depth_of(_flat(k), "out[x0]") == 2
+
+
+def test_load_of_a_buffer_an_earlier_member_wrote_is_read_after_that_store():
+    """A row's statistics (BatchNorm's batch mean) stored by one member and read by the next
+    member's element loop: read once per row, after the store, before the element loop."""
+    k = _emitter()
+    (x0,) = _loops(k, 4)
+    k.group_frames = 2
+    k.written = {"mean", "out"}
+    k.line("mean[x0] = 1.0f;")
+    k.writing = "out"
+    k.open_loop(Var("i", 8))
+    k.op("sqrt", [k.load(_buf("mean", 4), IndexExpr.of(x0))], torch.float32)
+    k.load(_buf("out", 4), IndexExpr.of(x0))      # its own buffer: never moved
+    lines = _flat(k)
+    read = lines.index(next(l for l in lines if "= mean[x0]" in l))
+    assert lines.index("mean[x0] = 1.0f;") < read < lines.index("for (int64_t i = 0; i < 8; ++i) {")
+    assert _loop_depth_of(lines, "m::sqrt(") == 1
+    assert _loop_depth_of(lines, "out[x0]") == 2
 
 
 def test_load_of_an_empty_buffer_is_not_hoisted():
@@ -161,8 +180,8 @@ def test_integer_division_stays_in_its_branch_float_math_leaves_it():
 
 
 def test_value_reading_an_inline_value_is_declared_after_it():
-    """A local computed inline in a loop (a row's reduction result) is read by values of the
-    loops opened after it, not in the slot above its own line."""
+    """A local computed inline in a loop (a row's reduction result) is read in the tail of
+    that loop (after its line, before the loop inside), not in the slot above its line."""
     k = _emitter()
     (x0,) = _loops(k, 4)
     k.line("const float v_row = 1.0f;")
@@ -173,5 +192,6 @@ def test_value_reading_an_inline_value_is_declared_after_it():
     k.op("mul", [row, row], torch.float32)
     lines = _flat(k)
     mul = next(l for l in lines if "v_row * v_row" in l)
-    assert lines.index(mul) > lines.index("for (int64_t x1 = 0; x1 < 8; ++x1) {")
+    assert lines.index("const float v_row = 1.0f;") < lines.index(mul) < \
+        lines.index("for (int64_t x1 = 0; x1 < 8; ++x1) {")
     assert lines.index(next(l for l in lines if "w[x0]" in l)) < lines.index("const float v_row = 1.0f;")

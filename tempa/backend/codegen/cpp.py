@@ -202,6 +202,7 @@ def _render_group(k: Emitter, g: Group, local: set, need, kernel_no, generic=Fal
         elif d == len(ov) - 1 and simple and not (d == 0 and par):
             pragma = "#pragma omp simd"
         k.open_loop(v, pragma)
+    k.group_frames = len(k.frames)
     locals_here = {m: f"v_{m.name}" for m in g.members if m in local}
 
     def hook(buf, ix):
@@ -218,7 +219,9 @@ def _render_group(k: Emitter, g: Group, local: set, need, kernel_no, generic=Fal
         k.close_loop()
     block = k.close_block()
     k.flatten(group_start)
-    start += len(block.slot) - 1          # the nest starts after the group's hoisted values
+    # the nest starts after the group's hoisted values: the block's slot, and its tail (the
+    # slot just before the outer loops) when there are outer loops
+    start += len(block.slot) - 1 + (len(block.tail) if ov else 0)
     k.lines[start:] = [l for l in k.lines[start:] if l]    # blanked reuse lines (never empty else)
     if par and generic:
         # Shape-generic code decides at run time, with two copies of the loop nest: an OpenMP
@@ -256,6 +259,7 @@ def _render_member(k: Emitter, m: ComputedBuffer, ov, locals_here, keep_in=None,
     """``keep_in``: the pointwise member whose output row also stores this sum's terms, for
     its own loop to read back (codegen/reuse.py); ``holds`` records what was stored where."""
     tag = m.name
+    k.writing = m.cname
     idx, inner = member_index(m, ov, f"i_{tag}_")
     t = ctype(m.dtype)
     if not isinstance(m.body, Reduction):

@@ -44,11 +44,14 @@ _FAULTING = re.compile(r"/|%|t_floordiv|t_remainder|t_fmod")
 
 class _Frame:
     """An open loop (or the group's block, ``var`` None): where values invariant in the loops
-    inside it are declared (``slot``, a list spliced into ``lines`` by ``flatten``)."""
-    __slots__ = ("var", "slot", "scope", "depth")
+    inside it are declared. ``slot`` is at the top of its body; ``tail`` just before the loop
+    now open inside it, after what the body computed so far (a row's reduction result, the
+    group's earlier members' stores). Both are lists spliced into ``lines`` by ``flatten``."""
+    __slots__ = ("var", "slot", "tail", "scope", "depth")
 
     def __init__(self, var, slot, scope, depth):
         self.var, self.slot, self.scope, self.depth = var, slot, scope, depth
+        self.tail = None
 
 # Every op of ops.OPS in C++: {0}, {1}.. the arguments, {T} the C type computed in. The m::
 # and t_ helpers are the prelude's (codegen/prelude.py); integer cases live there too.
@@ -107,6 +110,8 @@ class Emitter:
         self.frames: list = []          # _Frame per open loop, outermost first (hoisting)
         self.home: dict = {}            # name -> (_Frame, inline?) where it is defined
         self.written: set = set()       # pointers the loops being rendered write
+        self.writing = None             # the pointer the member being rendered writes
+        self.group_frames = 0           # frames of the group's block and its outer loops
         self.branches = 0               # piecewise branches open around the current line
 
     def tmp(self, prefix="t"):
@@ -136,6 +141,9 @@ class Emitter:
         self._open_frame(None)
 
     def open_loop(self, var, pragma=None):
+        if self.frames:
+            self.frames[-1].tail = tail = []
+            self.lines.append(tail)
         if pragma:
             self.line(pragma)
         self.line(f"for (int64_t {var.name} = 0; {var.name} < {var.size}; ++{var.name}) {{")
@@ -170,20 +178,20 @@ class Emitter:
             out.extend(l if isinstance(l, list) else [l])
         self.lines[start:] = out
 
-    def _frame_for(self, names, t: str, expr: str):
-        """The outermost open frame where a value reading ``names`` may be declared; None for
-        the current line. A name declared in a frame's slot, or a frame's loop variable, is
-        usable from that slot on; one declared inline, only in the frames opened after it."""
+    def _frame_for(self, names, t: str, expr: str, need: int = 0):
+        """The first place where a value reading ``names`` may be declared, as ``2 * frame +
+        tail`` (a frame's slot, or its tail); None for the current line. A name declared in a
+        frame's slot, or a frame's loop variable, is usable from that slot on; one declared
+        inline or in the tail, from the tail on. ``need``: a place the value needs at least."""
         if not self.frames:
             return None
         at = {id(f): i for i, f in enumerate(self.frames)}
-        need = 0
         for name in names:
             home = self.home.get(name)
             if home is None or id(home[0]) not in at:
                 return None
-            need = max(need, at[id(home[0])] + home[1])
-        if need >= len(self.frames) - 1:
+            need = max(need, 2 * at[id(home[0])] + home[1])
+        if need // 2 >= len(self.frames) - 1:
             return None
         if self.branches and t not in ("float", "double") and _FAULTING.search(expr):
             return None
@@ -195,27 +203,34 @@ class Emitter:
                  if not m.group(2) and m.group(1) not in _NOT_VALUES]
         return self._frame_for(names, t, expr)
 
-    def _hoisted(self, t: str, expr: str, frame_no: int, key) -> str:
-        frame = self.frames[frame_no]
+    def _hoisted(self, t: str, expr: str, place: int, key) -> str:
+        frame, tail = self.frames[place // 2], bool(place % 2)
         name = self.tmp()
-        frame.slot.append("  " * frame.depth + f"const {t} {name} = {expr};")
+        (frame.tail if tail else frame.slot).append("  " * frame.depth + f"const {t} {name} = {expr};")
         self.scopes[frame.scope][key] = name
         self.canon[name] = self.canonical(t, expr)
-        self.home[name] = (frame, False)
+        self.home[name] = (frame, tail)
         return name
 
     def _load_frame(self, buf, ix: IndexExpr, t: str, expr: str):
-        """Where a load may be declared: never above a loop that writes its buffer, and out of
-        the current loop only when its index is in bounds for all values of its loops."""
-        if not self.frames or buf.cname in self.written:
+        """Where a load may be declared: out of the current loop only when its index is in
+        bounds for all values of its loops. A buffer the group writes is read only after the
+        members rendered before this one (in the tail of the innermost outer loop or below),
+        and the buffer this member writes not out of its loops at all."""
+        if not self.frames or buf.cname == self.writing:
             return None
         atoms = ix.vars()
         if any(not isinstance(a, Var) for a in atoms):
             return None
-        frame_no = self._frame_for([a.name for a in atoms], t, expr)
-        if frame_no is None or not _in_bounds(buf, ix):
+        need = 0
+        if buf.cname in self.written:
+            if not self.group_frames:
+                return None
+            need = 2 * (self.group_frames - 1) + 1
+        place = self._frame_for([a.name for a in atoms], t, expr, need)
+        if place is None or not _in_bounds(buf, ix):
             return None
-        return frame_no
+        return place
 
     def _cse(self, t: str, expr: str, place=None) -> str:
         """The temporary holding ``expr``: one already declared in scope, or a new one, declared
@@ -230,9 +245,9 @@ class Emitter:
             slot[1] = True
             self.scopes[-1][key] = slot[0]
             return slot[0]
-        frame_no = (place or self._op_frame)(t, expr) if self.frames else None
-        if frame_no is not None:
-            return self._hoisted(t, expr, frame_no, key)
+        where = (place or self._op_frame)(t, expr) if self.frames else None
+        if where is not None:
+            return self._hoisted(t, expr, where, key)
         name = self.tmp()
         self.line(f"const {t} {name} = {expr};")
         self.scopes[-1][key] = name
