@@ -3,6 +3,8 @@ outer space is refined when a candidate splits it more finely."""
 import torch
 import torch.nn.functional as F
 
+import tempa
+
 from tempa.backend.schedule import common_outer, fits
 
 from .helpers import close, compile_fn
@@ -74,3 +76,28 @@ def test_extern_argument_is_computed_once_for_its_transpose():
     c = compile_fn(f, a, W, X)
     assert close(c(a, W, X), f(a, W, X), atol=1e-4, rtol=1e-4)
     assert c.tempa_info.kernel_count == 1, c.tempa_info.fusion_report
+
+
+def test_batchnorm_parameters_flattened_by_its_decomposition_are_views():
+    """flatten (BatchNorm's decomposition flattens its weight and bias when they require
+    grad, as a module's parameters do under no_grad) is a view like reshape, not one ATen call
+    per parameter."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU6()).eval()
+    x = torch.randn(1, 3, 8, 8)
+    tempa.reset()
+    with torch.no_grad():
+        assert close(tempa.compile(m)(x), m(x))
+    s = tempa.stats()
+    assert s.graphs_compiled == 1 and s.kernels_compiled >= 1 and s.aten_fallbacks == 0, s
+
+
+def test_flattened_input_returned_is_a_view_of_it():
+    x = torch.randn(2, 3, 4)
+
+    def f(x):
+        return torch.flatten(x, 1), torch.flatten(x, 1) * 2
+    c = compile_fn(f, x)
+    out, ref = c(x), f(x)
+    assert close(out, ref)
+    assert out[0].data_ptr() == x.data_ptr() and out[0]._base is x

@@ -178,6 +178,9 @@ def _render_group(k: Emitter, g: Group, local: set, need, kernel_no, generic=Fal
     k.line(f"// kernel {kernel_no[0]}: " + ", ".join(f"{m.name}={m.origin or 'pointwise'}" for m in g.members))
     k.line("{")
     k.push()
+    group_start = len(k.lines)
+    k.open_block()
+    k.written = {m.cname for m in g.members if m not in local}
     if generic:
         # a loop too small to pay for threads even at PARALLEL_GROWTH x dyn_scale times the
         # sizes seen gets one serial copy (a size-driven choice: recorded at the example size,
@@ -191,14 +194,15 @@ def _render_group(k: Emitter, g: Group, local: set, need, kernel_no, generic=Fal
         par = work >= PARALLEL_WORK and g.outer and g.outer[0] > 1
     start = len(k.lines)
     for d, v in enumerate(ov):
+        pragma = None
         if d == 0 and par and generic:
-            k.line("#pragma omp parallel for" + (" simd" if len(ov) == 1 and simple else ""))
+            pragma = "#pragma omp parallel for" + (" simd" if len(ov) == 1 and simple else "")
         elif d == 0 and par:
-            k.line("#pragma omp parallel for")
+            pragma = "#pragma omp parallel for"
         elif d == len(ov) - 1 and simple and not (d == 0 and par):
-            k.line("#pragma omp simd")
-        k.line(f"for (int64_t {v.name} = 0; {v.name} < {v.size}; ++{v.name}) {{")
-        k.push()
+            pragma = "#pragma omp simd"
+        k.open_loop(v, pragma)
+    k.group_frames = len(k.frames)
     locals_here = {m: f"v_{m.name}" for m in g.members if m in local}
 
     def hook(buf, ix):
@@ -211,10 +215,14 @@ def _render_group(k: Emitter, g: Group, local: set, need, kernel_no, generic=Fal
     holds: dict = {}                   # pointwise member -> (canonical id, store line index)
     for m in g.members:
         _render_member(k, m, ov, locals_here, pairs.get(m), holds)
-    k.lines[start:] = [l for l in k.lines[start:] if l]    # blanked reuse lines (never empty else)
     for _ in ov:
-        k.pop()
-        k.line("}")
+        k.close_loop()
+    block = k.close_block()
+    k.flatten(group_start)
+    # the nest starts after the group's hoisted values: the block's slot, and its tail (the
+    # slot just before the outer loops) when there are outer loops
+    start += len(block.slot) - 1 + (len(block.tail) if ov else 0)
+    k.lines[start:] = [l for l in k.lines[start:] if l]    # blanked reuse lines (never empty else)
     if par and generic:
         # Shape-generic code decides at run time, with two copies of the loop nest: an OpenMP
         # ``if`` clause would still outline the loop into a function (losing __restrict__ and
@@ -236,22 +244,22 @@ def _render_group(k: Emitter, g: Group, local: set, need, kernel_no, generic=Fal
 
 def _loops_open(k, vars_, simd_last, reduction_clause=None):
     for i, v in enumerate(vars_):
+        pragma = None
         if i == len(vars_) - 1 and simd_last:
-            k.line("#pragma omp simd" + (f" {reduction_clause}" if reduction_clause else ""))
-        k.line(f"for (int64_t {v.name} = 0; {v.name} < {v.size}; ++{v.name}) {{")
-        k.push()
+            pragma = "#pragma omp simd" + (f" {reduction_clause}" if reduction_clause else "")
+        k.open_loop(v, pragma)
 
 
 def _loops_close(k, vars_):
     for _ in vars_:
-        k.pop()
-        k.line("}")
+        k.close_loop()
 
 
 def _render_member(k: Emitter, m: ComputedBuffer, ov, locals_here, keep_in=None, holds=None):
     """``keep_in``: the pointwise member whose output row also stores this sum's terms, for
     its own loop to read back (codegen/reuse.py); ``holds`` records what was stored where."""
     tag = m.name
+    k.writing = m.cname
     idx, inner = member_index(m, ov, f"i_{tag}_")
     t = ctype(m.dtype)
     if not isinstance(m.body, Reduction):
@@ -268,6 +276,7 @@ def _render_member(k: Emitter, m: ComputedBuffer, ov, locals_here, keep_in=None,
         v = k.cast(m.body.fn(k, idx), m.dtype)
         if m in locals_here:
             k.line(f"const {t} {locals_here[m]} = {v.expr};")
+            k.defined(locals_here[m])
         else:
             k.line(f"{m.cname}[{m.index(idx).c()}] = {v.expr};")
         if held:
@@ -319,6 +328,7 @@ def _render_member(k: Emitter, m: ComputedBuffer, ov, locals_here, keep_in=None,
     res = f"{acc}_i" if arg else f"static_cast<{t}>({acc})"
     if m in locals_here:
         k.line(f"const {t} {locals_here[m]} = {res};")
+        k.defined(locals_here[m])
     else:
         k.line(f"{m.cname}[{m.index(idx).c()}] = {res};")
     _loops_close(k, inner)

@@ -146,7 +146,8 @@ class LowerCtx:
         self.g.steps.append(buf)
         return LoopValue.of_buffer(buf)
 
-    def extern(self, node: fx.Node, args, kwargs, fallback: bool, op=None, arg_nodes=None):
+    def extern(self, node: fx.Node, args, kwargs, fallback: bool, op=None, arg_nodes=None,
+               out_strides=None):
         """Run ``node.target`` through ATen from the wrapper; tensor args become buffers.
 
         Why the traced strides: ATen picks output layouts from input layouts (attention's
@@ -155,14 +156,19 @@ class LowerCtx:
 
         ``op`` / ``arg_nodes``: call another op than ``node.target`` (same output), whose
         tensor arguments are those FX nodes (addmm run as mm: its a and b).
+        ``out_strides``: call with every tensor argument contiguous instead, the outputs then
+        having these strides (measured: matmul.py's convolutions).
         """
         def prep(a, meta):
             if isinstance(a, LoopValue):
                 want = getattr(meta, "stride", None)
+                offset = getattr(meta, "offset", 0)
+                if out_strides is not None and want is not None:
+                    want, offset = contiguous_strides(meta.shape), 0
                 if a.strided is not None and (want is None or tuple(a.strided[1]) == tuple(want)
-                                              and a.strided[2] == meta.offset):
+                                              and a.strided[2] == offset):
                     return a
-                if want is None or meta.offset != 0:
+                if want is None or offset != 0:
                     return self.realize(a, f"input of {node.target}")
                 buf = ComputedBuffer(self.name(), a.sizes, tuple(want), 0, a.dtype,
                                      body=Pointwise(a.load), origin=f"input of {node.target}")
@@ -186,9 +192,12 @@ class LowerCtx:
         else:
             outs_meta = [tm]
         outs = []
-        for m in outs_meta:
+        for i, m in enumerate(outs_meta):
             if m is None:
                 outs.append(None)
+                continue
+            if out_strides is not None:
+                outs.append(Buffer(self.name(), m.shape, tuple(out_strides[i]), 0, m.dtype))
                 continue
             outs.append(Buffer(self.name(), m.shape, m.stride, 0, m.dtype, base_offset=m.offset))
         op = op or node.target

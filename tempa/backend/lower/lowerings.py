@@ -21,7 +21,7 @@ from ..ir import Buffer, ComputedBuffer, LoweredGraph, Pointwise, LoopValue, Unl
 from . import pointwise, reductions, views  # importing them registers their lowerings
 from .core import (INLINE_COST, LOWERINGS, SMALL_MATMUL_MACS, LowerCtx, LowerOptions, SizeChoices,
                    literal, probe, register)
-from .matmul import EXTERN_OPS
+from .matmul import EXTERN_OPS, lower_extern
 
 # what other packages use from here (the lowerings themselves live in the modules above)
 __all__ = ["lower_graph", "LOWERINGS", "register", "literal", "LowerOptions", "SizeChoices",
@@ -174,7 +174,7 @@ def _lower_node(ctx: LowerCtx, n: fx.Node, args, kwargs):
     fn = LOWERINGS.get(n.target)
     tm = n.meta.get("traced_meta")
     if n.target in EXTERN_OPS:
-        return ctx.extern(n, args, kwargs, fallback=False)
+        return lower_extern(ctx, n, args, kwargs)
     if fn is not None and not _has_bad_dtype(args, ctx.options) and (tm is None or ctx.options.admits(tm.dtype)):
         try:
             v = fn(ctx, n, *args, **kwargs)

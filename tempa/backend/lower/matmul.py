@@ -2,7 +2,10 @@
 convolution, attention) are extern calls into ATen's tuned libraries."""
 from __future__ import annotations
 
+import time
+
 import torch
+import torch.fx as fx
 
 from ..index import contiguous_strides
 from ..ir import Unlowerable
@@ -111,3 +114,86 @@ EXTERN_OPS = [aten.convolution.default, aten.convolution_backward.default,
               aten._scaled_dot_product_flash_attention_for_cpu.default,
               aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
               aten.baddbmm.default, aten.embedding_dense_backward.default]
+
+
+# --- convolutions: eager's layouts, or contiguous where that is measured faster ------------
+
+# An extern runs with the layouts eager had (ctx.extern: ATen picks output layouts from its
+# inputs', and we index outputs as traced). Some of those layouts take slow library paths:
+# ConvNeXt's 7x7 depthwise convolution backward at 768 channels on 4x4 takes 23 ms with its
+# channels-last input (the layout the downsampling convolution leaves) and 1.3 ms with
+# contiguous arguments, while at 96 channels on 32x32 channels-last is the faster (3.2 against
+# 7.9 ms). So a CPU convolution site with a non-contiguous tensor argument is timed both ways
+# at compile time (the copies to contiguous and back to the traced layouts included) and
+# runs contiguous where that is at least CONTIGUOUS_GAIN times faster: the margin keeps a
+# noisy timing on a loaded machine from flipping a near tie.
+CONTIGUOUS_GAIN = 1.25
+_CONVOLUTIONS = (aten.convolution.default, aten.convolution_backward.default)
+
+
+def lower_extern(ctx, node, args, kwargs):
+    """An EXTERN_OPS node as a library call (convolutions in the layout measured faster)."""
+    if node.target in _CONVOLUTIONS:
+        strides = _contiguous_strides_if_faster(ctx, node)
+        if strides is not None:
+            return ctx.extern(node, args, kwargs, fallback=False, out_strides=strides)
+    return ctx.extern(node, args, kwargs, fallback=False)
+
+
+def _example(tm):
+    return torch.empty_strided(tm.shape, tm.stride, dtype=tm.dtype).normal_()
+
+
+def _best_seconds(fn, reps=3):
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _contiguous_strides_if_faster(ctx, node):
+    """The output strides of ``node`` called with contiguous tensor arguments, when that call
+    (with its copies) is measured CONTIGUOUS_GAIN times faster than eager's layouts; else
+    None. Shape-generic graphs keep eager's layouts (a measured choice is one size's)."""
+    if ctx.options.size_choices is not None:
+        return None
+    metas = fx.node.map_arg(node.args, lambda n: n.meta.get("traced_meta"))
+    tensor_metas = [m for m in metas if m is not None and hasattr(m, "stride")]
+    if not tensor_metas or any(m.device is None or m.device.type != "cpu" or not m.dtype.is_floating_point
+                               for m in tensor_metas):
+        return None
+    if all(tuple(m.stride) == tuple(contiguous_strides(m.shape)) for m in tensor_metas):
+        return None
+    traced = node.meta.get("traced_meta")
+    outs_meta = [traced] if traced is not None else _output_metas(node)
+    with torch.no_grad():
+        eager_args = [(_example(m) if m is not None and hasattr(m, "stride") else a)
+                      for m, a in zip(metas, node.args)]
+        contig_args = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in eager_args]
+        op = node.target
+        result = op(*contig_args)
+        results = [result] if traced is not None else list(result)
+        if len(results) < len(outs_meta):
+            return None
+
+        def as_traced(outs):
+            for o, m in zip(outs, outs_meta):
+                if m is not None and o is not None and tuple(o.stride()) != tuple(m.stride):
+                    torch.empty_strided(m.shape, m.stride, dtype=m.dtype).copy_(o)
+
+        def contiguous_call():
+            out = op(*[a.contiguous() if isinstance(a, torch.Tensor) else a for a in eager_args])
+            as_traced([out] if traced is not None else out)
+        eager_s = _best_seconds(lambda: op(*eager_args))
+        contig_s = _best_seconds(contiguous_call)
+    if contig_s * CONTIGUOUS_GAIN > eager_s:
+        return None
+    return [tuple(o.stride()) if o is not None else None for o in results[:len(outs_meta)]]
+
+
+def _output_metas(node):
+    from .core import _multi_metas
+    return _multi_metas(node)
