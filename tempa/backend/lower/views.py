@@ -34,10 +34,8 @@ def _view_of(x: LoopValue, sizes, remap, cost_extra=0):
     return LoopValue(sizes, x.dtype, load, strided, x.cost)
 
 
-# flatten: BatchNorm's decomposition flattens its 1-D weight and bias, which ran as an ATen
-# call each (104 in MobileNetV2, ~0.3-0.5 ms a call); its result's shape is the traced one.
 @register(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default,
-          aten._reshape_alias.default, aten.flatten.using_ints)
+          aten._reshape_alias.default)
 def _reshape(ctx, node, x, sizes=None, *rest):
     tm = _traced_meta(node)
     new = tm.shape
@@ -52,9 +50,9 @@ def _reshape(ctx, node, x, sizes=None, *rest):
 
 @register(aten.flatten.using_ints, aten.unflatten.int)
 def _flatten(ctx, node, x, *dims):
-    """A reshape to the traced shape. Why lowered: torch's eval batch-norm decomposition
-    flattens the weight and bias; as ATen calls (two per BatchNorm, 106 in ResNet-50) each
-    cost a host call and ended the kernel that normalises the convolution's output, so its
+    """A reshape to the traced shape. Why lowered: torch's batch-norm decomposition
+    flattens the weight and bias; as ATen calls (two per BatchNorm: 106 in ResNet-50, 104 in
+    MobileNetV2, ~0.3-0.5 ms a CPU call) each cost a host call and ended the kernel that normalises the convolution's output, so its
     affine part and ReLU read the activation again in a kernel of their own."""
     return _reshape(ctx, node, x, None)
 
