@@ -55,11 +55,17 @@ def is_library_module(value) -> bool:
 
 
 class Tracer:
-    def __init__(self, builder: GraphBuilder, *, fullgraph: bool = False, dynamic=None):
+    def __init__(self, builder: GraphBuilder, *, fullgraph: bool = False, dynamic=None,
+                 symbolic_ints=frozenset()):
         self.builder = builder
         # Which input dims are symbolic: True (all), or {expression: dims}; plus any dims the
         # user marked with tempa.mark_dynamic.
         self.dynamic = dynamic
+        # The expressions whose Python ints are symbols (their value changed between calls),
+        # and every Python int read from outside, by expression (what the next recompile
+        # compares, context.CompileContext._dynamic_ints)
+        self.symbolic_ints = symbolic_ints
+        self.input_ints: dict[str, int] = {}
         self.guards = builder.guards
         self.fullgraph = fullgraph
         self._internal: dict[int, object] = {}      # objects created during capture
@@ -118,6 +124,10 @@ class Tracer:
                 return self.builder.user_input(value, expr, self.dynamic_dims(value, expr))
             self.guards.identity(expr, value, expr)
             return self.builder.attr_input(value, expr)
+        if type(value) is int:
+            self.input_ints[expr] = value
+            if expr in self.symbolic_ints and self.builder.sizes is not None:
+                return self.builder.int_input(value, expr)
         if is_constant_type(value):
             self.guards.constant(expr, value)
             return value
