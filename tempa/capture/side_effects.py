@@ -90,6 +90,12 @@ class SideEffects:
             write = self.writes[("iter", id(it))] = ("iter", it, None, twin)
         return next(write[3])
 
+    def advance_copied_iterator(self, it, copy) -> None:
+        """``copy`` (a CapturedIter) iterates the items the caller's list or tuple iterator
+        ``it`` has left: the entry moves ``it`` on by as many as the capture took."""
+        start = it.__reduce__()[2] if len(it.__reduce__()) > 2 else 0
+        self.writes[("iter", id(it))] = ("advance", copy, start, None)
+
     def mutated_copy(self, copy) -> None:
         """``copy`` (our copy of a caller's list/dict/set) was written: write it back."""
         if id(copy) in self.read_only:
@@ -163,6 +169,8 @@ class SideEffects:
                 values.append(_contents_expr(plan, target))
             elif kind == "iter":   # where the twin stands now
                 values.append(repr(value.__reduce__()[2]))
+            elif kind == "advance":   # where the copy stands now
+                values.append(repr(name + target.pos))
             elif value is DELETED:
                 values.append(None)
             else:
@@ -197,6 +205,8 @@ def _apply(kind, target, name, temp, plan, const) -> str:
         return f"{g}.pop({name!r}, None)" if temp is None else f"{g}[{name!r}] = {temp}"
     if kind == "iter":
         return f"{const(target, 'SE')}.__setstate__({temp})"
+    if kind == "advance":   # the caller's iterator, read where the capture read it
+        return f"{plan.external_copies[id(target)][1]}.__setstate__({temp})"
     if kind == "cell":
         cell = const(target, "CELL")
         if temp is None:

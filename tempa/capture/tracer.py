@@ -23,7 +23,7 @@ from .breaks import Unsupported
 from .graph import GraphBuilder
 from .guards import is_constant_type
 from .side_effects import SideEffects, DELETED, MISSING, is_data_descriptor
-from .values import NdarrayVar, StorageVar, TensorVar, TensorMethod, bound_self
+from .values import CapturedIter, NdarrayVar, StorageVar, TensorVar, TensorMethod, bound_self
 
 # Tensor attributes read from the fake tensor's metadata (static under static shapes).
 TENSOR_METADATA_ATTRS = {
@@ -41,6 +41,10 @@ _LIBRARY_PACKAGES = frozenset({
     "contextlib", "enum", "copy", "abc", "types", "re", "einops", "sys"})
 # The caller's containers that capture works on a copy of (one copy per object).
 _COPIED_TYPES = (list, dict, collections.OrderedDict, collections.defaultdict, set)
+# Iterators handed in whose items are guarded one by one (``_external_iterator``); a
+# longer one is guarded by identity.
+_SEQUENCE_ITERATORS = (type(iter([])), type(iter(())))
+_MAX_COPIED_ITEMS = 64
 # Containers deeper than this are not guarded item by item: capture gives up on the frame
 # (it runs eagerly, and says so) instead of recursing towards the interpreter's limit.
 _MAX_GUARD_DEPTH = 32
@@ -200,6 +204,8 @@ class Tracer:
             return value if owner is value.__self__ else types.MethodType(value.__func__, owner)
         if is_library_module(value):
             return value
+        if user and t in _SEQUENCE_ITERATORS and _reached_from_arguments(expr):
+            return self._external_iterator(value, expr, depth)
         if user and _guarded_by_type(value) and _reached_from_arguments(expr) and \
                 not guards.is_bound(value):   # (not also reached as a constant)
             return self._external_object(value, expr)
@@ -226,6 +232,28 @@ class Tracer:
                    f"{expr} is a {cls.__name__}")
         self.sourced[id(value)] = (value, expr)
         return value
+
+    def _external_iterator(self, value, expr: str, depth: int):
+        """A list's or tuple's iterator handed in (a resume function's loop iterator, a
+        comprehension's ``.0`` on 3.11, made anew by the eager part of every call): guarded
+        by its class and the items it has left, each at its source, not by identity (which
+        recaptured every call). Capture iterates a copy; the entry moves the real iterator
+        to where the copy stopped (``side_effects.advance_copied_iterator``), and where the
+        copy leaves the capture the real iterator is handed on."""
+        guards = self.guards
+        rest = iterator_rest(value)
+        if len(rest) > _MAX_COPIED_ITEMS:
+            guards.identity(expr, value, expr)
+            return value
+        left = f"{guards.const(iterator_rest, 'F')}({expr})"
+        guards.add("length", f"{expr}.__class__ is {guards.const(type(value), 'T')} and "
+                   f"len({left}) == {len(rest)}",
+                   f"{expr} is a {type(value).__name__} with {len(rest)} items left")
+        items = [self.external(v, f"{left}[{i}]", depth=depth + 1) for i, v in enumerate(rest)]
+        copy = CapturedIter(items)
+        self.external_copies[id(copy)] = (copy, expr)
+        self.side_effects.advance_copied_iterator(value, copy)
+        return copy
 
     def identity_used(self, *values) -> None:
         """The capture's result depends on which objects ``values`` are (an ``is``, a dict
@@ -668,8 +696,9 @@ def _guarded_by_type(value) -> bool:
 
 def _reached_from_arguments(expr: str) -> bool:
     """``expr`` reads from the call's arguments (``cache.layers[0]``, a resume function's
-    ``___stack2``), not from an object bound as a constant."""
-    return not expr.startswith("___") or expr.startswith("___stack")
+    ``___stack2``, a comprehension's ``.0`` as ``___dot0``), not from an object bound as a
+    constant."""
+    return not expr.startswith("___") or expr.startswith(("___stack", "___dot"))
 
 
 def _is_plain_tuple_subclass(t: type) -> bool:
@@ -677,6 +706,12 @@ def _is_plain_tuple_subclass(t: type) -> bool:
     a ``torch.return_types`` structseq): ``x[i]`` in a guard runs no user code."""
     return issubclass(t, tuple) and t is not tuple and t is not torch.Size and \
         all(getattr(t, m) is getattr(tuple, m) for m in ("__getitem__", "__len__", "__iter__"))
+
+
+def iterator_rest(it) -> list:
+    """Guard helper: the items a list or tuple iterator has left, without advancing it."""
+    _, args, *position = it.__reduce__()   # (iter, (seq,), index); an exhausted one: (iter, ((),))
+    return list(args[0][position[0] if position else len(args[0]):])
 
 
 def same_keys(d: dict, keys: tuple) -> bool:
