@@ -74,8 +74,10 @@ class SideEffects:
         """``next(it)`` of a caller's ``range_iterator``: answered by a twin of it that starts
         where ``it`` stands at capture (its position guarded); the entry moves ``it`` to
         where the twin ends. Its position is plain state (``__reduce__`` /
-        ``__setstate__``), so the replay is exact. Other outside iterators (a list's, a
-        data loader's) stay a graph break: their items are the caller's objects, not numbers."""
+        ``__setstate__``), so the replay is exact. Other outside iterators reached as
+        constants (a global list iterator, a data loader's) stay a graph break: their items
+        are the caller's objects, not numbers (one handed in as an argument is read by its
+        items instead: ``Tracer._external_iterator``)."""
         if type(it) is not _RANGE_ITERATOR or not any(v is it for v in guards.consts.values()):
             raise Unsupported("impure call", f"next() advances a {type(it).__name__} that "
                               "lives outside the compiled call")

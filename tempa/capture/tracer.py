@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import dataclasses
 import enum
 import functools
 import inspect
@@ -206,9 +207,9 @@ class Tracer:
             return value
         if user and t in _SEQUENCE_ITERATORS and _reached_from_arguments(expr):
             return self._external_iterator(value, expr, depth)
-        if user and _guarded_by_type(value) and _reached_from_arguments(expr) and \
-                not guards.is_bound(value):   # (not also reached as a constant)
-            return self._external_object(value, expr)
+        if user and (_guarded_by_type(value) or _is_output_record(value)) and \
+                _reached_from_arguments(expr) and not guards.is_bound(value):
+            return self._external_object(value, expr)   # (not also reached as a constant)
         guards.identity(expr, value, expr)
         self.identity_used(value)   # reached here as a constant, before by its source
         return value
@@ -231,6 +232,12 @@ class Tracer:
         guards.add("identity", f"{expr}.__class__ is {guards.const(cls, 'T')}",
                    f"{expr} is a {cls.__name__}")
         self.sourced[id(value)] = (value, expr)
+        if isinstance(value, dict):
+            # An output record: its keys are what iterating it or len() reads; C code that
+            # reads its items (ModelOutput's __getitem__ runs dict(self.items())) pins it.
+            keys = tuple(dict.keys(value))
+            guards.add("length", f"tuple({guards.const(dict.keys, 'F')}({expr})) == "
+                       f"{guards.const(keys, 'K')}", f"{expr} has the keys {keys}")
         return value
 
     def _external_iterator(self, value, expr: str, depth: int):
@@ -691,6 +698,17 @@ def _guarded_by_type(value) -> bool:
         not isinstance(value, (type, types.ModuleType, types.FunctionType, enum.Enum,
                                BaseException, torch.nn.Module, torch.Tensor,
                                list, tuple, dict, set)) and \
+        not (cls.__module__ or "").startswith(("torch", "tempa"))
+
+
+def _is_output_record(value) -> bool:
+    """A dataclass that is also a dict (HuggingFace's ModelOutput: a model's result, made
+    anew by every call, which a resume function is handed after a break in the model):
+    guarded like a plain object, plus its keys."""
+    cls = type(value)
+    return isinstance(value, dict) and dataclasses.is_dataclass(cls) and \
+        bool(cls.__flags__ & _HEAPTYPE) and type(getattr(value, "__dict__", None)) is dict and \
+        cls.__getattribute__ is dict.__getattribute__ and \
         not (cls.__module__ or "").startswith(("torch", "tempa"))
 
 
