@@ -431,8 +431,9 @@ class CompileContext:
                 # An int that cannot be a symbol where the code uses it (a dict key: a SymInt
                 # has no hash): this function keeps its ints by value from now on.
                 cache.static_ints = f"{type(e.exc).__name__}: {(str(e.exc).splitlines() or [''])[0][:160]}"
-                _fallback_log.warning("tempa: %s: symbolic ints failed (%s); guarding them by "
-                                      "value instead", where(fn), cache.static_ints)
+                if logs.on("recompiles"):
+                    logs.get("recompiles").info("%s: symbolic ints failed (%s); guarding them "
+                                                "by value instead", where(fn), cache.static_ints)
                 return self._capture(cache, fn, args, kwargs)
             if not dynamic:
                 raise

@@ -157,7 +157,8 @@ class GraphBuilder:
         symbol = self.sizes.int_input(value, expr, node, local)
         node.meta["example_value"] = symbol
         self.int_inputs[expr] = (node, local, symbol, value)
-        self.guards.add("constant", f"({expr}).__class__ is {self.guards.const(int, 'T')}",
+        # (before the guards on the symbol, which compare it with numbers)
+        self.guards.add("identity", f"({expr}).__class__ is {self.guards.const(int, 'T')}",
                         f"{expr} is an int")
         return symbol
 
