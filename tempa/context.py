@@ -475,14 +475,19 @@ class CompileContext:
                 cache.dynamic_inputs[expr] = known | changed
         return cache.dynamic_inputs or None
 
-    def _symbolic_ints(self, cache, fn, args, kwargs) -> frozenset:
+    def _symbolic_ints(self, cache, fn, args, kwargs):
         """Automatic dynamic for Python ints, as torch.compile's: an int read from outside
         (an argument, an attribute of the caller's object or of a global one, a cell, a dict
         item) is guarded by value at first; when a recompile happens and it changed, only in
         value, it is a symbol from then on (``shapes.int_input``), so a counter that moves on
-        every call (a KV cache's ``cumulative_length``) finds one graph for all its values."""
-        if cache.static_only or cache.static_ints or self.dynamic is False or \
-                not config.automatic_dynamic_shapes:
+        every call (a KV cache's ``cumulative_length``) finds one graph for all its values.
+        Under ``dynamic=True`` every int read from the arguments is a symbol from the first
+        capture on (True), as in torch.compile."""
+        if cache.static_only or cache.static_ints or self.dynamic is False:
+            return frozenset()
+        if self.dynamic is True:
+            return True
+        if not config.automatic_dynamic_shapes:
             return frozenset()
         for expr, last, value in self._read_again(cache, fn, args, kwargs, cache.last_ints):
             if type(value) is int and value != last and expr not in cache.dynamic_ints:

@@ -53,7 +53,8 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
     ``runtime`` supplies ``dispatcher(fn, eager)`` and ``call(fn, *a, **k)`` for that.
     ``module_call``: ``fn`` is ``type(args[0]).forward`` called as the module is called
     (hooks, an overridden ``forward`` or ``__call__`` then make capture give up).
-    ``symbolic_ints``: the expressions whose Python ints become symbols (automatic dynamic)."""
+    ``symbolic_ints``: the expressions whose Python ints become symbols (automatic dynamic),
+    or True: every int read from the arguments (``dynamic=True``)."""
     if dynamic is False:
         symbolic_ints = frozenset()
     symbolic = dynamic is True or bool(dynamic) or bool(symbolic_ints) or \

@@ -66,9 +66,10 @@ class Tracer:
         # Which input dims are symbolic: True (all), or {expression: dims}; plus any dims the
         # user marked with tempa.mark_dynamic.
         self.dynamic = dynamic
-        # The expressions whose Python ints are symbols (their value changed between calls),
-        # and every Python int read from outside, by expression (what the next recompile
-        # compares, context.CompileContext._dynamic_ints)
+        # The expressions whose Python ints are symbols (their value changed between calls;
+        # True: every int read from the arguments, under dynamic=True), and every Python int
+        # read from outside, by expression (what the next recompile compares,
+        # context.CompileContext._symbolic_ints)
         self.symbolic_ints = symbolic_ints
         self.input_ints: dict[str, int] = {}
         self.guards = builder.guards
@@ -131,7 +132,9 @@ class Tracer:
             return self.builder.attr_input(value, expr)
         if type(value) is int:
             self.input_ints[expr] = value
-            if expr in self.symbolic_ints and self.builder.sizes is not None:
+            symbolic = _reached_from_arguments(expr) if self.symbolic_ints is True else \
+                expr in self.symbolic_ints
+            if symbolic and self.builder.sizes is not None:
                 return self.builder.int_input(value, expr)
         if is_constant_type(value):
             self.guards.constant(expr, value)
