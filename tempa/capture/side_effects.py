@@ -95,7 +95,8 @@ class SideEffects:
     def advance_copied_iterator(self, it, copy) -> None:
         """``copy`` (a CapturedIter) iterates the items the caller's list or tuple iterator
         ``it`` has left: the entry moves ``it`` on by as many as the capture took."""
-        start = it.__reduce__()[2] if len(it.__reduce__()) > 2 else 0
+        state = it.__reduce__()   # (iter, (seq,), index); an exhausted one: (iter, ((),))
+        start = state[2] if len(state) > 2 else 0
         self.writes[("iter", id(it))] = ("advance", copy, start, None)
 
     def mutated_copy(self, copy) -> None:
