@@ -442,6 +442,7 @@ class CompileContext:
         # counted once the entry exists: a call that raises eager's error is no recompile
         cache.captures += 1
         cache.last_shapes = captured.input_shapes
+        cache.last_ints = captured.input_ints
         _stats.bump("captures")
         if why is not None:
             _stats.bump("recompiles")
@@ -469,10 +470,19 @@ class CompileContext:
 
     def _capture(self, cache, fn, args, kwargs):
         dynamic = self._dynamic_for(cache, fn, args, kwargs)
+        ints = self._symbolic_ints(cache, fn, args, kwargs)
         try:
             return capture(fn, args, kwargs, runtime=self, allow_breaks=not self.fullgraph,
-                           dynamic=dynamic, module_call=cache.module_call)
+                           dynamic=dynamic, symbolic_ints=ints, module_call=cache.module_call)
         except UserError as e:
+            if ints:
+                # An int that cannot be a symbol where the code uses it (a dict key: a SymInt
+                # has no hash): this function keeps its ints by value from now on.
+                cache.static_ints = f"{type(e.exc).__name__}: {(str(e.exc).splitlines() or [''])[0][:160]}"
+                if logs.on("recompiles"):
+                    logs.get("recompiles").info("%s: symbolic ints failed (%s); guarding them "
+                                                "by value instead", where(fn), cache.static_ints)
+                return self._capture(cache, fn, args, kwargs)
             if not dynamic:
                 raise
             # An operator whose fake kernel cannot take symbolic sizes (nn.Bilinear's
@@ -500,19 +510,7 @@ class CompileContext:
             return self.dynamic
         if not config.automatic_dynamic_shapes or not cache.last_shapes:
             return cache.dynamic_inputs or None
-        from .capture.calls_inline import bind_arguments
-        try:
-            scope = bind_arguments(fn, args, kwargs)
-        except Exception:
-            return cache.dynamic_inputs or None
-        # an input read through an outside object (``___O3.keys``, a cache's tensor) names
-        # that object by the last capture's constants
-        consts = dict(cache.entries[0].captured.guards.consts) if cache.entries else {}
-        for expr, shape in cache.last_shapes.items():
-            try:
-                value = eval(expr, consts, scope)  # noqa: S307 - expressions tempa generated
-            except Exception:
-                continue
+        for expr, shape, value in self._read_again(cache, fn, args, kwargs, cache.last_shapes):
             if isinstance(value, torch.Tensor) and value.dim() == len(shape) and \
                     tuple(value.shape) != shape:
                 changed = {d for d in range(len(shape)) if value.shape[d] != shape[d]}
@@ -524,6 +522,50 @@ class CompileContext:
                         tuple(value.shape))
                 cache.dynamic_inputs[expr] = known | changed
         return cache.dynamic_inputs or None
+
+    def _symbolic_ints(self, cache, fn, args, kwargs):
+        """Automatic dynamic for Python ints, as torch.compile's: an int read from outside
+        (an argument, an attribute of the caller's object or of a global one, a cell, a dict
+        item) is guarded by value at first; when a recompile happens and it changed, only in
+        value, it is a symbol from then on (``shapes.int_input``), so a counter that moves on
+        every call (a KV cache's ``cumulative_length``) finds one graph for all its values.
+        Under ``dynamic=True`` every int read from the arguments is a symbol from the first
+        capture on (True), as in torch.compile."""
+        if cache.static_only or cache.static_ints or self.dynamic is False:
+            return frozenset()
+        if self.dynamic is True:
+            return True
+        if not config.automatic_dynamic_shapes:
+            return frozenset()
+        for expr, last, value in self._read_again(cache, fn, args, kwargs, cache.last_ints):
+            if type(value) is int and value != last and expr not in cache.dynamic_ints:
+                if logs.on("recompiles"):
+                    logs.get("recompiles").info(
+                        "%s: the int %s changed (%s -> %s); the next graph takes any value "
+                        "there", where(fn), expr, last, value)
+                cache.dynamic_ints.add(expr)
+        return frozenset(cache.dynamic_ints)
+
+    @staticmethod
+    def _read_again(cache, fn, args, kwargs, last: dict):
+        """(expression, what the last capture saw, its value in this call) for each
+        expression of ``last`` that can be read in this call."""
+        if not last:
+            return
+        from .capture.calls_inline import bind_arguments
+        try:
+            scope = bind_arguments(fn, args, kwargs)
+        except Exception:
+            return
+        # an input read through an outside object (``___O3.keys``, a cache's tensor) names
+        # that object by the last capture's constants
+        consts = dict(cache.entries[0].captured.guards.consts) if cache.entries else {}
+        for expr, seen in last.items():
+            try:
+                value = eval(expr, consts, scope)  # noqa: S307 - expressions tempa generated
+            except Exception:
+                continue
+            yield expr, seen, value
 
     def _compile_graph(self, captured, fn):
         if captured.empty:

@@ -54,6 +54,9 @@ class CodeCache:
         self.warned = False
         self.last_shapes: dict = {}       # expression -> shape of the last capture's inputs
         self.dynamic_inputs: dict = {}    # expression -> dims made symbolic (automatic dynamic)
+        self.last_ints: dict = {}         # expression -> a Python int the last capture read
+        self.dynamic_ints: set = set()    # expressions whose ints are symbols (automatic dynamic)
+        self.static_ints = None           # why symbolic ints failed here (then: by value)
         self.static_only = None           # why symbolic sizes failed here (then: per shape)
         self.module_call = False          # the code is a module's forward, called as the module
 
@@ -75,6 +78,9 @@ class CodeCache:
             self.warned = False
             self.last_shapes = {}
             self.dynamic_inputs = {}
+            self.last_ints = {}
+            self.dynamic_ints = set()
+            self.static_ints = None
 
 
 _NAMED_TWINS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # code -> twin code
@@ -140,6 +146,7 @@ def build_entry(fn, captured, compiled, native_checks=None) -> Entry:
             lines.append(f"        if not ({expr}): return ___MISS")
     lines.append("    except Exception:")
     lines.append("        return ___MISS")
+    lines.extend(f"    {local} = {expr}" for local, expr in captured.int_locals)
     lines.append(f"    ___o = ___compiled({', '.join(call_args)})")
     lines.extend(f"    {stmt}" for stmt in captured.body)
     source = "\n".join(lines)

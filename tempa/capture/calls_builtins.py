@@ -38,10 +38,17 @@ def _is_param(tracer, t):
                for node, obj in tracer.builder.attr_inputs)
 
 
+# A symbolic number stands for a Python number of this class (an int made a symbol
+# because it changed between calls is still an int to the user's code).
+_SYMBOLIC_NUMBER_TYPES = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
+
+
 def _isinstance(tracer, frame, args, kwargs):
     if kwargs or len(args) != 2:
         _user_error(isinstance, *[None] * len(args), **kwargs)   # eager's TypeError
     value, cls = args
+    if type(value) in _SYMBOLIC_NUMBER_TYPES:
+        return issubclass(_SYMBOLIC_NUMBER_TYPES[type(value)], cls)
     if isinstance(value, TensorVar):
         return issubclass(_tensor_type(tracer, value), cls)
     if type(value) is NdarrayVar:
@@ -60,6 +67,8 @@ def _type(tracer, frame, args, kwargs):
         return numpy_values.python_type(args[0])
     if len(args) == 1 and type(args[0]) is ScalarVar:
         return type(args[0].example)
+    if len(args) == 1 and type(args[0]) in _SYMBOLIC_NUMBER_TYPES:
+        return _SYMBOLIC_NUMBER_TYPES[type(args[0])]
     if len(args) == 1:
         return args[0].kind if type(args[0]) is LazyIter else type(args[0])
     raise Unsupported("class created in forward", "type() with three arguments")

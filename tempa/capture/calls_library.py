@@ -100,6 +100,8 @@ def call_c(tracer, frame, fn, args, kwargs):
             raise Unsupported("unsupported call", f"{getattr(fn, '__qualname__', fn)} with "
                               "tensor arguments")
     tracer.identity_used(*_identity_arguments(fn, args, kwargs))
+    if owner is not None and not isinstance(owner, types.ModuleType):
+        tracer.identity_used(owner)   # a C method of the caller's object reads it unguarded
     if _makes_text(fn, owner):   # of a size: its value, not its symbol (shapes.specialized)
         args = [shapes.specialized(a) for a in args]
         kwargs = {k: shapes.specialized(v) for k, v in kwargs.items()}

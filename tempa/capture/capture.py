@@ -32,6 +32,8 @@ class Captured:
     modules: list[torch.nn.Module]
     break_reason: object = None          # BreakReason when the frame broke
     input_shapes: dict = field(default_factory=dict)   # expression -> shape at capture
+    input_ints: dict = field(default_factory=dict)     # expression -> a Python int read there
+    int_locals: list = field(default_factory=list)     # (local, expression) of int inputs
     dynamic: bool = False                # the graph has symbolic sizes
     break_mode: str | None = None
     instructions: int = 0
@@ -41,7 +43,7 @@ class Captured:
 
 
 def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool = False,
-            dynamic=None, module_call: bool = False,
+            dynamic=None, symbolic_ints=frozenset(), module_call: bool = False,
             _stop: Unsupported | None = None) -> Captured:
     """Interpret ``fn(*args, **kwargs)`` symbolically. Raises Unsupported or UserError.
 
@@ -50,11 +52,17 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
     that instruction, and the entry continues in Python from there (``breakplan.py``).
     ``runtime`` supplies ``dispatcher(fn, eager)`` and ``call(fn, *a, **k)`` for that.
     ``module_call``: ``fn`` is ``type(args[0]).forward`` called as the module is called
-    (hooks, an overridden ``forward`` or ``__call__`` then make capture give up)."""
-    symbolic = dynamic is True or bool(dynamic) or _any_marked_dynamic(args, kwargs)
+    (hooks, an overridden ``forward`` or ``__call__`` then make capture give up).
+    ``symbolic_ints``: the expressions whose Python ints become symbols (automatic dynamic),
+    or True: every int read from the arguments (``dynamic=True``)."""
+    if dynamic is False:
+        symbolic_ints = frozenset()
+    symbolic = dynamic is True or bool(dynamic) or bool(symbolic_ints) or \
+        _any_marked_dynamic(args, kwargs)
     builder = GraphBuilder(symbolic=symbolic and dynamic is not False,
                            keep_value_sized_ops=not allow_breaks)
-    tracer = Tracer(builder, fullgraph=not allow_breaks, dynamic=dynamic)
+    tracer = Tracer(builder, fullgraph=not allow_breaks, dynamic=dynamic,
+                    symbolic_ints=symbolic_ints)
     guards = builder.guards
     arguments = bind_arguments(fn, args, kwargs)
     for name, value in arguments.items():
@@ -141,7 +149,7 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
 
     if retry:
         return capture(fn, args, kwargs, runtime=runtime, allow_breaks=True, dynamic=dynamic,
-                       module_call=module_call, _stop=first_break)
+                       symbolic_ints=symbolic_ints, module_call=module_call, _stop=first_break)
     _guard_input_aliasing(builder, guards)
     tracer.guard_distinct_objects()
     for node in reversed(entered):
@@ -158,17 +166,22 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
     empty = not plan.outputs and not returns_tensor and \
         not any(n.op.startswith("call") for n in builder.graph.nodes)
     input_shapes = {expr: tuple(t.shape) for _, expr, t in builder.user_inputs}
+    ints = builder.int_inputs
     gm = builder.finish(plan.outputs)
     op_count = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method",
                                                            "call_module"))
     return Captured(
         gm=gm, guards=guards,
-        user_input_exprs=[expr for _, expr, _ in builder.user_inputs],
-        example_inputs=[t for _, _, t in builder.user_inputs] + [t for _, t in builder.attr_inputs],
+        user_input_exprs=[expr for _, expr, _ in builder.user_inputs] +
+        [local for _, local, *_ in ints.values()],
+        example_inputs=[t for _, _, t in builder.user_inputs] +
+        [value for *_, value in ints.values()] + [t for _, t in builder.attr_inputs],
         attr_tensors=[t for _, t in builder.attr_inputs],
         body=body,
         break_reason=_stop.location if _stop is not None else None,
         input_shapes=input_shapes,
+        input_ints=tracer.input_ints,
+        int_locals=[(local, expr) for expr, (_, local, *_) in ints.items()],
         dynamic=builder.sizes is not None and builder.sizes.active,
         break_mode=break_plan.mode if break_plan is not None else None,
         modules=list(builder.modules.values()),

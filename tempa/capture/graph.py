@@ -86,6 +86,9 @@ class GraphBuilder:
         self.guards = GuardSet()
         self.user_inputs: list[tuple[fx.Node, str, torch.Tensor]] = []  # (placeholder, expr, tensor)
         self.attr_inputs: list[tuple[fx.Node, torch.Tensor]] = []  # parameters, buffers, ...
+        # Python ints taken as symbols (automatic dynamic):
+        # expr -> (placeholder, local, SymInt, the int of this call)
+        self.int_inputs: dict[str, tuple[fx.Node, str, object, int]] = {}
         self._input_by_id: dict[int, TensorVar] = {}
         self._expr_by_id: dict[int, str] = {}            # id(user input tensor) -> its expression
         self._names: set[str] = set()
@@ -139,6 +142,25 @@ class GraphBuilder:
         self.keepalive.append(tensor)
         self.guards.tensor(expr, tensor, dynamic_dims=tuple(sorted(dims)))
         return var
+
+    def int_input(self, value: int, expr: str):
+        """A Python int read at ``expr`` whose value changed between calls (an argument, a
+        counter on the caller's object): a graph input and a symbol (``shapes.int_input``),
+        so the next values reuse this graph; guarded by type only, and by whatever the
+        capture decided on its value. Its value reaches the graph through a local of the
+        entry bound before the graph runs."""
+        hit = self.int_inputs.get(expr)
+        if hit is not None:
+            return hit[2]
+        node = self._placeholder(expr, name=source_input_name(expr))
+        local = f"___int{len(self.int_inputs)}"
+        symbol = self.sizes.int_input(value, expr, node, local)
+        node.meta["example_value"] = symbol
+        self.int_inputs[expr] = (node, local, symbol, value)
+        # (before the guards on the symbol, which compare it with numbers)
+        self.guards.add("identity", f"({expr}).__class__ is {self.guards.const(int, 'T')}",
+                        f"{expr} is an int")
+        return symbol
 
     def argument_tensor(self, var: TensorVar):
         """The caller's tensor behind ``var`` when ``var`` is a tensor argument, else None."""
@@ -385,6 +407,8 @@ class GraphBuilder:
             return self.size_nodes.node_for(v) if self.size_nodes is not None else int(v)
         if isinstance(v, torch.SymFloat):
             return self.size_nodes.float_node_for(v)
+        if isinstance(v, torch.SymBool):   # (x.shape[0] == 2) or (n == 2) as an operand
+            return self.size_nodes.expr_node(v.node.expr)
         if is_numpy_scalar(v):
             return v.item()   # FX prints constants as source; numpy's repr is not valid there
         return v
@@ -423,9 +447,10 @@ class GraphBuilder:
 
     # -- finishing -----------------------------------------------------------------------
     def finish(self, outputs: list[TensorVar]) -> fx.GraphModule:
-        # Placeholders: the caller's tensors first, then parameters/buffers (the backend
+        # Placeholders: the caller's tensors first, then its ints, then parameters/buffers (the backend
         # contract). Attribute inputs are discovered mid-capture, so move them all up front.
-        order = [n for n, _, _ in self.user_inputs] + [n for n, _ in self.attr_inputs]
+        order = [n for n, _, _ in self.user_inputs] + [n for n, *_ in self.int_inputs.values()] + \
+            [n for n, _ in self.attr_inputs]
         for node in reversed(order):
             first = next(iter(self.graph.nodes))
             if first is not node:
@@ -646,7 +671,7 @@ def _map(value, fn):
     if t is torch.Size:
         return tuple(_map(v, fn) for v in value) if any(
             isinstance(v, torch.SymInt) for v in value) else value
-    if t is torch.SymInt or t is torch.SymFloat or is_numpy_scalar(value):
+    if t is torch.SymInt or t is torch.SymFloat or t is torch.SymBool or is_numpy_scalar(value):
         return fn(value)
     if isinstance(value, tuple) and hasattr(value, "_fields"):
         return t(*(_map(v, fn) for v in value))

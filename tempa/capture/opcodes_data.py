@@ -179,6 +179,10 @@ class DataOpcodes:
     def IS_OP(self, ins):
         b = self.pop()
         a = self.pop()
+        if isinstance(a, torch.SymInt) and isinstance(b, (int, torch.SymInt)) or \
+                isinstance(b, torch.SymInt) and isinstance(a, int):
+            # which int object a symbolic int is: its value decides (small ints are cached)
+            a, b = shapes.specialized(a), shapes.specialized(b)
         if type(a) is type(b):   # (objects of different classes are never one: their guards say so)
             self.tracer.identity_used(a, b)
         self.push((a is not b) if ins.arg else (a is b))

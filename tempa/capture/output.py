@@ -174,7 +174,7 @@ class OutputPlan:
         from .shapes import render
         sizes = self.sizes
         expr = sizes.env.replace(value.node.expr)
-        names = {sym: f"{src[0][0]}.shape[{src[0][1]}]" for sym, src in sizes.sources.items()}
+        names = sizes.names(in_body=True)
         if not expr.free_symbols <= set(names):
             return self._computed(value)
         return render(expr, names)

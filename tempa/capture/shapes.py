@@ -13,6 +13,7 @@ needs ``s0 != 1``) is recorded by the ShapeEnv as a guard. This module
 """
 from __future__ import annotations
 
+import dataclasses
 import operator
 
 import sympy
@@ -20,6 +21,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, DimDynamic, StatelessSymbolicContext, \
     free_unbacked_symbols
+from torch._guards import GuardSource, Source
 from torch.utils._sympy import functions as symfn
 
 from .breaks import Unsupported
@@ -31,13 +33,31 @@ def make_shape_env() -> ShapeEnv:
     return ShapeEnv(specialize_zero_one=True, duck_shape=False)
 
 
+@dataclasses.dataclass(frozen=True)
+class IntSource(Source):
+    """Where a symbolic Python int was read (the ShapeEnv names each symbol by a source)."""
+    expr: str
+
+    @property
+    def name(self) -> str:
+        return self.expr
+
+    def guard_source(self):
+        return GuardSource.LOCAL
+
+
 class SymbolicSizes:
-    """Which symbol stands for which input dimension, and the FX nodes computing them."""
+    """Which symbol stands for which input dimension (or input int), and the FX nodes
+    computing them."""
 
     def __init__(self, graph: fx.Graph, shape_env: ShapeEnv):
         self.graph = graph
         self.env = shape_env
-        self.sources: dict[sympy.Symbol, list[tuple[str, int, fx.Node]]] = {}
+        # symbol -> [(tensor expression, dim, placeholder)]; dim None: the placeholder is
+        # the int itself (an int input), read at the expression, bound to a local of the
+        # entry before the graph runs (``int_locals``)
+        self.sources: dict[sympy.Symbol, list[tuple[str, int | None, fx.Node]]] = {}
+        self.int_locals: dict[sympy.Symbol, str] = {}
         self._nodes: dict[sympy.Expr, fx.Node] = {}
 
     def context_for(self, tensor: torch.Tensor, dims) -> StatelessSymbolicContext:
@@ -50,6 +70,30 @@ class SymbolicSizes:
                 sym = size.node.expr
                 if isinstance(sym, sympy.Symbol):
                     self.sources.setdefault(sym, []).append((expr, d, node))
+
+    def int_input(self, value: int, expr: str, node: fx.Node, local: str) -> torch.SymInt:
+        """The Python int ``value`` read at ``expr`` as a symbol backed by its value (as a
+        dynamic size is): the graph input ``node``, so every decision made on it (a branch,
+        ``max``, an index, a shape) becomes a guard on the symbol, not on this value. Not
+        assumed positive, and 0 and 1 are not specialized (a counter starts at 0)."""
+        source = IntSource(expr)
+        sym = self.env.create_unspecified_symbol(value, source=source, dynamic_dim=DimDynamic.DYNAMIC)
+        self.sources[sym] = [(expr, None, node)]
+        self.int_locals[sym] = local
+        return self.env.create_symintnode(sym, hint=value, source=source)
+
+    def names(self, *, in_body: bool = False) -> dict:
+        """symbol -> the Python expression that reads it: in the guards, or (``in_body``)
+        in the entry's body after the graph, where an int input is the local bound before
+        the graph ran (the side effects replayed there may have written its attribute)."""
+        out = {}
+        for sym, src in self.sources.items():
+            expr, dim, _ = src[0]
+            if dim is not None:
+                out[sym] = f"{expr}.shape[{dim}]"
+            else:
+                out[sym] = self.int_locals[sym] if in_body else expr
+        return out
 
     def bind(self, symbol: sympy.Symbol, node: fx.Node) -> None:
         """``node`` computes the unbacked ``symbol`` (a captured ``.item()``)."""
@@ -104,6 +148,8 @@ class SymbolicSizes:
             if not src:
                 raise Unsupported("symbolic size", f"a size {expr} with no input")
             _, dim, placeholder = src[0]
+            if dim is None:
+                return placeholder   # an int input
             node = self.graph.call_method("size", (placeholder, dim))
         elif isinstance(expr, sympy.Add):
             node = self._fold(operator.add, expr.args)
@@ -125,6 +171,8 @@ class SymbolicSizes:
             node = self.graph.call_function(max, tuple(self._build(a) for a in expr.args))
         elif isinstance(expr, (symfn.Min, sympy.Min)):
             node = self.graph.call_function(min, tuple(self._build(a) for a in expr.args))
+        elif isinstance(expr, sympy.Abs):
+            node = self.graph.call_function(abs, (self._build(expr.args[0]),))
         else:
             raise Unsupported("symbolic size", f"size expression {expr} ({type(expr).__name__})")
         self._nodes[expr] = node
@@ -141,7 +189,7 @@ class SymbolicSizes:
     def guard_expressions(self) -> list[tuple[str, str]]:
         """(Python expression, description) pairs: ranges, equalities between inputs that
         share a symbol, and every guard the ShapeEnv recorded."""
-        names = {sym: f"{src[0][0]}.shape[{src[0][1]}]" for sym, src in self.sources.items()}
+        names = self.names()
         out = []
         for sym, srcs in self.sources.items():
             first = names[sym]
@@ -232,6 +280,8 @@ def render(expr, names: dict) -> str:
         return "max(" + ", ".join(render(a, names) for a in expr.args) + ")"
     if isinstance(expr, (symfn.Min, sympy.Min)):
         return "min(" + ", ".join(render(a, names) for a in expr.args) + ")"
+    if isinstance(expr, sympy.Abs):
+        return f"abs({render(expr.args[0], names)})"
     if isinstance(expr, symfn.CleanDiv):
         return f"({render(expr.args[0], names)} // {render(expr.args[1], names)})"
     raise Unsupported("symbolic size", f"cannot guard on size expression {expr}")

@@ -74,8 +74,10 @@ class SideEffects:
         """``next(it)`` of a caller's ``range_iterator``: answered by a twin of it that starts
         where ``it`` stands at capture (its position guarded); the entry moves ``it`` to
         where the twin ends. Its position is plain state (``__reduce__`` /
-        ``__setstate__``), so the replay is exact. Other outside iterators (a list's, a
-        data loader's) stay a graph break: their items are the caller's objects, not numbers."""
+        ``__setstate__``), so the replay is exact. Other outside iterators reached as
+        constants (a global list iterator, a data loader's) stay a graph break: their items
+        are the caller's objects, not numbers (one handed in as an argument is read by its
+        items instead: ``Tracer._external_iterator``)."""
         if type(it) is not _RANGE_ITERATOR or not any(v is it for v in guards.consts.values()):
             raise Unsupported("impure call", f"next() advances a {type(it).__name__} that "
                               "lives outside the compiled call")
@@ -89,6 +91,13 @@ class SideEffects:
             twin.__setstate__(position)
             write = self.writes[("iter", id(it))] = ("iter", it, None, twin)
         return next(write[3])
+
+    def advance_copied_iterator(self, it, copy) -> None:
+        """``copy`` (a CapturedIter) iterates the items the caller's list or tuple iterator
+        ``it`` has left: the entry moves ``it`` on by as many as the capture took."""
+        state = it.__reduce__()   # (iter, (seq,), index); an exhausted one: (iter, ((),))
+        start = state[2] if len(state) > 2 else 0
+        self.writes[("iter", id(it))] = ("advance", copy, start, None)
 
     def mutated_copy(self, copy) -> None:
         """``copy`` (our copy of a caller's list/dict/set) was written: write it back."""
@@ -163,6 +172,8 @@ class SideEffects:
                 values.append(_contents_expr(plan, target))
             elif kind == "iter":   # where the twin stands now
                 values.append(repr(value.__reduce__()[2]))
+            elif kind == "advance":   # where the copy stands now
+                values.append(repr(name + target.pos))
             elif value is DELETED:
                 values.append(None)
             else:
@@ -197,6 +208,8 @@ def _apply(kind, target, name, temp, plan, const) -> str:
         return f"{g}.pop({name!r}, None)" if temp is None else f"{g}[{name!r}] = {temp}"
     if kind == "iter":
         return f"{const(target, 'SE')}.__setstate__({temp})"
+    if kind == "advance":   # the caller's iterator, read where the capture read it
+        return f"{plan.external_copies[id(target)][1]}.__setstate__({temp})"
     if kind == "cell":
         cell = const(target, "CELL")
         if temp is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import dataclasses
 import enum
 import functools
 import inspect
@@ -24,7 +25,7 @@ from .graph import GraphBuilder
 from .guards import is_constant_type
 from .selections import Selections
 from .side_effects import SideEffects, DELETED, MISSING, is_data_descriptor
-from .values import NdarrayVar, StorageVar, TensorVar, TensorMethod, bound_self
+from .values import CapturedIter, NdarrayVar, StorageVar, TensorVar, TensorMethod, bound_self
 
 # Tensor attributes read from the fake tensor's metadata (static under static shapes).
 TENSOR_METADATA_ATTRS = {
@@ -42,6 +43,10 @@ _LIBRARY_PACKAGES = frozenset({
     "contextlib", "enum", "copy", "abc", "types", "re", "einops", "sys"})
 # The caller's containers that capture works on a copy of (one copy per object).
 _COPIED_TYPES = (list, dict, collections.OrderedDict, collections.defaultdict, set)
+# Iterators handed in whose items are guarded one by one (``_external_iterator``); a
+# longer one is guarded by identity.
+_SEQUENCE_ITERATORS = (type(iter([])), type(iter(())))
+_MAX_COPIED_ITEMS = 64
 # Containers deeper than this are not guarded item by item: capture gives up on the frame
 # (it runs eagerly, and says so) instead of recursing towards the interpreter's limit.
 _MAX_GUARD_DEPTH = 32
@@ -56,11 +61,18 @@ def is_library_module(value) -> bool:
 
 
 class Tracer:
-    def __init__(self, builder: GraphBuilder, *, fullgraph: bool = False, dynamic=None):
+    def __init__(self, builder: GraphBuilder, *, fullgraph: bool = False, dynamic=None,
+                 symbolic_ints=frozenset()):
         self.builder = builder
         # Which input dims are symbolic: True (all), or {expression: dims}; plus any dims the
         # user marked with tempa.mark_dynamic.
         self.dynamic = dynamic
+        # The expressions whose Python ints are symbols (their value changed between calls;
+        # True: every int read from the arguments, under dynamic=True), and every Python int
+        # read from outside, by expression (what the next recompile compares,
+        # context.CompileContext._symbolic_ints)
+        self.symbolic_ints = symbolic_ints
+        self.input_ints: dict[str, int] = {}
         self.guards = builder.guards
         self.fullgraph = fullgraph
         self._internal: dict[int, object] = {}      # objects created during capture
@@ -120,6 +132,12 @@ class Tracer:
                 return self.builder.user_input(value, expr, self.dynamic_dims(value, expr))
             self.guards.identity(expr, value, expr)
             return self.builder.attr_input(value, expr)
+        if type(value) is int:
+            self.input_ints[expr] = value
+            symbolic = _reached_from_arguments(expr) if self.symbolic_ints is True else \
+                expr in self.symbolic_ints
+            if symbolic and self.builder.sizes is not None:
+                return self.builder.int_input(value, expr)
         if is_constant_type(value):
             self.guards.constant(expr, value)
             return value
@@ -192,9 +210,11 @@ class Tracer:
             return value if owner is value.__self__ else types.MethodType(value.__func__, owner)
         if is_library_module(value):
             return value
-        if user and _guarded_by_type(value) and _reached_from_arguments(expr) and \
-                not guards.is_bound(value):   # (not also reached as a constant)
-            return self._external_object(value, expr)
+        if user and t in _SEQUENCE_ITERATORS and _reached_from_arguments(expr):
+            return self._external_iterator(value, expr, depth)
+        if user and (_guarded_by_type(value) or _is_output_record(value)) and \
+                _reached_from_arguments(expr) and not guards.is_bound(value):
+            return self._external_object(value, expr)   # (not also reached as a constant)
         guards.identity(expr, value, expr)
         self.identity_used(value)   # reached here as a constant, before by its source
         return value
@@ -217,7 +237,35 @@ class Tracer:
         guards.add("identity", f"{expr}.__class__ is {guards.const(cls, 'T')}",
                    f"{expr} is a {cls.__name__}")
         self.sourced[id(value)] = (value, expr)
+        if isinstance(value, dict):
+            # An output record: its keys are what iterating it or len() reads; C code that
+            # reads its items (ModelOutput's __getitem__ runs dict(self.items())) pins it.
+            keys = tuple(dict.keys(value))
+            guards.add("length", f"tuple({guards.const(dict.keys, 'F')}({expr})) == "
+                       f"{guards.const(keys, 'K')}", f"{expr} has the keys {keys}")
         return value
+
+    def _external_iterator(self, value, expr: str, depth: int):
+        """A list's or tuple's iterator handed in (a resume function's loop iterator, a
+        comprehension's ``.0`` on 3.11, made anew by the eager part of every call): guarded
+        by its class and the items it has left, each at its source, not by identity (which
+        recaptured every call). Capture iterates a copy; the entry moves the real iterator
+        to where the copy stopped (``side_effects.advance_copied_iterator``), and where the
+        copy leaves the capture the real iterator is handed on."""
+        guards = self.guards
+        rest = iterator_rest(value)
+        if len(rest) > _MAX_COPIED_ITEMS:
+            guards.identity(expr, value, expr)
+            return value
+        left = f"{guards.const(iterator_rest, 'F')}({expr})"
+        guards.add("length", f"{expr}.__class__ is {guards.const(type(value), 'T')} and "
+                   f"len({left}) == {len(rest)}",
+                   f"{expr} is a {type(value).__name__} with {len(rest)} items left")
+        items = [self.external(v, f"{left}[{i}]", depth=depth + 1) for i, v in enumerate(rest)]
+        copy = CapturedIter(items)
+        self.external_copies[id(copy)] = (copy, expr)
+        self.side_effects.advance_copied_iterator(value, copy)
+        return copy
 
     def identity_used(self, *values) -> None:
         """The capture's result depends on which objects ``values`` are (an ``is``, a dict
@@ -671,10 +719,22 @@ def _guarded_by_type(value) -> bool:
         not (cls.__module__ or "").startswith(("torch", "tempa"))
 
 
+def _is_output_record(value) -> bool:
+    """A dataclass that is also a dict (HuggingFace's ModelOutput: a model's result, made
+    anew by every call, which a resume function is handed after a break in the model):
+    guarded like a plain object, plus its keys."""
+    cls = type(value)
+    return isinstance(value, dict) and dataclasses.is_dataclass(cls) and \
+        bool(cls.__flags__ & _HEAPTYPE) and type(getattr(value, "__dict__", None)) is dict and \
+        cls.__getattribute__ is dict.__getattribute__ and \
+        not (cls.__module__ or "").startswith(("torch", "tempa"))
+
+
 def _reached_from_arguments(expr: str) -> bool:
     """``expr`` reads from the call's arguments (``cache.layers[0]``, a resume function's
-    ``___stack2``), not from an object bound as a constant."""
-    return not expr.startswith("___") or expr.startswith("___stack")
+    ``___stack2``, a comprehension's ``.0`` as ``___dot0``), not from an object bound as a
+    constant."""
+    return not expr.startswith("___") or expr.startswith(("___stack", "___dot"))
 
 
 def _is_plain_tuple_subclass(t: type) -> bool:
@@ -682,6 +742,12 @@ def _is_plain_tuple_subclass(t: type) -> bool:
     a ``torch.return_types`` structseq): ``x[i]`` in a guard runs no user code."""
     return issubclass(t, tuple) and t is not tuple and t is not torch.Size and \
         all(getattr(t, m) is getattr(tuple, m) for m in ("__getitem__", "__len__", "__iter__"))
+
+
+def iterator_rest(it) -> list:
+    """Guard helper: the items a list or tuple iterator has left, without advancing it."""
+    _, args, *position = it.__reduce__()   # (iter, (seq,), index); an exhausted one: (iter, ((),))
+    return list(args[0][position[0] if position else len(args[0]):])
 
 
 def same_keys(d: dict, keys: tuple) -> bool:

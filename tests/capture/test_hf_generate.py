@@ -6,7 +6,8 @@ graph breaks. A second generate() makes a new cache object: it is guarded by cla
 tensors read by source (``kwargs['cache'].layers[0].keys``), so nothing is captured again.
 
 torch.compile on the same code (torch 2.13 CPU, transformers 5): DynamicCache 3 graphs,
-StaticCache under fullgraph 2 graphs, 0 breaks, nothing new on a second generate()."""
+StaticCache under fullgraph 2 graphs, 0 breaks, nothing new on a second generate();
+Mistral with its sliding window (DynamicSlidingWindowLayer) 3 graphs too."""
 import pytest
 import torch
 
@@ -23,15 +24,12 @@ def _model(kind: str):
         return transformers.GPT2LMHeadModel(cfg).eval()
     config = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
               "qwen2": transformers.Qwen2Config}[kind]
-    extra = {}
-    if kind == "mistral":
-        # Left: a sliding window makes DynamicSlidingWindowLayer, whose Python int
-        # `cumulative_length` changes every step; tempa guards it by value (no symbolic
-        # ints read from objects yet), so every decode step recompiles.
-        extra["sliding_window"] = None
+    # Mistral keeps its default sliding window (4096): DynamicSlidingWindowLayer's Python int
+    # `cumulative_length` changes every decode step, and becomes a symbol after the first
+    # change (automatic dynamic for ints), as torch.compile does.
     cfg = config(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
                  num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
-                 max_position_embeddings=128, bos_token_id=0, eos_token_id=None, **extra)
+                 max_position_embeddings=128, bos_token_id=0, eos_token_id=None)
     return transformers.AutoModelForCausalLM.from_config(cfg).eval()
 
 

@@ -79,7 +79,8 @@ def test_next_of_an_outside_iterator_advances_it_every_call():
 
     fast = tempa.compile(f, backend="eager")
     assert [fast(torch.ones(1)).item() for _ in range(4)] == [0.0, 1.0, 2.0, 3.0]
-    assert _counts() == (5, 1, 0)
+    # the resume function's int on the stack is a symbol from its second value on
+    assert _counts() == (3, 1, 0)
 
 
 def test_looping_over_an_outside_iterator_consumes_it_in_python():
