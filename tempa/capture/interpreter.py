@@ -177,6 +177,11 @@ class Frame(LoadStoreOpcodes, CallOpcodes, ControlOpcodes, DataOpcodes):
 
     # -- stack helpers ---------------------------------------------------------------------
     def push(self, v):
+        if isinstance(v, torch.Tensor):
+            # A real tensor with no TensorVar (an item a C method of the caller's object
+            # returned, `dict(out.items())["a"]`): an input read live on every call, so
+            # that what the code computes from it is in the graph, not evaluated now.
+            v = self.tracer.builder.attr_input(v, "a tensor read by C code")
         self.stack.append(v)
 
     def pop(self):

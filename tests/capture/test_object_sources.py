@@ -4,6 +4,8 @@ object of the same structure, as every ``generate()`` makes, finds the same grap
 that depends on which object it is (``is``, a dict key, ``id()``, the default ``repr``, ``==``
 without ``__eq__``) guards it by identity. torch.compile does the same (TYPE_MATCH on
 user objects, their tensors read by source): one graph for the first four tests."""
+import collections
+
 import pytest
 import torch
 
@@ -145,3 +147,27 @@ def test_an_argument_that_is_also_a_global():
     SHARED.k = torch.zeros(2)
     torch.testing.assert_close(f(Layer(torch.zeros(2)), torch.ones(2)), torch.ones(2))
     assert tempa.stats().captures >= 1 and tempa.stats().eager_fallbacks == 0
+
+
+@pytest.mark.parametrize("backend", ["eager", "tempa"])
+def test_items_a_c_method_reads_from_a_callers_dict_subclass_are_guarded(backend):
+    """``dict(out.items())`` on the caller's dict subclass (guarded by type, so the C
+    method runs on the real object) returned its items as they were at capture: a later
+    call whose dict held another tensor, or another number, computed on the first ones."""
+    class Out(collections.OrderedDict):
+        pass
+
+    def f(out, x):
+        d = dict(out.items())
+        return d["a"] * d["n"] + x
+
+    out, x = Out(a=torch.ones(3), n=2), torch.zeros(3)
+    fast = tempa.compile(f, backend=backend)
+    assert torch.equal(fast(out, x), f(out, x))
+    out["a"].add_(1)                      # the same tensor, written in place
+    assert torch.equal(fast(out, x), f(out, x))
+    out["a"] = torch.full((3,), 7.0)      # another tensor
+    assert torch.equal(fast(out, x), f(out, x))
+    out["n"] = 3                          # another number
+    assert torch.equal(fast(out, x), f(out, x))
+    assert tempa.stats().graph_breaks == 0
