@@ -102,8 +102,10 @@ def call_c(tracer, frame, fn, args, kwargs):
     tracer.identity_used(*_identity_arguments(fn, args, kwargs))
     if owner is not None and not isinstance(owner, types.ModuleType):
         tracer.identity_used(owner)   # a C method of the caller's object reads it unguarded
-        tracer.contents_read_by_c(owner)
-    elif args and (type(fn) is _METHOD_DESCRIPTOR or type(fn) in _WRAPPER_DESCRIPTORS):
+        if getattr(fn, "__name__", "") not in _MUTATING_METHODS:
+            tracer.contents_read_by_c(owner)   # (a write is _check_method_owner's)
+    elif args and (type(fn) is _METHOD_DESCRIPTOR or type(fn) in _WRAPPER_DESCRIPTORS) and \
+            getattr(fn, "__name__", "") not in _MUTATING_METHODS:
         tracer.contents_read_by_c(args[0])   # dict.items(out): the same read, unbound
     if _makes_text(fn, owner):   # of a size: its value, not its symbol (shapes.specialized)
         args = [shapes.specialized(a) for a in args]

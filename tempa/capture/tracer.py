@@ -79,7 +79,7 @@ class Tracer:
         # Our copies of the caller's lists/dicts: id(copy) -> (copy, expression of the original)
         self.external_copies: dict[int, tuple] = {}
         self._contents_guarded: set[int] = set()   # ids of containers read whole by C code
-        self._outside_containers: dict[int, tuple] = {}   # id -> (dict/list subclass, expr)
+        self._outside_containers: dict[int, tuple] = {}   # id -> (dict subclass, expr)
         self._copy_of: dict[int, tuple] = {}   # id(original) -> (original, copy, expression)
         self.param_ids: set[int] = set()
         self.depth = 0
@@ -219,7 +219,7 @@ class Tracer:
             return self._external_object(value, expr)   # (not also reached as a constant)
         guards.identity(expr, value, expr)
         self.identity_used(value)   # reached here as a constant, before by its source
-        if isinstance(value, (dict, list)):
+        if isinstance(value, dict):
             self._outside_containers[id(value)] = (value, expr)   # see contents_read_by_c
         return value
 
@@ -283,30 +283,23 @@ class Tracer:
                 self.guards.identity(known[1], value, known[1])
 
     def contents_read_by_c(self, obj) -> None:
-        """A C method of the caller's dict or list (a subclass, guarded by type and so
-        run on the real object: ``dict(out.items())``, ``list.copy(seq)``) read its items,
+        """A C method of the caller's dict (a subclass, guarded by type and so run on the
+        real object: ``dict(out.items())``, ``dict.items(out)``) read its items,
         which capture then holds as they were: guard its keys and each item, constants by
         value and other objects (tensors too) by identity, or a later call whose container
         holds another tensor would compute on the first one."""
         known = self.sourced.get(id(obj)) or self._outside_containers.get(id(obj))
-        if not isinstance(obj, (dict, list)) or known is None or known[0] is not obj or \
+        if not isinstance(obj, dict) or known is None or known[0] is not obj or \
                 id(obj) in self._contents_guarded:
             return   # objects made by this call, or copies, hold what capture put there
         self._contents_guarded.add(id(obj))
         g, expr = self.guards, known[1]
-        if isinstance(obj, dict):
-            keys = tuple(dict.keys(obj))
-            g.add("length", f"{g.const(same_keys, 'F')}({expr}, {g.const(keys, 'K')})",
-                  f"{expr} has the keys {keys}")
-            get = g.const(dict.__getitem__, "F")   # not a subclass's own __getitem__
-            for k, v in dict.items(obj):
-                g.constant(f"{get}({expr}, {g.const(k, 'K')})", v)
-        else:
-            g.add("length", f"{g.const(list.__len__, 'F')}({expr}) == {len(obj)}",
-                  f"{expr} has {len(obj)} items")
-            get = g.const(list.__getitem__, "F")
-            for i, v in enumerate(list.__iter__(obj)):
-                g.constant(f"{get}({expr}, {i})", v)
+        keys = tuple(dict.keys(obj))
+        g.add("length", f"{g.const(same_keys, 'F')}({expr}, {g.const(keys, 'K')})",
+              f"{expr} has the keys {keys}")
+        get = g.const(dict.__getitem__, "F")   # not a subclass's own __getitem__
+        for k, v in dict.items(obj):
+            g.constant(f"{get}({expr}, {g.const(k, 'K')})", v)
 
     def guard_distinct_objects(self) -> None:
         """Objects guarded by type that were distinct at capture stay distinct: the writes

@@ -171,3 +171,22 @@ def test_items_a_c_method_reads_from_a_callers_dict_subclass_are_guarded(backend
     out["n"] = 3                          # another number
     assert torch.equal(fast(out, x), f(out, x))
     assert tempa.stats().graph_breaks == 0
+
+
+def test_a_write_through_a_c_method_of_a_callers_list_subclass_runs_once():
+    """``lst.append(4)`` on the caller's list subclass runs on the real list at capture; its
+    items are not guarded as a read (they would be the items after the write, which the
+    capture's own check then finds changed, and the call ran eagerly: a second append)."""
+    class MyList(list):
+        def twice_the_length(self):
+            return len(self) * 2
+
+    def f(x, lst):
+        lst.append(4)
+        return x * lst.twice_the_length()
+
+    x = torch.ones(2)
+    want_list, got_list = MyList([1, 2, 3]), MyList([1, 2, 3])
+    want = f(x, want_list)
+    got = tempa.compile(f, backend="eager", fullgraph=True)(x, got_list)
+    assert torch.equal(got, want) and got_list == want_list == [1, 2, 3, 4]
