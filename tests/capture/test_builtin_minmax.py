@@ -111,3 +111,4 @@ def test_single_item_is_returned_itself():
 
     a = torch.randn(3)
     assert tempa.compile(f, fullgraph=True, backend="eager")(a) is a
+    assert tempa.stats().captures == 1   # one graph (returning its input), not an eager run

@@ -187,6 +187,7 @@ def test_autograd_function_outputs_keep_eager_flags():
     assert (y.requires_grad, sign.requires_grad) == (want_y.requires_grad, want_sign.requires_grad)
     with torch.no_grad():
         assert not tempa.compile(f)(x, w)[0].requires_grad
+    assert tempa.stats().captures == 2 and tempa.stats().graph_breaks == 0
 
 
 class _TimesTwoAndAnInt(torch.autograd.Function):
