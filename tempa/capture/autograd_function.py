@@ -280,8 +280,6 @@ class FunctionPlan:
         return repr(sorted(vars(self).items()))
 
 
-_LIBRARY = None
-_OPERATIONS: dict[str, object] = {}
 
 
 def function_op(name: str, forward_gm: fx.GraphModule, backward_gm: fx.GraphModule,
@@ -289,16 +287,14 @@ def function_op(name: str, forward_gm: fx.GraphModule, backward_gm: fx.GraphModu
     """The ``tempa_fn::<name>_<hash>(Tensor[] inputs) -> Tensor[]`` operation of these
     subgraphs. Its name is a hash of what it runs, so a graph that calls it (and a disk
     cache keyed by that graph's code) always means the same computation."""
-    global _LIBRARY
     key = hashlib.sha256("\n".join((forward_gm.code, backward_gm.code, repr(plan),
                                     _python_targets(forward_gm), _python_targets(backward_gm))
                                    ).encode()).hexdigest()[:16]
     qualified = f"{_identifier(name)}_{key}"
-    if qualified in _OPERATIONS:
-        return _OPERATIONS[qualified]
-    if _LIBRARY is None:
-        _LIBRARY = torch.library.Library("tempa_fn", "FRAGMENT")
-    _LIBRARY.define(f"{qualified}(Tensor[] inputs) -> Tensor[]")
+    if qualified in regions.OPERATIONS:
+        return regions.OPERATIONS[qualified]
+    library = regions.tempa_fn_library()
+    library.define(f"{qualified}(Tensor[] inputs) -> Tensor[]")
 
     def forward(inputs):
         return list(forward_gm(*inputs))
@@ -327,12 +323,12 @@ def function_op(name: str, forward_gm: fx.GraphModule, backward_gm: fx.GraphModu
                 input_grads[target] = grad if before is None else before + grad
         return input_grads
 
-    _LIBRARY.impl(qualified, forward, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"tempa_fn::{qualified}", fake, lib=_LIBRARY)
+    library.impl(qualified, forward, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"tempa_fn::{qualified}", fake, lib=library)
     torch.library.register_autograd(f"tempa_fn::{qualified}", backward,
-                                    setup_context=setup_context, lib=_LIBRARY)
+                                    setup_context=setup_context, lib=library)
     op = getattr(torch.ops.tempa_fn, qualified).default
-    _OPERATIONS[qualified] = op
+    regions.OPERATIONS[qualified] = op
     return op
 
 

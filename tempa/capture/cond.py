@@ -89,8 +89,6 @@ def _meta_of(fake) -> tuple:
     return tuple(fake.shape), tuple(fake.stride()), fake.dtype, fake.device
 
 
-_LIBRARY = None
-_OPERATIONS: dict[str, object] = {}
 
 
 def cond_op(true_gm, false_gm, metas: tuple):
@@ -98,15 +96,13 @@ def cond_op(true_gm, false_gm, metas: tuple):
     ``pred`` picks; its gradient ``cond_<hash>_backward`` (same arguments, then the output
     gradients) recomputes that branch and differentiates it. Named by a hash of what they
     run, as ``autograd_function.function_op``."""
-    global _LIBRARY
     key = hashlib.sha256("\n".join((true_gm.code, false_gm.code, repr(metas))).encode()).hexdigest()[:16]
     name = f"cond_{key}"
-    if name in _OPERATIONS:
-        return _OPERATIONS[name]
-    if _LIBRARY is None:
-        _LIBRARY = torch.library.Library("tempa_fn", "FRAGMENT")
-    _LIBRARY.define(f"{name}(Tensor pred, Tensor[] inputs) -> Tensor[]")
-    _LIBRARY.define(f"{name}_backward(Tensor pred, Tensor[] inputs, Tensor[] grads) -> Tensor[]")
+    if name in regions.OPERATIONS:
+        return regions.OPERATIONS[name]
+    library = regions.tempa_fn_library()
+    library.define(f"{name}(Tensor pred, Tensor[] inputs) -> Tensor[]")
+    library.define(f"{name}_backward(Tensor pred, Tensor[] inputs, Tensor[] grads) -> Tensor[]")
 
     def branch(pred):
         return true_gm if bool(pred) else false_gm
@@ -146,14 +142,14 @@ def cond_op(true_gm, false_gm, metas: tuple):
         computed = getattr(torch.ops.tempa_fn, f"{name}_backward").default(pred, inputs, grads)
         return None, [g if _differentiable(x) else None for g, x in zip(computed, inputs)]
 
-    _LIBRARY.impl(name, forward, "CompositeExplicitAutograd")
-    _LIBRARY.impl(f"{name}_backward", backward_impl, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"tempa_fn::{name}", fake, lib=_LIBRARY)
-    torch.library.register_fake(f"tempa_fn::{name}_backward", backward_fake, lib=_LIBRARY)
+    library.impl(name, forward, "CompositeExplicitAutograd")
+    library.impl(f"{name}_backward", backward_impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"tempa_fn::{name}", fake, lib=library)
+    torch.library.register_fake(f"tempa_fn::{name}_backward", backward_fake, lib=library)
     torch.library.register_autograd(f"tempa_fn::{name}", backward, setup_context=setup_context,
-                                    lib=_LIBRARY)
+                                    lib=library)
     op = getattr(torch.ops.tempa_fn, name).default
-    _OPERATIONS[name] = op
+    regions.OPERATIONS[name] = op
     return op
 
 

@@ -14,6 +14,7 @@ import hashlib
 
 import torch
 
+from . import regions
 from .breaks import Unsupported
 from .values import TensorVar
 
@@ -72,23 +73,19 @@ def _bind(schema, args, kwargs) -> dict:
     return bound
 
 
-_LIBRARY = None
-_OPERATIONS: dict[str, object] = {}
 
 
 def functional_op(fn, tensors: tuple, written: tuple, constants: dict):
     """``tempa_fn::functional_<hash>(Tensor[] tensors) -> Tensor[]``: ``fn`` on clones of the
     ``written`` arguments (the others as given, ``constants`` fixed); returns those clones,
     then ``fn``'s outputs. Named by a hash of the operator and the constants."""
-    global _LIBRARY
     key = hashlib.sha256(repr((str(fn._schema), tensors, written, sorted(constants.items(), key=str)))
                          .encode()).hexdigest()[:16]
     name = f"functional_{fn.namespace}_{fn._opname}_{key}"
-    if name in _OPERATIONS:
-        return _OPERATIONS[name]
-    if _LIBRARY is None:
-        _LIBRARY = torch.library.Library("tempa_fn", "FRAGMENT")
-    _LIBRARY.define(f"{name}(Tensor[] tensors) -> Tensor[]")
+    if name in regions.OPERATIONS:
+        return regions.OPERATIONS[name]
+    library = regions.tempa_fn_library()
+    library.define(f"{name}(Tensor[] tensors) -> Tensor[]")
 
     def run(values, clone):
         given = dict(zip(tensors, values))
@@ -106,8 +103,8 @@ def functional_op(fn, tensors: tuple, written: tuple, constants: dict):
     def fake(values):
         return run(values, torch.empty_like)
 
-    _LIBRARY.impl(name, kernel, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"tempa_fn::{name}", fake, lib=_LIBRARY)
+    library.impl(name, kernel, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"tempa_fn::{name}", fake, lib=library)
     op = getattr(torch.ops.tempa_fn, name).default
-    _OPERATIONS[name] = op
+    regions.OPERATIONS[name] = op
     return op

@@ -99,3 +99,17 @@ def extract(graph: fx.Graph, nodes: list[fx.Node], outputs: list[fx.Node],
                               "outside it")
         graph.erase_node(node)
     return fx.GraphModule(torch.nn.Module(), sub)
+
+
+# The operators that run captured subgraphs (autograd_function, cond, custom_ops), in one
+# torch.library namespace; each is named by a hash of what it runs and defined once.
+_LIBRARY = None
+OPERATIONS: dict[str, object] = {}
+
+
+def tempa_fn_library() -> torch.library.Library:
+    """The ``tempa_fn`` library, made on first use."""
+    global _LIBRARY
+    if _LIBRARY is None:
+        _LIBRARY = torch.library.Library("tempa_fn", "FRAGMENT")
+    return _LIBRARY

@@ -38,6 +38,7 @@ import sysconfig
 import torch
 
 from . import extension
+from .nativeguards import _torch_paths   # the same torch include and lib folders
 
 _MODULE = "_tempa_nativeautograd"
 
@@ -504,11 +505,6 @@ PyMODINIT_FUNC PyInit__tempa_nativeautograd(void) {
     return m;
 }
 """
-
-
-def _torch_paths() -> tuple[str, str]:
-    root = os.path.dirname(torch.__file__)
-    return os.path.join(root, "include"), os.path.join(root, "lib")
 
 
 @functools.lru_cache(None)
