@@ -83,14 +83,19 @@ class SideEffects:
                               "lives outside the compiled call")
         write = self.writes.get(("iter", id(it)))
         if write is None or write[1] is not it:
+            # (iter, (range,), index) on 3.11; from 3.12 the range is what is left and the
+            # index None
             maker, args, position = it.__reduce__()
             guards.add("constant", f"{guards.const(it)}.__reduce__() == "
                        f"{guards.const((maker, args, position), 'V')}",
-                       f"{it!r} starts at item {position} of {args[0]!r}")
+                       f"{it!r} starts at item {position or 0} of {args[0]!r}")
             twin = maker(*args)
-            twin.__setstate__(position)
-            write = self.writes[("iter", id(it))] = ("iter", it, None, twin)
-        return next(write[3])
+            if position is not None:
+                twin.__setstate__(position)
+            write = ("iter", it, 0, twin)
+        item = next(write[3])   # StopIteration, as eager raises it, leaves the count as it was
+        self.writes[("iter", id(it))] = ("iter", it, write[2] + 1, write[3])
+        return item
 
     def advance_copied_iterator(self, it, copy) -> None:
         """``copy`` (a CapturedIter) iterates the items the caller's list or tuple iterator
@@ -170,8 +175,8 @@ class SideEffects:
         for kind, target, name, value in self.writes.values():
             if kind == "copy":
                 values.append(_contents_expr(plan, target))
-            elif kind == "iter":   # where the twin stands now
-                values.append(repr(value.__reduce__()[2]))
+            elif kind == "iter":   # how many items the twin gave
+                values.append(repr(name))
             elif kind == "advance":   # where the copy stands now
                 values.append(repr(name + target.pos))
             elif value is DELETED:
@@ -207,7 +212,7 @@ def _apply(kind, target, name, temp, plan, const) -> str:
         g = const(target, "G")
         return f"{g}.pop({name!r}, None)" if temp is None else f"{g}[{name!r}] = {temp}"
     if kind == "iter":
-        return f"{const(target, 'SE')}.__setstate__({temp})"
+        return f"{const(advance_range_iterator, 'F')}({const(target, 'SE')}, {temp})"
     if kind == "advance":   # the caller's iterator, read where the capture read it
         return f"{plan.external_copies[id(target)][1]}.__setstate__({temp})"
     if kind == "cell":
@@ -231,6 +236,14 @@ def is_data_descriptor(cls, name: str, *, read: bool = False) -> bool:
             kind = type(klass.__dict__[name])
             return hasattr(kind, "__set__") and (not read or hasattr(kind, "__get__"))
     return False
+
+
+def advance_range_iterator(it, count: int) -> None:
+    """Move a ``range_iterator`` on by ``count`` items. ``__setstate__`` sets the index on
+    3.11 but skips that many items from where it stands on 3.12 and later (whose
+    ``__reduce__`` gives the range left and no index)."""
+    position = it.__reduce__()[2]
+    it.__setstate__(count if position is None else position + count)
 
 
 def delete_attr_if_present(obj, name: str) -> None:
