@@ -93,6 +93,9 @@ class ComputedBuffer(Buffer):
     body: object = None             # Pointwise | Reduction
     origin: str = ""                # the ATen op it came from (for reports)
     target: "Buffer" = None         # for copy-backs: the input written
+    # for copy-backs: the buffer they copy element for element (the pass write_in_place may
+    # then compute it straight into the input), else None
+    source: "ComputedBuffer" = None
 
     @property
     def cname(self):

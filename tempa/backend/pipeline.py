@@ -23,11 +23,11 @@ import torch
 
 from .codegen.emit import Emitter
 from .index import IndexExpr, Indirect
-from .ir import ComputedBuffer, ExternCall, LoopValue, ScalarExpr
+from .ir import ComputedBuffer, ExternCall, LoopValue, Pointwise, ScalarExpr
 from .lower.core import LowerOptions
 from .lower.lowerings import lower_graph
 from .ops import result_dtype
-from .schedule import _extern_buffers, _reads, member_index, red_vars, schedule
+from .schedule import _extern_buffers, _reads, _segments, member_index, probe_loads, red_vars, schedule
 
 PASSES = (
     # -- once per graph (entry.py) -----------------------------------------------------------
@@ -41,6 +41,8 @@ PASSES = (
     ("lower", "ATen FX -> loop IR (lower/lowerings.py); an op without a lowering becomes an ATen call"),
     ("eliminate_dead", "drop buffers nothing reads"),
     ("schedule", "group buffers into loop nests (kernels), cut at extern calls (schedule.py)"),
+    ("write_in_place", "a mutated input's new value computed straight into it where nothing "
+                       "reads the old value later: no temporary, no copy-back loop"),
     ("partition", "[Triton] a group -> one kernel, or one per member where one program cannot hold it"),
     ("plan_memory", "where each buffer lives: wrapper-allocated, the C++ arena, a register"),
     ("render", "kernel text: C++ segments (codegen/cpp.py) or Triton kernels (codegen/triton.py)"),
@@ -51,7 +53,8 @@ PASSES = (
     # -- around the variants (entry.py, autograd.py) -----------------------------------------
     ("variants", "inference, or [training] forward and backward in one torch.autograd.Function"),
 )
-GRAPH_PASSES = ("lower", "eliminate_dead", "schedule", "partition", "plan_memory", "render", "autotune")
+GRAPH_PASSES = ("lower", "eliminate_dead", "schedule", "write_in_place", "partition", "plan_memory",
+                "render", "autotune")
 
 # Shape-generic graphs: lowering thresholds assume run-time sizes up to this many times the
 # sizes seen while compiling (lower/core.py LowerOptions.dyn_scale).
@@ -118,6 +121,81 @@ def eliminate_dead(lowered) -> None:
     lowered.externs = [s.name for s in lowered.steps if isinstance(s, ExternCall) and not s.fallback]
 
 
+def write_in_place(lowered, sched, within_kernel: bool) -> list:
+    """Drop each copy-back that copies a buffer computed only to be copied, and compute that
+    buffer straight into the input instead: an optimizer's ``p.add_(g, alpha=-lr)`` is then
+    one loop that reads ``p`` and ``g`` and writes ``p``, not a loop into a temporary plus a
+    copy loop (and the temporary's memory). Safe where every other read of the input's old
+    value runs in an earlier kernel or extern, the buffer reads the input only at the element
+    it writes, has the input's layout, and is neither handed out nor passed to an extern.
+    ``within_kernel``: other members of the buffer's kernel may read the input (its old
+    value before the write, the new one after it), as in C++, where one thread runs each
+    element's whole loop body in order; a Triton kernel gets neither (its members' elements
+    may sit on other threads). Returns the names of the inputs now written in place."""
+    where = {}
+    for i, it in enumerate(sched.items):
+        for m in ([] if isinstance(it, ExternCall) else it.members):
+            where[m] = i
+    handed_out = {v.strided[0] for v in lowered.outputs if isinstance(v, LoopValue) and v.strided is not None}
+    written = []
+    for cb in list(lowered.copy_backs):
+        src, dst = cb.source, cb.target
+        if src is None or src not in where or not _computable_into(src, dst, handed_out):
+            continue
+        if not _old_value_read_only_before(sched.items, where[src], src, cb, dst, within_kernel):
+            continue
+        if not within_kernel and any(m is not src and src in _reads(m)
+                                     for m in sched.items[where[src]].members):
+            continue
+        src.kind, src.target = "alias", dst
+        sched.items.remove(next(it for it in sched.items
+                                if not isinstance(it, ExternCall) and cb in it.members))
+        lowered.copy_backs.remove(cb)
+        written.append(dst.name)
+    if written:
+        sched.segments[:] = _segments(sched.items)
+    return written
+
+
+def _computable_into(src, dst, handed_out) -> bool:
+    if (not isinstance(src.body, Pointwise) or src.target is not None or src in handed_out
+            or dst in handed_out or src.dtype != dst.dtype or src.offset != dst.offset
+            or tuple(src.sizes) != tuple(dst.sizes)
+            or any(a != b for a, b, n in zip(src.strides, dst.strides, src.sizes) if n != 1)):
+        return False
+    return _reads_only_own_elements(src, dst, src.sizes)
+
+
+def _old_value_read_only_before(items, at, src, cb, dst, within_kernel) -> bool:
+    """Does every read of ``dst``'s old value come before ``src`` writes it? A member of
+    ``src``'s own kernel may read it when it comes earlier in the kernel and reads only the
+    elements ``src`` writes: of the same size, they share every loop but the innermost, so
+    each element is read before it is written, on every thread."""
+    for i, it in enumerate(items):
+        if isinstance(it, ExternCall):
+            used = set(_extern_buffers(it.args, it.kwargs))
+            if src in used or (dst in used and i >= at):
+                return False
+            continue
+        before_src = True
+        for m in it.members:
+            if m is src:
+                before_src = False
+            elif m is not cb and i >= at and dst in _reads(m):
+                if not (within_kernel and i == at and before_src
+                        and _reads_only_own_elements(m, dst, src.sizes)):
+                    return False
+    return True
+
+
+def _reads_only_own_elements(m, dst, sizes) -> bool:
+    if not isinstance(m.body, Pointwise) or tuple(m.sizes) != tuple(sizes):
+        return False
+    loads, idx, _ = probe_loads(m, [])
+    own = dst.index(idx)
+    return all(ix == own for b, ix in loads if b is dst)
+
+
 def _draws_random_numbers(op) -> bool:
     return isinstance(op, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in op.tags
 
@@ -130,6 +208,7 @@ class Target:
     shared_reads = None             # lower_graph's shared_reads (the GPU stores shared values sooner)
     addmm_as_mm_macs = 0            # LowerOptions.addmm_as_mm_macs
     extra_dtypes: frozenset = frozenset()   # dtypes lowered beyond the C++ ones (LowerOptions)
+    in_place_within_kernel = True   # write_in_place: a kernel's other members may read the input
 
     def lower(self, job: GraphJob):
         job.lowered = lower_graph(job.gm, job.num_outputs, job.mutated, self.shared_reads, job.options)
@@ -144,6 +223,10 @@ class Target:
         job.sched = schedule(job.lowered.steps, job.lowered.copy_backs, job.lowered.outputs,
                              gpu=self.gpu_schedule)
         return Schedule(job.sched)
+
+    def write_in_place(self, job: GraphJob):
+        written = write_in_place(job.lowered, job.sched, self.in_place_within_kernel)
+        return f"written in place: {', '.join(written)}" if written else "none written in place"
 
     def make_plan(self, job: GraphJob):
         raise NotImplementedError

@@ -311,6 +311,11 @@ def schedule(steps: list, copy_backs: list, outputs: list, max_report=60,
     for cb in copy_backs:
         # Copy-backs write into inputs, so they run last, after every read of the old value.
         items.append(Group.of(cb, len(items)))
+    return Schedule(items, _segments(items), report, set())
+
+
+def _segments(items: list) -> list:
+    """The C++ segments: each extern alone, each run of groups between externs one list."""
     segments: list = []
     for it in items:
         if isinstance(it, ExternCall):
@@ -319,7 +324,7 @@ def schedule(steps: list, copy_backs: list, outputs: list, max_report=60,
             segments[-1].append(it)
         else:
             segments.append([it])
-    return Schedule(items, segments, report, set())
+    return segments
 
 
 def _reads(st: ComputedBuffer):

@@ -32,7 +32,7 @@ def test_inference_keeps_each_pass_output():
     c = compile_fn(_mlp, torch.randn(4, 8), torch.randn(8, 3), torch.randn(3))
     info = c.tempa_info
     passes = info.inference.passes
-    assert list(passes) == ["aten", "lower", "eliminate_dead", "schedule", "plan_memory", "render",
+    assert list(passes) == ["aten", "lower", "eliminate_dead", "schedule", "write_in_place", "plan_memory", "render",
                             "build", "wrap"]
     text = info.trace()
     for name in ("captured", "prepare", "aten", "lower", "schedule", "render", "wrap"):
@@ -65,7 +65,7 @@ def test_the_triton_target_runs_the_same_passes_and_keeps_them():
     tr = trace_forward(fx.symbolic_trace(f), [x, w], gpu_decomps())
     plan = gc.plan_graph(tr.gm, tr.num_outputs, tr.mutated, 2, "inference")
     passes = plan.info.passes
-    assert list(passes) == ["aten", "lower", "eliminate_dead", "schedule", "partition", "plan_memory",
+    assert list(passes) == ["aten", "lower", "eliminate_dead", "schedule", "write_in_place", "partition", "plan_memory",
                             "render"]
     assert [n for n in pipeline.GRAPH_PASSES if n in passes] == list(passes)[1:]
     assert "@triton.jit" in str(passes["render"]) and "tl.exp(" in str(passes["render"])

@@ -279,6 +279,7 @@ def _render_member(k: Emitter, m: ComputedBuffer, ov, locals_here, keep_in=None,
             k.defined(locals_here[m])
         else:
             k.line(f"{m.cname}[{m.index(idx).c()}] = {v.expr};")
+            k.forget_loads(m.cname)   # an input written in place (write_in_place) reads anew
         if held:
             del k.reuse[cid]
             if not slot[1]:

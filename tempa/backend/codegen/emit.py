@@ -255,6 +255,13 @@ class Emitter:
         self.defined(name)
         return name
 
+    def forget_loads(self, cname: str) -> None:
+        """After a store through ``cname``: its earlier loads no longer hold its values."""
+        prefix = cname + "["
+        for sc in self.scopes:
+            for key in [key for key in sc if key[1].startswith(prefix)]:
+                del sc[key]
+
     # -- the operations bodies use -------------------------------------------------------
     def load(self, buf, ix: IndexExpr) -> ScalarExpr:
         self.loads.append((buf, ix))

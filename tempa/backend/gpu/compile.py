@@ -168,6 +168,7 @@ class TritonTarget(Target):
     shared_reads = 3
     addmm_as_mm_macs = ADDMM_AS_MM_LIMIT
     extra_dtypes = EXTRA_DTYPES
+    in_place_within_kernel = False  # a member's elements may sit on other threads
 
     def lower(self, job):
         out = super().lower(job)

@@ -103,6 +103,7 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
                                     kind="alias", body=Pointwise(src.load),
                                     origin="copy-back", target=dst)
                 cb.input_index = inp
+                cb.source = _copied_buffer(src)
                 g.copy_backs.append(cb)
     return g
 
@@ -148,6 +149,17 @@ def _new_memory(ctx, v, tm):
                          origin="output")
     ctx.g.steps.append(buf)
     return LoopValue.of_buffer(buf)
+
+
+def _copied_buffer(src: LoopValue):
+    """The computed buffer ``src`` reads element for element in its own layout, else None."""
+    if src.strided is None:
+        return None
+    buf, strides, offset = src.strided
+    if (isinstance(buf, ComputedBuffer) and tuple(src.sizes) == tuple(buf.sizes)
+            and tuple(strides) == tuple(buf.strides) and offset == buf.offset):
+        return buf
+    return None
 
 
 def _reads_other_elements(src: LoopValue, dst: Buffer) -> bool:
