@@ -94,8 +94,8 @@ class ComputedBuffer(Buffer):
     origin: str = ""                # the ATen op it came from (for reports)
     target: "Buffer" = None         # for copy-backs: the input written
     # for copy-backs: the buffer they copy element for element (the pass write_in_place may
-    # then compute it straight into the input), else None
-    source: "ComputedBuffer" = None
+    # then compute it straight into the input, or have its extern write the input), else None
+    source: "Buffer" = None
 
     @property
     def cname(self):

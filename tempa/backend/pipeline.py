@@ -134,13 +134,20 @@ def write_in_place(lowered, sched, within_kernel: bool) -> list:
     may sit on other threads). Returns the names of the inputs now written in place."""
     where = {}
     for i, it in enumerate(sched.items):
-        for m in ([] if isinstance(it, ExternCall) else it.members):
+        for m in (it.outputs if isinstance(it, ExternCall) else it.members):
             where[m] = i
     handed_out = {v.strided[0] for v in lowered.outputs if isinstance(v, LoopValue) and v.strided is not None}
     written = []
     for cb in list(lowered.copy_backs):
         src, dst = cb.source, cb.target
-        if src is None or src not in where or not _computable_into(src, dst, handed_out):
+        if src is None or src not in where:
+            continue
+        if isinstance(sched.items[where[src]], ExternCall):
+            if _extern_in_place(sched.items, where[src], src, cb, dst, handed_out):
+                _drop_copy_back(lowered, sched, cb)
+                written.append(dst.name)
+            continue
+        if not _computable_into(src, dst, handed_out):
             continue
         if not _old_value_read_only_before(sched.items, where[src], src, cb, dst, within_kernel):
             continue
@@ -148,13 +155,61 @@ def write_in_place(lowered, sched, within_kernel: bool) -> list:
                                      for m in sched.items[where[src]].members):
             continue
         src.kind, src.target = "alias", dst
-        sched.items.remove(next(it for it in sched.items
-                                if not isinstance(it, ExternCall) and cb in it.members))
-        lowered.copy_backs.remove(cb)
+        _drop_copy_back(lowered, sched, cb)
         written.append(dst.name)
     if written:
         sched.segments[:] = _segments(sched.items)
     return written
+
+
+def _drop_copy_back(lowered, sched, cb) -> None:
+    sched.items.remove(next(it for it in sched.items
+                            if not isinstance(it, ExternCall) and cb in it.members))
+    lowered.copy_backs.remove(cb)
+
+
+# functional ATen ops whose in-place twin writes its first argument, returning it: a
+# StaticCache's index_copy_ (traced as index_put) then writes the cache's new rows, where
+# the functional op copied the whole cache and the copy-back copied it again
+IN_PLACE_TWINS = {
+    torch.ops.aten.index_put.default: torch.ops.aten.index_put_.default,
+    torch.ops.aten.index_copy.default: torch.ops.aten.index_copy_.default,
+    torch.ops.aten.index_add.default: torch.ops.aten.index_add_.default,
+    torch.ops.aten.scatter.src: torch.ops.aten.scatter_.src,
+    torch.ops.aten.scatter.value: torch.ops.aten.scatter_.value,
+    torch.ops.aten.scatter_add.default: torch.ops.aten.scatter_add_.default,
+}
+
+
+def _extern_in_place(items, at, src, cb, dst, handed_out) -> bool:
+    """Make the extern at ``items[at]``, whose output ``src`` the copy-back ``cb`` copies
+    into ``dst``, write ``dst`` itself, when its op has an in-place twin, ``dst`` (in its own
+    layout) is its first argument and no other, ``src`` has ``dst``'s layout and is not
+    handed out, and nothing after it reads ``dst``'s old value."""
+    call = items[at]
+    twin = IN_PLACE_TWINS.get(call.op)
+    if twin is None or call.multi or not call.args or src in handed_out or dst in handed_out:
+        return False
+    first = call.args[0]
+    if not (isinstance(first, LoopValue) and first.strided is not None and first.strided[0] is dst
+            and tuple(first.strided[1]) == tuple(dst.strides) and first.strided[2] == 0
+            and tuple(first.sizes) == tuple(dst.sizes)):
+        return False
+    if (tuple(src.strides) != tuple(dst.strides) or src.dtype != dst.dtype
+            or dst in _extern_buffers(call.args[1:], call.kwargs)):
+        return False
+    for i, it in enumerate(items):
+        if i <= at:
+            continue
+        if isinstance(it, ExternCall):
+            if dst in _extern_buffers(it.args, it.kwargs):
+                return False
+        elif any(m is not cb and dst in _reads(m) for m in it.members):
+            return False
+    if call.name == str(call.op):
+        call.name = str(twin)
+    call.op = twin        # returns its first argument: ``src`` is then ``dst``'s tensor
+    return True
 
 
 def _computable_into(src, dst, handed_out) -> bool:

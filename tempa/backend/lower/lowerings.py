@@ -152,11 +152,13 @@ def _new_memory(ctx, v, tm):
 
 
 def _copied_buffer(src: LoopValue):
-    """The computed buffer ``src`` reads element for element in its own layout, else None."""
+    """The computed or extern-made buffer ``src`` reads element for element in its own
+    layout, else None."""
     if src.strided is None:
         return None
     buf, strides, offset = src.strided
-    if (isinstance(buf, ComputedBuffer) and tuple(src.sizes) == tuple(buf.sizes)
+    if (buf.kind not in ("input", "const") and not buf.base_offset
+            and tuple(src.sizes) == tuple(buf.sizes)
             and tuple(strides) == tuple(buf.strides) and offset == buf.offset):
         return buf
     return None
