@@ -35,6 +35,10 @@ PASSES = (
     ("prepare", "lift get_attr tensors to inputs, so parameter values are never baked in"),
     ("aten", "trace on private clones under a recording dispatch mode + functionalize: a "
              "functional ATen graph and the inputs it mutates (lower/trace.py)"),
+    ("layout", "4-D convolutions channels-last where the target's policy says so (GPU): the "
+               "inference graph replayed with converted arguments, or the joint's replay "
+               "converting them; returned tensors and gradients keep eager's layouts "
+               "(lower/trace.py CONV_LAYOUTS)"),
     ("joint", "[training] the forward with grad and its recorded backward, partitioned into "
               "forward (outputs + saved) and backward graphs (lower/trace.py)"),
     # -- per functional graph: GRAPH_PASSES, through plan_graph ------------------------------

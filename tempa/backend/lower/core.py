@@ -126,11 +126,12 @@ class LowerCtx:
         return f"{prefix}{self.n}"
 
     # -- making memory ------------------------------------------------------------------
-    def realize(self, tv: LoopValue, origin="") -> LoopValue:
+    def realize(self, tv: LoopValue, origin="", strides=None) -> LoopValue:
+        """``tv`` as memory: contiguous, or in ``strides``."""
         if tv.buffer is not None:
             return tv
-        buf = ComputedBuffer(self.name(), tv.sizes, contiguous_strides(tv.sizes), 0, tv.dtype,
-                             body=Pointwise(tv.load), origin=origin)
+        buf = ComputedBuffer(self.name(), tv.sizes, tuple(strides or contiguous_strides(tv.sizes)), 0,
+                             tv.dtype, body=Pointwise(tv.load), origin=origin)
         self.g.steps.append(buf)
         out = LoopValue.of_buffer(buf)
         self.realized[id(tv)] = (tv, out)
