@@ -244,3 +244,32 @@ def test_gpu_plan_of_the_backward_gives_convolution_backward_channels_last_argum
         if e.op is aten.convolution_backward.default:
             for a in e.args[:3]:
                 assert torch.empty_strided(a.sizes, _strides_of(a), device="meta").is_contiguous(memory_format=CL)
+
+
+def _conv_bn_relu_net(x, w1, w2, g1, b1, g2, b2, m1, v1, m2, v2):
+    y = torch.relu(F.batch_norm(F.conv2d(x, w1, padding=1), m1, v1, g1, b1, training=True))
+    y = torch.relu(F.batch_norm(F.conv2d(y, w2, stride=2, padding=1), m2, v2, g2, b2, training=True))
+    return y.mean((2, 3)).float().square().sum()
+
+
+def test_gpu_plan_of_a_training_step_has_no_more_kernels_than_in_eager_layouts(untimed):
+    """Conv + BatchNorm (training) + ReLU under bf16 autocast, forward and backward: channels-
+    last costs no kernel (weight conversions fuse into the casts, gradients' conversions back
+    into the casts to float32, and the BatchNorm backward's pointwise chain on channels-last
+    values still fuses into one kernel: the GPU scheduler reads a channels-last member at
+    its own element)."""
+    def p(*s):
+        return torch.randn(*s).requires_grad_()
+    c = 8
+    ins = [torch.randn(2, 3, 16, 16), p(c, 3, 3, 3), p(2 * c, c, 3, 3), p(c), p(c), p(2 * c), p(2 * c),
+           torch.zeros(c), torch.ones(c), torch.zeros(2 * c), torch.ones(2 * c)]
+    counts = {}
+    for layout in ("eager", "channels_last"):
+        with torch.autocast("cpu", torch.bfloat16):
+            j = trace_training(fx.symbolic_trace(_conv_bn_relu_net), ins, table(), layout)
+        n_bw_in = len(j.saved_inputs) + j.num_saved + len(j.diff_outputs)
+        _, fw = _externs_and_kernels(j.fw, j.num_outputs, j.mutated, len(ins), "forward")
+        _, bw = _externs_and_kernels(j.bw, len(j.grad_inputs), [], n_bw_in, "backward")
+        counts[layout] = (len(fw), len(bw))
+    assert _conv_args_channels_last(j.fw) == [(True, True)] * 2
+    assert counts["channels_last"][0] <= counts["eager"][0] and counts["channels_last"][1] <= counts["eager"][1], counts
