@@ -532,8 +532,8 @@ class GraphVariants:
                                       else 0) for n in convs)
         conversions = sum(n.target is torch.ops.aten.clone.default
                           and n.kwargs.get("memory_format") is torch.channels_last for n in nodes)
-        line = (f"{variant}: channels_last: {nhwc} of {len(convs)} convolutions (forward and "
-                f"backward) with channels-last input, {conversions} conversions to it")
+        line = (f"{variant}: channels_last: {nhwc} of {len(convs)} convolution calls (backward "
+                f"ones included) with channels-last input, {conversions} conversions to it")
         old = self.info.passes.get("layout")
         self.info.passes["layout"] = f"{old}\n{line}" if old else line
 

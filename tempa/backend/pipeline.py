@@ -134,6 +134,7 @@ class Target:
     shared_reads = None             # lower_graph's shared_reads (the GPU stores shared values sooner)
     addmm_as_mm_macs = 0            # LowerOptions.addmm_as_mm_macs
     extra_dtypes: frozenset = frozenset()   # dtypes lowered beyond the C++ ones (LowerOptions)
+    channels_last_stores = False    # LowerOptions.channels_last_stores
 
     def lower(self, job: GraphJob):
         job.lowered = lower_graph(job.gm, job.num_outputs, job.mutated, self.shared_reads, job.options)
@@ -163,7 +164,7 @@ def plan_graph(target: Target, gm, num_outputs: int, mutated: list, num_inputs: 
     taking that many size symbols; ``choices``: a lower.core.SizeChoices log that records or
     replays size-driven choices; ``extra``: the target's own settings for this graph."""
     options = LowerOptions(DYNAMIC_SIZE_SCALE if nsizes else 1, choices, target.addmm_as_mm_macs,
-                           frozenset(target.extra_dtypes))
+                           frozenset(target.extra_dtypes), target.channels_last_stores)
     job = GraphJob(gm, num_outputs, mutated, num_inputs, label, prefix, nsizes, options, settings=extra)
     job.kept["aten"] = gm
     for name in GRAPH_PASSES:

@@ -168,6 +168,7 @@ class TritonTarget(Target):
     shared_reads = 3
     addmm_as_mm_macs = ADDMM_AS_MM_LIMIT
     extra_dtypes = EXTRA_DTYPES
+    channels_last_stores = True
 
     def lower(self, job):
         out = super().lower(job)

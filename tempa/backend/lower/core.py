@@ -51,6 +51,9 @@ class LowerOptions:
     addmm_as_mm_macs: int = 0
     # dtypes lowered beyond the C++ ones (ir.CTYPES): the GPU's bf16 and fp16
     extra_dtypes: frozenset = frozenset()
+    # a channels-last 4-D value stored for several users keeps that layout (lowerings.py
+    # _stored_strides; the GPU, whose scheduler fuses reads of it)
+    channels_last_stores: bool = False
 
     def admits(self, dt) -> bool:
         return dt in CTYPES or dt in self.extra_dtypes

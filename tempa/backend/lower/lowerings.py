@@ -81,10 +81,10 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
                 ctx.realized.clear()
             v = env[n]
             if isinstance(v, LoopValue) and v.cost > INLINE_COST and (len(n.users) > 1 or v.cost > 4 * INLINE_COST):
-                env[n] = ctx.realize(v, str(n.target), _stored_strides(n))
+                env[n] = ctx.realize(v, str(n.target), _stored_strides(ctx, n))
             elif (shared_reads and isinstance(v, LoopValue) and v.strided is None
                   and v.cost > 1 and len(n.users) > 1 and _buffers_read(v) >= shared_reads):
-                env[n] = ctx.realize(v, str(n.target), _stored_strides(n))
+                env[n] = ctx.realize(v, str(n.target), _stored_strides(ctx, n))
         elif n.op == "output":
             outs = list(n.args[0])
             vals = [env[o] if isinstance(o, fx.Node) else o for o in outs]
@@ -108,14 +108,14 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
     return g
 
 
-def _stored_strides(n):
+def _stored_strides(ctx, n):
     """The strides a value stored for several users gets: its traced ones where it is a
-    channels-last 4-D tensor (between convolutions running channels-last, lower/trace.py
-    CONV_LAYOUTS: stored contiguous, the next convolution's argument was a second copy),
-    else contiguous (None)."""
+    channels-last 4-D tensor and the target asks for it (between convolutions running
+    channels-last, lower/trace.py CONV_LAYOUTS: stored contiguous, the next convolution's
+    argument was a second copy), else contiguous (None)."""
     tm = n.meta.get("traced_meta")
-    if tm is None or len(tm.shape) != 4 or tuple(tm.stride) == contiguous_strides(tm.shape) \
-            or not is_channels_last(tm):
+    if not ctx.options.channels_last_stores or tm is None or len(tm.shape) != 4 \
+            or tuple(tm.stride) == contiguous_strides(tm.shape) or not is_channels_last(tm):
         return None
     return tuple(tm.stride)
 

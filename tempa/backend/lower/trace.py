@@ -426,14 +426,14 @@ class _Restrided(torch.autograd.Function):
         return grad, None
 
 
-def _channels_last_backward(grad, inp, weight, *rest):
+def _channels_last_backward(grad, inp, weight, *rest, **kwargs):
     """convolution_backward with a channels-last gradient where its input is channels-last
     (cuDNN would transpose the gradient itself); the decomposition the channels-last joint
     trace records the backward with."""
     if grad.dim() == 4 and inp.dim() == 4 and inp.is_contiguous(memory_format=torch.channels_last) \
             and not grad.is_contiguous(memory_format=torch.channels_last):
         return aten.convolution_backward.default(grad.contiguous(memory_format=torch.channels_last),
-                                                 inp, weight, *rest)
+                                                 inp, weight, *rest, **kwargs)
     return NotImplemented
 
 
