@@ -340,6 +340,7 @@ def _wants_channels_last(n) -> bool:
 
 
 def is_channels_last(tm) -> bool:
+    """Is the traced value ``tm`` (a TracedMeta of a 4-D tensor) laid out channels-last?"""
     return torch.empty_strided(tm.shape, tm.stride, device="meta").is_contiguous(
         memory_format=torch.channels_last)
 
