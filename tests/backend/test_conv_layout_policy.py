@@ -273,3 +273,48 @@ def test_gpu_plan_of_a_training_step_has_no_more_kernels_than_in_eager_layouts(u
         counts[layout] = (len(fw), len(bw))
     assert _conv_args_channels_last(j.fw) == [(True, True)] * 2
     assert counts["channels_last"][0] <= counts["eager"][0] and counts["channels_last"][1] <= counts["eager"][1], counts
+
+
+# --- on CUDA (the lead's H200; skipped here) -------------------------------------------------
+
+def _has_cuda_and_triton():
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import triton  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _has_cuda_and_triton(), reason="needs CUDA and Triton")
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"], ids=lambda m: m or "default")
+@pytest.mark.parametrize("layout", ["channels_last", "eager"])
+def test_cuda_training_and_inference_keep_eager_results(monkeypatch, mode, layout):
+    """On CUDA, the default policy (and its A/B switch): values, .grad and running stats as
+    eager's, the strides of outputs and of every .grad as eager's, over two training calls
+    (the second replays under reduce-overhead) and an inference call."""
+    monkeypatch.setattr(tempa.config, "gpu_conv_layout", layout)
+    ref, mine = _pair()
+    ref, mine = ref.cuda(), mine.cuda()
+    x = torch.randn(2, 3, 16, 16, device="cuda")
+    c = tempa.compile(mine, mode=mode)
+    for _ in range(2):
+        for m in (ref, mine):
+            m.zero_grad(set_to_none=True)
+        got, want = c(x), ref(x)
+        (got[0].square().sum() + got[1].sum()).backward()
+        (want[0].square().sum() + want[1].sum()).backward()
+        assert close(got, want, atol=1e-2, rtol=1e-2)
+        assert [g.stride() for g in got] == [w.stride() for w in want]
+        for (name, p), pr in zip(mine.named_parameters(), ref.parameters()):
+            assert close(p.grad, pr.grad, atol=1e-2, rtol=1e-2), name
+            assert p.grad.stride() == pr.grad.stride(), name
+    for b, br in zip(mine.buffers(), ref.buffers()):
+        assert close(b, br, atol=1e-2, rtol=1e-2)
+    ref.eval(), mine.eval()
+    with torch.no_grad():
+        got, want = c(x), ref(x)
+    assert close(got, want, atol=1e-2, rtol=1e-2) and [g.stride() for g in got] == [w.stride() for w in want]
+    said = "".join(e.kernels.passes.get("layout", "") for e in entries(c) if e.kernels is not None)
+    assert ("channels_last: " in said) == (layout == "channels_last"), said
