@@ -183,6 +183,21 @@ def test_grouped_convolution_keeps_its_layout():
     assert _conv_args_channels_last(relaid.gm) == [(False, False), (True, True)]
 
 
+def test_contiguous_of_a_channels_last_convolution_is_returned_contiguous(monkeypatch):
+    """A convolution's channels-last result returned through .contiguous() (which lowers to
+    the value itself) is copied into eager's contiguous layout; it was handed out
+    channels-last. No policy needed: the input is channels-last."""
+    monkeypatch.setattr(matmul, "CONTIGUOUS_GAIN", float("inf"))   # keep the traced layouts
+
+    def f(x, w):
+        return F.conv2d(x, w).contiguous()
+    x = torch.randn(2, 8, 6, 6).contiguous(memory_format=CL)
+    w = torch.randn(8, 8, 1, 1)
+    with torch.no_grad():
+        got, want = compile_fn(f, x, w)(x, w), f(x, w)
+    assert close(got, want, atol=1e-5, rtol=1e-5) and got.stride() == want.stride() == (288, 36, 6, 1)
+
+
 # --- a CUDA-target plan, without a GPU -----------------------------------------------------
 
 @pytest.fixture
