@@ -168,7 +168,7 @@ def test_compiled_graph_says_what_the_policy_did(channels_last):
     with torch.no_grad():
         c(*ins)
     said = c.tempa_info.passes["layout"]
-    assert "inference: channels_last: 3 of 3 convolutions" in said, said
+    assert "inference: channels_last: 3 of 3 convolution calls" in said, said
     assert "=== layout ===" in c.tempa_info.trace()
 
 
