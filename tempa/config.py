@@ -59,6 +59,15 @@ class Config:
     # (stance "auto" switches it to eager). Off by default: the trial's eager calls change
     # which path runs for a few calls, which tests and profiles of the compiled code see.
     measure_against_eager: bool = False
+    # The layout 4-D convolutions run in on CUDA: "channels_last" (NHWC, what cuDNN's bf16
+    # tensor-core kernels want; the ops between convolutions follow) or "eager" (the layouts
+    # eager gives them). What the caller sees keeps eager's layouts either way
+    # (lower/trace.py CONV_LAYOUTS). TEMPA_GPU_CONV_LAYOUT=eager for an A/B measurement.
+    gpu_conv_layout: str = "channels_last"
+    # The same choice for the C++ backend: "eager" until channels-last is measured faster
+    # there (each CPU convolution site already times contiguous against its traced layout,
+    # lower/matmul.py).
+    cpu_conv_layout: str = "eager"
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")

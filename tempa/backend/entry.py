@@ -12,7 +12,8 @@ import torch
 
 from .compile_graph import CompiledGraphInfo, compile_graph
 from .lower.decomps import table
-from .lower.trace import UntraceableGraph, prepare, trace_forward, trace_training, with_output_views
+from .lower.trace import (CONV_LAYOUTS, UntraceableGraph, is_channels_last, prepare,
+                          relayout_convolutions, trace_forward, trace_training, with_output_views)
 from .pipeline import show
 from .runtime.build import BuildError
 
@@ -109,6 +110,20 @@ class CpuTarget:
         from .autograd import build_training
         return build_training(joint, n_in, single, native_node=True)
 
+    @staticmethod
+    def conv_layout() -> str:
+        return conv_layout_option("cpu_conv_layout")
+
+
+def conv_layout_option(name: str) -> str:
+    """The config option ``name`` (gpu_conv_layout, cpu_conv_layout): one of
+    trace.CONV_LAYOUTS; another value is said once and taken as "eager"."""
+    value = getattr(importlib.import_module("tempa.config").config, name)
+    if value in CONV_LAYOUTS:
+        return value
+    _warn_once(f"tempa: config.{name}={value!r} is not one of {CONV_LAYOUTS}; using 'eager'")
+    return "eager"
+
 
 def _on_cuda(example_inputs) -> bool:
     return any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
@@ -159,6 +174,13 @@ def _eager_only_input(example_inputs) -> str | None:
         if t.is_neg() or t.is_conj():
             return f"input {i} is a {'negative' if t.is_neg() else 'conjugate'}-bit view"
     return None
+
+
+def _channels_last_arg(node, i) -> bool:
+    """Is argument ``i`` of ``node`` traced as a channels-last 4-D tensor?"""
+    a = node.args[i] if len(node.args) > i else None
+    tm = a.meta.get("traced_meta") if isinstance(a, torch.fx.Node) else None
+    return tm is not None and len(tm.shape) == 4 and is_channels_last(tm)
 
 
 def _say_eager_once(why: str):
@@ -466,7 +488,7 @@ class GraphVariants:
             if self.infer_fn is not None:
                 return self.infer_fn
             try:
-                tr = self._trace()
+                tr = self._in_conv_layout(self._trace())
                 views_by_target = self._views_per_shape(tr.aliases, "inference")
                 call, gi = self.target.compile_graph(tr.gm, tr.num_outputs, tr.mutated, self.n_in, "inference")
             except Exception as e:  # noqa: BLE001
@@ -482,6 +504,38 @@ class GraphVariants:
             else:
                 self.infer_fn = call
             return self.infer_fn
+
+    def _conv_layout(self) -> str:
+        """The target's convolution layout (trace.CONV_LAYOUTS); a target without a policy
+        (the shape-generic ones: a conversion that is a no-op at one size is not at
+        another) keeps eager's."""
+        choose = getattr(self.target, "conv_layout", None)
+        return choose() if choose is not None else "eager"
+
+    def _in_conv_layout(self, tr):
+        """The inference trace ``tr`` with its convolutions in the target's layout."""
+        if self._conv_layout() != "channels_last":
+            return tr
+        relaid = relayout_convolutions(tr, self.examples, self.target.decomps())
+        if relaid is not None:
+            self._note_layout("inference", relaid.gm.graph)
+        return relaid or tr
+
+    def _note_layout(self, variant, graph):
+        """Say what the layout policy made of ``graph`` (tempa_info.trace(), pass "layout")."""
+        nodes = [n for n in graph.nodes if n.op == "call_function"]
+        convs = [n for n in nodes if n.target in (torch.ops.aten.convolution.default,
+                                                  torch.ops.aten.convolution_backward.default)]
+        if not convs:
+            return
+        nhwc = sum(_channels_last_arg(n, 1 if n.target is torch.ops.aten.convolution_backward.default
+                                      else 0) for n in convs)
+        conversions = sum(n.target is torch.ops.aten.clone.default
+                          and n.kwargs.get("memory_format") is torch.channels_last for n in nodes)
+        line = (f"{variant}: channels_last: {nhwc} of {len(convs)} convolution calls (backward "
+                f"ones included) with channels-last input, {conversions} conversions to it")
+        old = self.info.passes.get("layout")
+        self.info.passes["layout"] = f"{old}\n{line}" if old else line
 
     def _eager_results(self, call, tr, views_by_target):
         """``call`` with what eager returns beyond values: an input the graph mutated has its
@@ -529,7 +583,10 @@ class GraphVariants:
                 self._check_no_write_to_overlapping_memory()
                 self._check_in_place_result_types()
                 self._check_autograd_accepts_graph()
-                joint = trace_training(self.pgm, self.examples, self.target.decomps())
+                layout = self._conv_layout()
+                joint = trace_training(self.pgm, self.examples, self.target.decomps(), layout)
+                if layout == "channels_last":
+                    self._note_layout("training", joint.graph)
                 joint.recompute = self.pgm
                 self.info.passes["joint"] = joint
                 views_by_target = self._views_per_shape(joint.aliases, "training")

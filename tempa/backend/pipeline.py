@@ -35,6 +35,10 @@ PASSES = (
     ("prepare", "lift get_attr tensors to inputs, so parameter values are never baked in"),
     ("aten", "trace on private clones under a recording dispatch mode + functionalize: a "
              "functional ATen graph and the inputs it mutates (lower/trace.py)"),
+    ("layout", "4-D convolutions channels-last where the target's policy says so (GPU): the "
+               "inference graph replayed with converted arguments, or the joint's replay "
+               "converting them; returned tensors and gradients keep eager's layouts "
+               "(lower/trace.py CONV_LAYOUTS)"),
     ("joint", "[training] the forward with grad and its recorded backward, partitioned into "
               "forward (outputs + saved) and backward graphs (lower/trace.py)"),
     # -- per functional graph: GRAPH_PASSES, through plan_graph ------------------------------
@@ -264,6 +268,7 @@ class Target:
     addmm_as_mm_macs = 0            # LowerOptions.addmm_as_mm_macs
     extra_dtypes: frozenset = frozenset()   # dtypes lowered beyond the C++ ones (LowerOptions)
     in_place_within_kernel = True   # write_in_place: a kernel's other members may read the input
+    channels_last_stores = False    # LowerOptions.channels_last_stores
 
     def lower(self, job: GraphJob):
         job.lowered = lower_graph(job.gm, job.num_outputs, job.mutated, self.shared_reads, job.options)
@@ -297,7 +302,7 @@ def plan_graph(target: Target, gm, num_outputs: int, mutated: list, num_inputs: 
     taking that many size symbols; ``choices``: a lower.core.SizeChoices log that records or
     replays size-driven choices; ``extra``: the target's own settings for this graph."""
     options = LowerOptions(DYNAMIC_SIZE_SCALE if nsizes else 1, choices, target.addmm_as_mm_macs,
-                           frozenset(target.extra_dtypes))
+                           frozenset(target.extra_dtypes), target.channels_last_stores)
     job = GraphJob(gm, num_outputs, mutated, num_inputs, label, prefix, nsizes, options, settings=extra)
     job.kept["aten"] = gm
     for name in GRAPH_PASSES:

@@ -180,8 +180,13 @@ def _outer_vars(outer):
     return [Var(f"x{d}", s) for d, s in enumerate(outer)]
 
 
-def legal(group_outer, members, cand: ComputedBuffer):
-    """None if ``cand`` may join a group with these members and outer space; else why not."""
+def legal(group_outer, members, cand: ComputedBuffer, any_layout=False):
+    """None if ``cand`` may join a group with these members and outer space; else why not.
+    ``any_layout`` (the GPU): a member in a non-contiguous layout may be read where the read
+    is of the current outer element itself (no inner dims): its value is at hand whatever
+    the layout. Why: channels-last values between convolutions (lower/trace.py
+    CONV_LAYOUTS) otherwise split a BatchNorm backward's chain of pointwise ops into one
+    kernel per op."""
     nz = nonunit(cand.sizes)
     if not group_outer:
         return "scalar groups do not fuse"
@@ -196,7 +201,8 @@ def legal(group_outer, members, cand: ComputedBuffer):
     for buf, ix in loads:
         if buf not in produced:
             continue
-        if tuple(buf.strides) != contiguous_strides(buf.sizes):
+        if tuple(buf.strides) != contiguous_strides(buf.sizes) and not (
+                any_layout and not member_index(buf, ov, "q")[1]):
             return f"reads {buf.name}, which has a non-contiguous layout"
         why = _local_read(buf, ix, ov)
         if why:
@@ -226,7 +232,7 @@ def _local_read(buf: ComputedBuffer, ix: IndexExpr, ov):
     return None
 
 
-def _regroup(group: Group, cand):
+def _regroup(group: Group, cand, any_layout=False):
     """A different outer space (shorter, or split more finely) under which every member and
     ``cand`` still fuse; None if there is none."""
     new = common_outer(tuple(group.outer), cand.sizes)
@@ -236,10 +242,10 @@ def _regroup(group: Group, cand):
     # producer's slice of one outer element may reach another element of a finer space
     members = []
     for m in group.members:
-        if legal(new, members, m) is not None:
+        if legal(new, members, m, any_layout) is not None:
             return None
         members.append(m)
-    return new if legal(new, members, cand) is None else None
+    return new if legal(new, members, cand, any_layout) is None else None
 
 
 def schedule(steps: list, copy_backs: list, outputs: list, max_report=60,
@@ -286,13 +292,13 @@ def schedule(steps: list, copy_backs: list, outputs: list, max_report=60,
                 if pos > earliest:
                     continue
                 break
-            why = legal(g.outer, g.members, st)
+            why = legal(g.outer, g.members, st, gpu)
             if why is None:
                 g.add(st)
                 where[st] = pos
                 placed = True
                 break
-            new = _regroup(g, st)
+            new = _regroup(g, st, gpu)
             if new is not None:
                 g.outer = new
                 g.add(st)

@@ -41,6 +41,12 @@ class GpuTarget:
     def decomps():
         return gpu_decomps()
 
+    @staticmethod
+    def conv_layout() -> str:
+        """Channels-last convolutions by default (config.gpu_conv_layout, lower/trace.py)."""
+        from ..entry import conv_layout_option
+        return conv_layout_option("gpu_conv_layout")
+
     def _plan(self, gm, num_outputs, mutated, n_in, label, prefix=""):
         params = self.params if label in ("inference", "forward") else frozenset()
         return gc.plan_graph(gm, num_outputs, mutated, n_in, label, prefix, params, self.autotune)

@@ -169,6 +169,7 @@ class TritonTarget(Target):
     addmm_as_mm_macs = ADDMM_AS_MM_LIMIT
     extra_dtypes = EXTRA_DTYPES
     in_place_within_kernel = False  # a member's elements may sit on other threads
+    channels_last_stores = True
 
     def lower(self, job):
         out = super().lower(job)

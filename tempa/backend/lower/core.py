@@ -51,6 +51,9 @@ class LowerOptions:
     addmm_as_mm_macs: int = 0
     # dtypes lowered beyond the C++ ones (ir.CTYPES): the GPU's bf16 and fp16
     extra_dtypes: frozenset = frozenset()
+    # a channels-last 4-D value stored for several users keeps that layout (lowerings.py
+    # _stored_strides; the GPU, whose scheduler fuses reads of it)
+    channels_last_stores: bool = False
 
     def admits(self, dt) -> bool:
         return dt in CTYPES or dt in self.extra_dtypes
@@ -126,11 +129,12 @@ class LowerCtx:
         return f"{prefix}{self.n}"
 
     # -- making memory ------------------------------------------------------------------
-    def realize(self, tv: LoopValue, origin="") -> LoopValue:
+    def realize(self, tv: LoopValue, origin="", strides=None) -> LoopValue:
+        """``tv`` as memory: contiguous, or in ``strides``."""
         if tv.buffer is not None:
             return tv
-        buf = ComputedBuffer(self.name(), tv.sizes, contiguous_strides(tv.sizes), 0, tv.dtype,
-                             body=Pointwise(tv.load), origin=origin)
+        buf = ComputedBuffer(self.name(), tv.sizes, tuple(strides or contiguous_strides(tv.sizes)), 0,
+                             tv.dtype, body=Pointwise(tv.load), origin=origin)
         self.g.steps.append(buf)
         out = LoopValue.of_buffer(buf)
         self.realized[id(tv)] = (tv, out)

@@ -22,6 +22,7 @@ from . import pointwise, reductions, views  # importing them registers their low
 from .core import (INLINE_COST, LOWERINGS, SMALL_MATMUL_MACS, LowerCtx, LowerOptions, SizeChoices,
                    literal, probe, register)
 from .matmul import EXTERN_OPS, lower_extern
+from .trace import is_channels_last
 
 # what other packages use from here (the lowerings themselves live in the modules above)
 __all__ = ["lower_graph", "LOWERINGS", "register", "literal", "LowerOptions", "SizeChoices",
@@ -80,10 +81,10 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
                 ctx.realized.clear()
             v = env[n]
             if isinstance(v, LoopValue) and v.cost > INLINE_COST and (len(n.users) > 1 or v.cost > 4 * INLINE_COST):
-                env[n] = ctx.realize(v, str(n.target))
+                env[n] = ctx.realize(v, str(n.target), _stored_strides(ctx, n))
             elif (shared_reads and isinstance(v, LoopValue) and v.strided is None
                   and v.cost > 1 and len(n.users) > 1 and _buffers_read(v) >= shared_reads):
-                env[n] = ctx.realize(v, str(n.target))
+                env[n] = ctx.realize(v, str(n.target), _stored_strides(ctx, n))
         elif n.op == "output":
             outs = list(n.args[0])
             vals = [env[o] if isinstance(o, fx.Node) else o for o in outs]
@@ -108,6 +109,18 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
     return g
 
 
+def _stored_strides(ctx, n):
+    """The strides a value stored for several users gets: its traced ones where it is a
+    channels-last 4-D tensor and the target asks for it (between convolutions running
+    channels-last, lower/trace.py CONV_LAYOUTS: stored contiguous, the next convolution's
+    argument was a second copy), else contiguous (None)."""
+    tm = n.meta.get("traced_meta")
+    if not ctx.options.channels_last_stores or tm is None or len(tm.shape) != 4 \
+            or tuple(tm.stride) == contiguous_strides(tm.shape) or not is_channels_last(tm):
+        return None
+    return tuple(tm.stride)
+
+
 def _as_traced(ctx, v, tm):
     if not isinstance(v, LoopValue):
         return v
@@ -129,6 +142,11 @@ def _as_traced(ctx, v, tm):
             or tuple(tm.stride) == contiguous_strides(tm.shape):
         if v.strided is not None and tm is None:
             return v
+        contiguous = contiguous_strides(v.sizes)
+        if v.buffer is not None and any(a != b and n != 1 for a, b, n in zip(v.buffer.strides, contiguous, v.sizes)):
+            # a buffer in another layout (an extern's channels-last result, returned through
+            # .contiguous(), which lowers to the value itself): eager's output is contiguous
+            return _new_memory(ctx, v, None)
         return ctx.realize(v, "output")
     # The traced strides, at storage offset 0. A traced offset (a split piece of a computed
     # qkv, saved for backward) needs no room: every reader addresses an input through its

@@ -305,6 +305,174 @@ def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict) -> Traced:
     return res
 
 
+# --- the convolution layout policy -------------------------------------------------------------
+
+# Where 4-D convolutions run: "eager" (the layouts eager gives them) or "channels_last"
+# (NHWC: the input and weight of each convolution converted where they are not already).
+# Why: cuDNN's bf16/fp16 tensor-core convolutions work in NHWC, so an NCHW convolution pays
+# transposes inside cuDNN (forward and both backward ones); Inductor's layout optimization
+# runs CUDA convolutions channels-last too. The conversion is an op in the traced graph, so
+# the traced metas of what follows a convolution (eager's TensorIterator keeps the layout
+# of its inputs) are channels-last: the pointwise kernels between convolutions read and
+# write NHWC and no extra copy is made, and a weight is converted in the kernel that casts
+# it to bf16 under autocast. What the user sees keeps eager's layout: each returned tensor
+# gets the strides the eager-layout trace gave it, each gradient its input's layout (as
+# AccumulateGrad gives .grad), and a mutated input is written in its own strides (the
+# copy-back). The target chooses (config.gpu_conv_layout, config.cpu_conv_layout); a
+# shape-generic graph keeps eager's layouts. A grouped convolution with several channels
+# per group keeps its layout (cuDNN's NHWC grouped kernels are slow; Inductor skips such
+# graphs too); depthwise ones convert.
+CONV_LAYOUTS = ("eager", "channels_last")
+
+
+def _wants_channels_last(n) -> bool:
+    """Is ``n`` a 4-D convolution whose input or weight is not channels-last yet?"""
+    if n.op != "call_function" or n.target is not aten.convolution.default or len(n.args) < 9:
+        return False
+    x, w = (a.meta.get("traced_meta") if isinstance(a, fx.Node) else None for a in n.args[:2])
+    if x is None or w is None or len(x.shape) != 4 or len(w.shape) != 4:
+        return False
+    groups, transposed = n.args[8], n.args[6]
+    per_group = w.shape[0] // groups if transposed else w.shape[1]
+    if groups > 1 and per_group > 1:
+        return False
+    return not (is_channels_last(x) and is_channels_last(w))
+
+
+def is_channels_last(tm) -> bool:
+    """Is the traced value ``tm`` (a TracedMeta of a 4-D tensor) laid out channels-last?"""
+    return torch.empty_strided(tm.shape, tm.stride, device="meta").is_contiguous(
+        memory_format=torch.channels_last)
+
+
+def converts_convolutions(gm: fx.GraphModule) -> int:
+    """How many convolutions of the functional graph ``gm`` the channels-last policy converts."""
+    return sum(_wants_channels_last(n) for n in gm.graph.nodes)
+
+
+def _replay(traced: "Traced", env: dict, relayout: bool) -> list:
+    """Run ``traced.gm``'s nodes on the values of ``env`` (its placeholders bound) in each
+    node's recorded grad mode; its outputs. ``relayout``: each convolution that
+    ``_wants_channels_last`` gets channels-last input and weight (converted here, above
+    autograd, so that autograd saves the converted tensors for convolution_backward), and
+    the user outputs are given the strides the trace recorded for them."""
+    for n in traced.gm.graph.nodes:
+        if n.op == "placeholder":
+            continue
+        if n.op == "get_attr":
+            env[n] = getattr(traced.gm, n.target)
+            continue
+        if n.op == "output":
+            outs = list(fx.node.map_arg(n.args[0], lambda a: env[a]))
+            if relayout:
+                for i, node in enumerate(n.args[0][:traced.num_outputs]):
+                    outs[i] = _in_traced_layout(outs[i], node)
+            return outs
+        args = fx.node.map_arg(n.args, lambda a: env[a])
+        kwargs = fx.node.map_arg(n.kwargs, lambda a: env[a])
+        with torch.set_grad_enabled(n.meta.get("grad", True)):
+            if relayout and _wants_channels_last(n):
+                args = tuple(a.contiguous(memory_format=torch.channels_last) if i < 2 else a
+                             for i, a in enumerate(args))
+            env[n] = n.target(*args, **kwargs)
+    raise AssertionError("a graph without an output node")
+
+
+def _in_traced_layout(t, node):
+    """``t`` with the strides ``node`` was traced with (eager's), copied where they differ."""
+    tm = node.meta.get("traced_meta") if isinstance(node, fx.Node) else None
+    if not isinstance(t, torch.Tensor) or tm is None or tuple(t.stride()) == tuple(tm.stride):
+        return t
+    return _Restrided.apply(t, tuple(tm.stride))
+
+
+def _grad_in_input_layout(g, inp):
+    """The gradient ``g`` of ``inp`` in the layout AccumulateGrad gives ``.grad``: ``inp``'s
+    strides where it is dense, else contiguous."""
+    if g is None:
+        return g
+    want = tuple(inp.stride()) if _dense(inp.shape, inp.stride()) else tuple(_contiguous(inp.shape))
+    return g if tuple(g.stride()) == want else _restrided(g, want)
+
+
+def _dense(shape, stride) -> bool:
+    """Do these strides cover one block of memory once, in some order of the dims?"""
+    expected = 1
+    for st, size in sorted((st, size) for size, st in zip(shape, stride) if size != 1):
+        if st != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _contiguous(shape) -> tuple:
+    return torch.empty(shape, device="meta").stride()
+
+
+def _restrided(t, stride):
+    """``t`` copied into memory of exactly ``stride`` (size-1 dims included): ATen's
+    functional copy keeps its destination's strides, and lowers to one kernel writing them."""
+    return aten.copy.default(torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device), t)
+
+
+class _Restrided(torch.autograd.Function):
+    """``_restrided`` with its gradient passed through (aten.copy has no derivative)."""
+
+    @staticmethod
+    def forward(ctx, t, stride):
+        return _restrided(t, stride)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def _channels_last_backward(grad, inp, weight, *rest, **kwargs):
+    """convolution_backward with a channels-last gradient where its input is channels-last
+    (cuDNN would transpose the gradient itself); the decomposition the channels-last joint
+    trace records the backward with."""
+    if grad.dim() == 4 and inp.dim() == 4 and inp.is_contiguous(memory_format=torch.channels_last) \
+            and not grad.is_contiguous(memory_format=torch.channels_last):
+        return aten.convolution_backward.default(grad.contiguous(memory_format=torch.channels_last),
+                                                 inp, weight, *rest, **kwargs)
+    return NotImplemented
+
+
+_CHANNELS_LAST_BACKWARD = {aten.convolution_backward.default: _channels_last_backward}
+
+
+def relayout_convolutions(traced: "Traced", inputs: list, decomps: dict) -> "Traced | None":
+    """The inference graph ``traced`` replayed with its convolutions channels-last (see
+    CONV_LAYOUTS), its user outputs in the strides ``traced`` gave them; None where it
+    converts nothing."""
+    if not converts_convolutions(traced.gm):
+        return None
+    graph = fx.Graph()
+    rec = _Recorder(graph, decomps)
+    env = {}
+    phs = [n for n in traced.gm.graph.nodes if n.op == "placeholder"]
+    for i, (n, t) in enumerate(zip(phs, inputs)):
+        ph = graph.placeholder(f"arg{i}")
+        c = _alias(t) if isinstance(t, torch.Tensor) else t
+        if isinstance(c, torch.Tensor):
+            rec.bind(c, ph)
+        else:
+            ph.meta["traced_meta"] = None
+            ph.meta["value"] = c
+        env[n] = c
+    with _attention_for(inputs), nodynamo.resolved(), rng_untouched(), rec:
+        outs = _replay(traced, env, True)
+    graph.output(tuple(rec.lookup(o) if isinstance(o, torch.Tensor) else o for o in outs))
+    graph.eliminate_dead_code()
+    root = torch.nn.Module()
+    for k, v in rec.constants.items():
+        setattr(root, k, v)
+    res = Traced(graph_module(root, graph), traced.num_outputs, traced.mutated, dict(rec.constants),
+                 traced.aliases)
+    res.single = traced.single
+    return res
+
+
 @dataclass(frozen=True)
 class OutputAlias:
     """A user output that eager returns as an input itself, or as a view of an input or of an
@@ -443,22 +611,28 @@ KEEP_WHOLE_FOR_AUTOGRAD = frozenset({aten._softmax, aten._log_softmax, aten.logs
                                      aten.native_layer_norm, aten.gelu, aten.silu})
 
 
-def trace_training(gm: fx.GraphModule, inputs: list, decomps: dict) -> Joint:
+def trace_training(gm: fx.GraphModule, inputs: list, decomps: dict, conv_layout: str = "eager") -> Joint:
     """The joint forward/backward graph of ``gm``: trace a forward that keeps the ops of
-    KEEP_WHOLE_FOR_AUTOGRAD whole, then replay it with grad (``trace_joint``)."""
+    KEEP_WHOLE_FOR_AUTOGRAD whole, then replay it with grad (``trace_joint``), its
+    convolutions in ``conv_layout`` (see CONV_LAYOUTS)."""
     forward_decomps = {op: fn for op, fn in decomps.items()
                        if op.overloadpacket not in KEEP_WHOLE_FOR_AUTOGRAD}
     traced = trace_forward(gm, inputs, forward_decomps)
-    joint = trace_joint(traced, inputs, decomps)
+    joint = trace_joint(traced, inputs, decomps, conv_layout)
     joint.single = traced.single
     joint.aliases = traced.aliases
     return joint
 
 
-def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
-    """Replay the functional forward with grad, then record the backward."""
+def trace_joint(traced: Traced, inputs: list, decomps: dict, conv_layout: str = "eager") -> Joint:
+    """Replay the functional forward with grad, then record the backward. ``conv_layout``
+    "channels_last": the replay converts convolution arguments (``relayout``), the backward
+    gives convolution_backward a channels-last gradient, the user outputs keep the forward
+    trace's (eager's) strides and each gradient its input's layout, as AccumulateGrad
+    gives ``.grad`` (``_grad_in_input_layout``)."""
+    relayout = conv_layout == "channels_last" and converts_convolutions(traced.gm)
     graph = fx.Graph()
-    rec = _Recorder(graph, decomps)
+    rec = _Recorder(graph, {**decomps, **_CHANNELS_LAST_BACKWARD} if relayout else decomps)
     clones = []
     for i, t in enumerate(inputs):
         c = _alias(t)
@@ -474,22 +648,8 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
     phs = [n for n in traced.gm.graph.nodes if n.op == "placeholder"]
     for n, c in zip(phs, clones):
         env[n] = c
-    out_vals = None
     with nodynamo.resolved(), rng_untouched(), rec:
-        for n in traced.gm.graph.nodes:
-            if n.op == "placeholder":
-                continue
-            if n.op == "get_attr":
-                env[n] = getattr(traced.gm, n.target)
-                continue
-            if n.op == "output":
-                out_vals = fx.node.map_arg(n.args[0], lambda a: env[a])
-                continue
-            args = fx.node.map_arg(n.args, lambda a: env[a])
-            kwargs = fx.node.map_arg(n.kwargs, lambda a: env[a])
-            with torch.set_grad_enabled(n.meta.get("grad", True)):
-                env[n] = n.target(*args, **kwargs)
-        outs = list(out_vals)
+        outs = _replay(traced, env, relayout)
         user = outs[: traced.num_outputs]
         # A new value for a mutated input may carry grad (BatchNorm's running mean is made
         # from the batch mean); eager updates it outside autograd, and so does the forward
@@ -516,6 +676,8 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
         grads = Variable._execution_engine.run_backward(
             tuple(user[i] for i in diff), tuple(tangents), False, False,
             tuple(clones[i] for i in grad_inputs), True, False)
+        if relayout:
+            grads = [_grad_in_input_layout(g, clones[i]) for g, i in zip(grads, grad_inputs)]
         grad_nodes = [rec.lookup(g) if g is not None else None for g in grads]
     # Partition: forward = nodes recorded before the marker; saved = forward values read by
     # backward nodes (or returned as gradients directly).
