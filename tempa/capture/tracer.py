@@ -47,6 +47,9 @@ _COPIED_TYPES = (list, dict, collections.OrderedDict, collections.defaultdict, s
 # longer one is guarded by identity.
 _SEQUENCE_ITERATORS = (type(iter([])), type(iter(())))
 _MAX_COPIED_ITEMS = 64
+# The most items (nested ones included) guarded one by one in a caller's container that
+# capture reads as itself (``_guard_outside_contents``).
+_MAX_GUARDED_CONTENTS = 256
 # Containers deeper than this are not guarded item by item: capture gives up on the frame
 # (it runs eagerly, and says so) instead of recursing towards the interpreter's limit.
 _MAX_GUARD_DEPTH = 32
@@ -320,27 +323,24 @@ class Tracer:
     def _guard_outside_contents(self, value, expr: str) -> None:
         """The contents of a caller's container subclass that capture does not copy (a list
         or tuple subclass with a hash, slots or its own attribute lookup; a dict or set
-        subclass): every read of it (``seq[0]``, ``d["k"]``, ``len``, iteration, C methods)
-        reads the real object, so its items (a dict's keys and values), in order, are
-        guarded as they are when it is reached, before any write (which is refused:
-        ``is_outside_container``), through the base type's own iterators (no code of the
-        class runs in a guard). A container among them would be read unguarded: refused."""
+        subclass, a registry a library keeps as a global): every read of it (``seq[0]``,
+        ``d["k"]``, ``len``, iteration, C methods) reads the real object, and so do reads
+        of the containers in it. So its contents, nested containers' too, are guarded as
+        they are when it is reached (``same_contents``), and a write to any of them is
+        refused (``is_outside_container``): it would run once, on the real object."""
+        if isinstance(value, tuple) and not any(map(_is_container, tuple.__iter__(value))):
+            return   # (its items stay what they are)
+        budget = [_MAX_GUARDED_CONTENTS]
+        seen = _contents(value, budget)
+        if budget[0] < 0:
+            raise Unsupported("unguardable container", f"{expr}: a {type(value).__name__} "
+                              f"holding more than {_MAX_GUARDED_CONTENTS} items, nested "
+                              "ones included, or a deque")
+        for node in _nodes(seen):
+            self._outside_containers.setdefault(id(node[0]), (node[0], f"an item of {expr}"))
         g = self.guards
-        if isinstance(value, tuple):   # (its items stay; a container among them does not)
-            if not all(map(_read_only_item, value)):
-                raise Unsupported("unsupported input", f"{expr}: a {type(value).__name__} "
-                                  "holding a container capture would read unguarded")
-            return
-        base = next(b for b in (dict, set, list) if isinstance(value, b))
-        parts = [("keys", dict.keys), ("values", dict.values)] if base is dict else \
-            [("items", base.__iter__)]
-        for what, walk in parts:
-            items = tuple(walk(value))
-            if len(items) > _MAX_COPIED_ITEMS or not all(map(_read_only_item, items)):
-                raise Unsupported("unsupported input", f"{expr}: a {type(value).__name__} "
-                                  "that capture neither copies nor can guard item by item")
-            g.add("length", f"{g.const(same_items, 'F')}({g.const(walk, 'F')}({expr}), "
-                  f"{g.const(items, 'K')})", f"{expr} holds the same {len(items)} {what}")
+        g.add("length", f"{g.const(same_contents, 'F')}({expr}, {g.const(seen, 'K')})",
+              f"{expr} holds the same {len(seen) - 1} items")
 
     def guard_distinct_objects(self) -> None:
         """Objects guarded by type that were distinct at capture stay distinct: the writes
@@ -572,12 +572,17 @@ class Tracer:
 
     def _class_attr_of_copy(self, obj, name: str) -> bool:
         """``obj.name`` on our copy of a caller's list or tuple subclass finds the class's
-        attribute (a method, a class constant; not one set on the object, which the copy
-        holds at its source): guarded as on the caller's object, so a patched
-        ``Seq.total`` is seen."""
-        return self._subclass_copy_source(obj) is not None and \
-            not (name.startswith("__") and name.endswith("__")) and \
-            name not in getattr(obj, "__dict__", {})
+        method or constant (not one set on the object, which the copy holds at its source,
+        nor a descriptor reading the copy, a namedtuple's field): guarded as on the caller's
+        object, so a patched ``Seq.total`` is seen."""
+        if self._subclass_copy_source(obj) is None or name in getattr(obj, "__dict__", {}) or \
+                name.startswith("__") and name.endswith("__"):
+            return False
+        try:
+            static = inspect.getattr_static(type(obj), name)
+        except AttributeError:
+            return True   # (its absence, guarded)
+        return isinstance(static, types.FunctionType) or not hasattr(type(static), "__get__")
 
     def _subclass_copy_source(self, obj):
         """The caller's expression our copy ``obj`` of a list or tuple subclass stands for."""
@@ -899,21 +904,63 @@ def _no_own_slots(t: type, base: type) -> bool:
     return True
 
 
-def same_items(items, wanted: tuple) -> bool:
-    """Guard helper: ``items`` (an iterator) gives ``wanted``, in order; objects by
-    identity, constants (strings, numbers) by value and type."""
-    items = tuple(items)
-    return len(items) == len(wanted) and all(
-        a is b or is_constant_type(a) and type(a) is type(b) and a == b
-        for a, b in zip(items, wanted))
+class _Contents(tuple):
+    """A container as capture read it: the object, then its items (a dict's keys, then its
+    values), each nested container a ``_Contents`` of its own."""
 
 
-def _read_only_item(v) -> bool:
-    """An item of an outside container that a guard by identity or value covers: not a
-    container whose own contents capture would then read unguarded."""
-    if isinstance(v, tuple) and not is_constant_type(v):
-        return all(map(_read_only_item, v))
-    return not isinstance(v, (list, dict, set, collections.deque)) or is_constant_type(v)
+def _items(value) -> tuple:
+    """A container's items through its base type's own methods (no code of a subclass)."""
+    if isinstance(value, dict):
+        return (*dict.keys(value), *dict.values(value))
+    for base in (list, tuple, set, frozenset):
+        if isinstance(value, base):
+            return tuple(base.__iter__(value))
+    raise TypeError(type(value).__name__)
+
+
+def _is_container(v) -> bool:
+    return isinstance(v, (list, tuple, dict, set, frozenset)) and not is_constant_type(v)
+
+
+def _contents(value, budget: list, within=()) -> _Contents:
+    """``value``'s ``_Contents``, counting the items against ``budget[0]`` (below 0: too
+    many, a deque, whose items this does not read, or a container inside itself)."""
+    items = _items(value)
+    budget[0] -= len(items)
+    if budget[0] < 0 or any(v is value for v in within):
+        budget[0] = -1
+        return _Contents((value,))
+    out = [value]
+    for v in items:
+        if isinstance(v, collections.deque):
+            budget[0] = -1
+        out.append(_contents(v, budget, (*within, value)) if _is_container(v) else v)
+    return _Contents(out)
+
+
+def _nodes(seen: _Contents):
+    yield seen
+    for v in seen[1:]:
+        if type(v) is _Contents:
+            yield from _nodes(v)
+
+
+def same_contents(value, seen: _Contents) -> bool:
+    """Guard helper: ``value`` is the container ``seen`` was read from and holds the same
+    items, nested containers alike; objects by identity, constants by value and type."""
+    if value is not seen[0]:
+        return False
+    items = _items(value)
+    if len(items) != len(seen) - 1:
+        return False
+    for a, b in zip(items, seen[1:]):
+        if type(b) is _Contents:
+            if not same_contents(a, b):
+                return False
+        elif not (a is b or is_constant_type(a) and type(a) is type(b) and a == b):
+            return False
+    return True
 
 
 def iterator_rest(it) -> list:
