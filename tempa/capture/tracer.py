@@ -82,8 +82,9 @@ class Tracer:
         # Our copies of the caller's lists/dicts: id(copy) -> (copy, expression of the original)
         self.external_copies: dict[int, tuple] = {}
         self._contents_guarded: set[int] = set()   # ids of containers read whole by C code
-        # The caller's container subclasses read as themselves: id -> (object, expression)
-        self._outside_containers: dict[int, tuple] = {}
+        # The caller's containers read as themselves (subclasses, and the containers in
+        # them), handed on as themselves: id -> (object, expression)
+        self.outside_containers: dict[int, tuple] = {}
         self._copy_of: dict[int, tuple] = {}   # id(original) -> (original, copy, expression)
         self.param_ids: set[int] = set()
         self.depth = 0
@@ -228,7 +229,7 @@ class Tracer:
         if isinstance(value, (dict, list, set, tuple)):
             # a container subclass capture holds no copy of: its writes would reach the
             # caller's object at capture (refused), so its contents are guarded here
-            self._outside_containers[id(value)] = (value, expr)
+            self.outside_containers[id(value)] = (value, expr)
             self._guard_outside_contents(value, expr)
         return value
 
@@ -315,7 +316,7 @@ class Tracer:
         """``obj`` is the caller's own list, dict or set (a subclass reached by identity, an
         output record), not our copy of one: a write to it at capture would run once, on
         the real object, and leave the guards on its contents behind."""
-        known = self._outside_containers.get(id(obj))
+        known = self.outside_containers.get(id(obj))
         if known is None and isinstance(obj, dict):
             known = self.sourced.get(id(obj))
         return known is not None and known[0] is obj
@@ -336,9 +337,9 @@ class Tracer:
             raise Unsupported("unguardable container", f"{expr}: a {type(value).__name__} "
                               f"holding more than {_MAX_GUARDED_CONTENTS} items, nested "
                               "ones included, or a deque")
-        for node in _nodes(seen):
-            self._outside_containers.setdefault(id(node[0]), (node[0], f"an item of {expr}"))
         g = self.guards
+        for node in _nodes(seen):   # (the guard below keeps each one the same object)
+            self.outside_containers.setdefault(id(node[0]), (node[0], g.const(node[0], "O")))
         g.add("length", f"{g.const(same_contents, 'F')}({expr}, {g.const(seen, 'K')})",
               f"{expr} holds the same {len(seen) - 1} items")
 

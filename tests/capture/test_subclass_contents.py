@@ -337,3 +337,46 @@ def test_a_write_to_a_callers_set_subclass_breaks_the_graph():
     for _ in range(3):
         assert torch.equal(fast(torch.ones(1), got), f(torch.ones(1), want))
     assert got == want and tempa.stats().graph_breaks >= 1
+
+
+class Registry(dict):
+    """A library's registry kept as a global (transformers' ``_CAN_RECORD_REGISTRY``)."""
+
+    def get(self, key):
+        return super().get(key) or {}
+
+
+REGISTRY = Registry(a={"scale": 2.0})
+
+
+def test_a_container_inside_a_global_dict_subclass_is_guarded():
+    """The dict a registry holds was read by the class's ``get`` (C code, on the real
+    registry) and then natively: only the registry's items were guarded, by identity, so a
+    change inside the dict it holds was missed."""
+    def f(x):
+        return x * REGISTRY.get("a")["scale"]
+
+    fast = tempa.compile(f, backend="eager")
+    try:
+        assert torch.equal(fast(torch.ones(1)), torch.tensor([2.0]))
+        REGISTRY["a"]["scale"] = 3.0
+        assert torch.equal(fast(torch.ones(1)), torch.tensor([3.0]))
+        assert tempa.stats().captures == 2 and tempa.stats().graph_breaks == 0
+    finally:
+        REGISTRY["a"] = {"scale": 2.0}
+
+
+def test_a_write_inside_a_global_dict_subclass_breaks_the_graph():
+    def f(x):
+        entry = REGISTRY.get("a")
+        entry["calls"] = entry.get("calls", 0) + 1
+        return x * entry["calls"]
+
+    fast = tempa.compile(f, backend="eager")
+    try:
+        for calls in (1, 2, 3):
+            assert torch.equal(fast(torch.ones(1)), torch.tensor([float(calls)]))
+            assert REGISTRY["a"]["calls"] == calls
+        assert tempa.stats().graph_breaks >= 1
+    finally:
+        REGISTRY["a"] = {"scale": 2.0}
