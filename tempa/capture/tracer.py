@@ -227,8 +227,9 @@ class Tracer:
         guards.identity(expr, value, expr)
         self.identity_used(value)   # reached here as a constant, before by its source
         if isinstance(value, (dict, list, set, tuple)):
-            # a container subclass capture holds no copy of: its writes would reach the
-            # caller's object at capture (refused), so its contents are guarded here
+            # a container capture holds no copy of (a subclass, a set of objects): its
+            # writes would reach the caller's object at capture (refused), so its
+            # contents are guarded here
             self.outside_containers[id(value)] = (value, expr)
             self._guard_outside_contents(value, expr)
         return value
