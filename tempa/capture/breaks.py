@@ -64,6 +64,10 @@ BREAK_TYPES = {
                                    "there; a generator, lazy iterator, @contextmanager or "
                                    "closure over tensors cannot be: consume it (list(...)) or "
                                    "finish with it before the break, or make it outside",
+    "unguardable container": "a container subclass of the caller's that tempa reads as "
+                             "itself (one with a hash or slots, a dict or set subclass) holds "
+                             "other containers or too many items to guard one by one; pass a "
+                             "plain list, tuple or dict, or accept the break",
     "deeply nested input": "an argument nested deeper than tempa guards; pass a flatter "
                            "structure",
     "module call": "a module whose __call__ is overridden, or whose forward was replaced on "

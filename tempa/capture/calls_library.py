@@ -161,7 +161,8 @@ def _check_method_owner(tracer, owner, name):
         # our copy of the caller's list/dict/set changes: written back after the graph
         tracer.side_effects.mutated_copy(owner)
         return
-    if not (isinstance(owner, _PLAIN_TYPES) or tracer.is_internal(owner)):
+    if not (isinstance(owner, _PLAIN_TYPES) or tracer.is_internal(owner)) or \
+            tracer.is_outside_container(owner):
         if name in _MUTATING_METHODS:
             raise Unsupported("mutation of outside state", f"{type(owner).__name__}.{name}")
 

@@ -117,8 +117,9 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         if retry:
             pass  # leave the finally below first: it restores grad mode and autocast
         else:
-            # the caller's objects guarded by type are handed on as read at their source
-            handed_on = {**tracer.sourced, **tracer.external_copies}
+            # the caller's objects guarded by type are handed on as read at their source,
+            # its containers read as themselves (a registry, the dicts in it) as themselves
+            handed_on = {**tracer.sourced, **tracer.outside_containers, **tracer.external_copies}
             plan = OutputPlan(guards, tracer.is_internal, handed_on, builder.size_nodes,
                               inputs=input_exprs(builder), recipes=tracer.recipes)
             body = tracer.side_effects.replay_lines(plan)

@@ -286,6 +286,9 @@ class Frame(LoadStoreOpcodes, CallOpcodes, ControlOpcodes, DataOpcodes):
             if not inplace or not isinstance(a, TensorVar):
                 fn = _BINARY[key] if not isinstance(a, TensorVar) else fn
             return self.tracer.builder.call("call_function", fn, (a, b), {})
+        if inplace and self.tracer.is_outside_container(a):
+            raise Unsupported("mutation of outside state", f"{name} on the caller's "
+                              f"{type(a).__name__}")
         if inplace and id(a) in self.tracer.external_copies:
             if not isinstance(a, (list, set, dict)):
                 raise Unsupported("mutation of outside state",

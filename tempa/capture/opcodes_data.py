@@ -289,14 +289,16 @@ class DataOpcodes:
         if numpy_values.is_array(container):
             numpy_values.setitem(tracer, container, key, value)
             return
-        if id(container) in tracer.external_copies:
+        setitem = getattr(type(container), "__setitem__", None)
+        if isinstance(setitem, types.FunctionType):   # (its list.__setitem__ marks a copy)
+            self.call(setitem, [container, key, value], {})
+        elif id(container) in tracer.external_copies:
             # our copy of the caller's list/dict: written back after the graph (side_effects.py)
             tracer.side_effects.mutated_copy(container)
             container[key] = value
-            return
-        setitem = getattr(type(container), "__setitem__", None)
-        if isinstance(setitem, types.FunctionType):
-            self.call(setitem, [container, key, value], {})
+        elif tracer.is_outside_container(container):
+            raise Unsupported("mutation of outside state", f"item assignment on the caller's "
+                              f"{type(container).__name__}")
         elif isinstance(container, (list, dict)) or tracer.is_internal(container):
             container[key] = value
         else:
@@ -306,8 +308,12 @@ class DataOpcodes:
     def DELETE_SUBSCR(self, ins):
         key = self.pop()
         container = self.pop()
-        if not isinstance(container, (list, dict)):
+        if not isinstance(container, (list, dict)) or self.tracer.is_outside_container(container):
             raise Unsupported("mutation of outside state", "del container[key]")
+        delitem = getattr(type(container), "__delitem__", None)
+        if isinstance(delitem, types.FunctionType):   # (its list.__delitem__ marks a copy)
+            self.call(delitem, [container, key], {})
+            return
         self.tracer.identity_used(key)
         del container[key]   # raises as eager does before anything is marked
         if id(container) in self.tracer.external_copies:

@@ -222,8 +222,10 @@ def _apply(kind, target, name, temp, plan, const) -> str:
         return f"{cell}.cell_contents = {temp}"
     # A caller's container: its final contents, into the same object.
     original = plan.external_copies[id(target)][1]
-    if isinstance(target, list):
+    if type(target) is list:
         return f"{original}[:] = {temp}"
+    if isinstance(target, list):   # list's own write: the class's __setitem__ ran at capture
+        return f"{const(list.__setitem__, 'F')}({original}, slice(None), {temp})"
     return f"{original}.clear(); {original}.update({temp})"
 
 

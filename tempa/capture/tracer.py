@@ -47,6 +47,9 @@ _COPIED_TYPES = (list, dict, collections.OrderedDict, collections.defaultdict, s
 # longer one is guarded by identity.
 _SEQUENCE_ITERATORS = (type(iter([])), type(iter(())))
 _MAX_COPIED_ITEMS = 64
+# The most items (nested ones included) guarded one by one in a caller's container that
+# capture reads as itself (``_guard_outside_contents``).
+_MAX_GUARDED_CONTENTS = 256
 # Containers deeper than this are not guarded item by item: capture gives up on the frame
 # (it runs eagerly, and says so) instead of recursing towards the interpreter's limit.
 _MAX_GUARD_DEPTH = 32
@@ -79,7 +82,9 @@ class Tracer:
         # Our copies of the caller's lists/dicts: id(copy) -> (copy, expression of the original)
         self.external_copies: dict[int, tuple] = {}
         self._contents_guarded: set[int] = set()   # ids of containers read whole by C code
-        self._outside_containers: dict[int, tuple] = {}   # id -> (dict subclass, expr)
+        # The caller's containers read as themselves (subclasses, and the containers in
+        # them), handed on as themselves: id -> (object, expression)
+        self.outside_containers: dict[int, tuple] = {}
         self._copy_of: dict[int, tuple] = {}   # id(original) -> (original, copy, expression)
         self.param_ids: set[int] = set()
         self.depth = 0
@@ -152,8 +157,8 @@ class Tracer:
                                                      f"more than {_MAX_GUARD_DEPTH} deep")
         t = type(value)
         guards = self.guards
-        plain_subclass = _is_plain_tuple_subclass(t)
-        if t in _COPIED_TYPES or t in (functools.partial, types.FunctionType) or plain_subclass:
+        copied_subclass = _is_copyable_tuple_subclass(t) or _is_copyable_list_subclass(t)
+        if t in _COPIED_TYPES or t in (functools.partial, types.FunctionType) or copied_subclass:
             copied = self._copy_of.get(id(value))
             if copied is not None and copied[0] is value:
                 # The same list/dict reached twice (`out` and `out.append.__self__`): one
@@ -171,7 +176,9 @@ class Tracer:
             self.external_copies[id(items)] = (items, expr)
             self._copy_of[id(value)] = (value, items, expr)
             return items
-        if plain_subclass:
+        if copied_subclass and isinstance(value, list):
+            return self._external_list_subclass(value, expr, user, depth)
+        if copied_subclass:
             return self._external_tuple_subclass(value, expr, user, depth)
         if t is functools.partial and not value.__dict__:
             return self._external_partial(value, expr, user, depth)
@@ -219,8 +226,12 @@ class Tracer:
             return self._external_object(value, expr)   # (not also reached as a constant)
         guards.identity(expr, value, expr)
         self.identity_used(value)   # reached here as a constant, before by its source
-        if isinstance(value, dict):
-            self._outside_containers[id(value)] = (value, expr)   # see contents_read_by_c
+        if isinstance(value, (dict, list, set, tuple)):
+            # a container capture holds no copy of (a subclass, a set of objects): its
+            # writes would reach the caller's object at capture (refused), so its
+            # contents are guarded here
+            self.outside_containers[id(value)] = (value, expr)
+            self._guard_outside_contents(value, expr)
         return value
 
     def _external_object(self, value, expr: str):
@@ -283,12 +294,13 @@ class Tracer:
                 self.guards.identity(known[1], value, known[1])
 
     def contents_read_by_c(self, obj) -> None:
-        """A C method of the caller's dict (a subclass, guarded by type and so run on the
-        real object: ``dict(out.items())``, ``dict.items(out)``) read its items,
-        which capture then holds as they were: guard its keys and each item, constants by
-        value and other objects (tensors too) by identity, or a later call whose container
-        holds another tensor would compute on the first one."""
-        known = self.sourced.get(id(obj)) or self._outside_containers.get(id(obj))
+        """A C method of the caller's output record (a dict guarded by type and so run on
+        the real object: ``dict(out.items())``, ``dict.items(out)``) read its items, which
+        capture then holds as they were: guard its keys and each item, constants by value
+        and other objects (tensors too) by identity, or a later call whose record holds
+        another tensor would compute on the first one. (The caller's other container
+        subclasses are copied, or their contents guarded where they are reached.)"""
+        known = self.sourced.get(id(obj))
         if not isinstance(obj, dict) or known is None or known[0] is not obj or \
                 id(obj) in self._contents_guarded:
             return   # objects made by this call, or copies, hold what capture put there
@@ -300,6 +312,37 @@ class Tracer:
         get = g.const(dict.__getitem__, "F")   # not a subclass's own __getitem__
         for k, v in dict.items(obj):
             g.constant(f"{get}({expr}, {g.const(k, 'K')})", v)
+
+    def is_outside_container(self, obj) -> bool:
+        """``obj`` is the caller's own list, dict or set (a subclass reached by identity, an
+        output record), not our copy of one: a write to it at capture would run once, on
+        the real object, and leave the guards on its contents behind."""
+        known = self.outside_containers.get(id(obj))
+        if known is None and isinstance(obj, dict):
+            known = self.sourced.get(id(obj))
+        return known is not None and known[0] is obj
+
+    def _guard_outside_contents(self, value, expr: str) -> None:
+        """The contents of a caller's container subclass that capture does not copy (a list
+        or tuple subclass with a hash, slots or its own attribute lookup; a dict or set
+        subclass, a registry a library keeps as a global): every read of it (``seq[0]``,
+        ``d["k"]``, ``len``, iteration, C methods) reads the real object, and so do reads
+        of the containers in it. So its contents, nested containers' too, are guarded as
+        they are when it is reached (``same_contents``), and a write to any of them is
+        refused (``is_outside_container``): it would run once, on the real object."""
+        if isinstance(value, tuple) and not any(map(_is_container, tuple.__iter__(value))):
+            return   # (its items stay what they are)
+        budget = [_MAX_GUARDED_CONTENTS]
+        seen = _contents(value, budget)
+        if budget[0] < 0:
+            raise Unsupported("unguardable container", f"{expr}: a {type(value).__name__} "
+                              f"holding more than {_MAX_GUARDED_CONTENTS} items, nested "
+                              "ones included, or a deque")
+        g = self.guards
+        for node in _nodes(seen):   # (the guard below keeps each one the same object)
+            self.outside_containers.setdefault(id(node[0]), (node[0], g.const(node[0], "O")))
+        g.add("length", f"{g.const(same_contents, 'F')}({expr}, {g.const(seen, 'K')})",
+              f"{expr} holds the same {len(seen) - 1} items")
 
     def guard_distinct_objects(self) -> None:
         """Objects guarded by type that were distinct at capture stay distinct: the writes
@@ -346,25 +389,61 @@ class Tracer:
         self._copy_of[id(value)] = (value, copy, expr)
         return copy
 
-    def _external_tuple_subclass(self, value: tuple, expr: str, user: bool, depth: int):
-        """A caller's namedtuple (or other plain tuple subclass), also one a resume function
-        is handed: guarded like a tuple (class, length, each item by its source) plus the
-        attributes set on it, never by identity (a new one on every call would recompile
-        every call). Capture works on a copy; it stands for the caller's object, which a
-        return or a break hands on as itself."""
+    def _external_list_subclass(self, value: list, expr: str, user: bool, depth: int) -> list:
+        """A caller's list subclass (``class Seq(list)``, also one a resume function is
+        handed): read as a list is, its class, length and each item at its source (through
+        list's own ``__len__``/``__getitem__``, so that no code of the class runs in a
+        guard), plus the attributes set on it. Capture works on a copy of the same class:
+        C code reading it (``list.copy(seq)``, ``sorted(seq)``, ``seq[0]``) reads this call's
+        items, the class's Python methods run traced on it, and a write (``seq.append``)
+        reaches the caller's list when the entry writes the copy back after the graph.
+        Where the copy leaves the capture the caller's list is handed on."""
         guards, t = self.guards, type(value)
-        guards.add("length", f"{expr}.__class__ is {guards.const(t, 'T')} and len({expr}) == "
-                   f"{len(value)}", f"{expr} is a {t.__name__} of length {len(value)}")
-        items = [self.external(v, f"{expr}[{i}]", user=user, depth=depth + 1)
-                 for i, v in enumerate(value)]
-        copy = t(items) if t.__module__ == "torch.return_types" else tuple.__new__(t, items)
+        guards.add("length", f"{expr}.__class__ is {guards.const(t, 'T')} and "
+                   f"{guards.const(list.__len__, 'F')}({expr}) == {len(value)}",
+                   f"{expr} is a {t.__name__} of length {len(value)}")
+        plain = t.__getitem__ is list.__getitem__
+        getitem = guards.const(list.__getitem__, "F")
+        items = [self.external(v, f"{expr}[{i}]" if plain else f"{getitem}({expr}, {i})",
+                               user=user, depth=depth + 1)
+                 for i, v in enumerate(list.__iter__(value))]
+        copy = list.__new__(t)   # (not the class's __init__: it ran when the caller made it)
+        list.extend(copy, items)
+        self._copy_instance_attrs(value, copy, expr, user, depth)
+        self.external_copies[id(copy)] = (copy, expr)
+        self._copy_of[id(value)] = (value, copy, expr)
+        return copy
+
+    def _copy_instance_attrs(self, value, copy, expr: str, user: bool, depth: int) -> None:
+        """The attributes set on a caller's container subclass (its ``__dict__``), guarded
+        by name and each at its source, into our copy of it."""
         attrs = getattr(value, "__dict__", None)
-        if attrs is not None:
-            names = tuple(attrs)
-            guards.add("length", f"tuple({expr}.__dict__) == {guards.const(names, 'K')}",
-                       f"{expr} has the attributes {names}")
-            copy.__dict__.update({k: self.external(v, f"{expr}.__dict__[{k!r}]", user=user,
-                                                   depth=depth + 1) for k, v in attrs.items()})
+        if attrs is None:
+            return
+        names = tuple(attrs)
+        self.guards.add("length", f"tuple({expr}.__dict__) == {self.guards.const(names, 'K')}",
+                        f"{expr} has the attributes {names}")
+        copy.__dict__.update({k: self.external(v, f"{expr}.__dict__[{k!r}]", user=user,
+                                               depth=depth + 1) for k, v in attrs.items()})
+
+    def _external_tuple_subclass(self, value: tuple, expr: str, user: bool, depth: int):
+        """A caller's namedtuple (or other tuple subclass), also one a resume function
+        is handed: guarded like a tuple (class, length, each item by its source, read by
+        tuple's own methods where the class has its own) plus the attributes set on it,
+        never by identity (a new one on every call would recompile every call). Capture
+        works on a copy; it stands for the caller's object, which a return or a break hands
+        on as itself."""
+        guards, t = self.guards, type(value)
+        plain = _reads_as_tuple(t)
+        length = "len" if plain else guards.const(tuple.__len__, "F")
+        guards.add("length", f"{expr}.__class__ is {guards.const(t, 'T')} and {length}({expr}) == "
+                   f"{len(value)}", f"{expr} is a {t.__name__} of length {len(value)}")
+        getitem = guards.const(tuple.__getitem__, "F")
+        items = [self.external(v, f"{expr}[{i}]" if plain else f"{getitem}({expr}, {i})",
+                               user=user, depth=depth + 1)
+                 for i, v in enumerate(tuple.__iter__(value))]
+        copy = t(items) if t.__module__ == "torch.return_types" else tuple.__new__(t, items)
+        self._copy_instance_attrs(value, copy, expr, user, depth)
         self.external_copies[id(copy)] = (copy, expr)
         self._copy_of[id(value)] = (value, copy, expr)
         return copy
@@ -436,11 +515,15 @@ class Tracer:
 
     def expr_of(self, obj) -> str:
         """An expression for a fixed object: the object itself, bound as a constant; for
-        our copy of a caller's function, the caller's function (its defaults are read there)."""
+        our copy of a caller's function, the caller's function (its defaults are read there),
+        and of a caller's list or tuple subclass, the caller's object."""
         if type(obj) is types.FunctionType:
             copied = self.external_copies.get(id(obj))
             if copied is not None and copied[0] is obj:
                 return copied[1]
+        copied = self._subclass_copy_source(obj)
+        if copied is not None:
+            return copied
         sourced = self.sourced.get(id(obj))
         if sourced is not None and sourced[0] is obj:
             return sourced[1]
@@ -469,7 +552,8 @@ class Tracer:
             return calls.storage_attr(obj, name)
         if self.is_internal(obj) or obj.__class__ in (list, tuple, dict) or \
                 id(obj) in self.external_copies or _method_of_copy(self, obj):
-            return self._static_or_concrete(obj, name, frame, guard=False)
+            return self._static_or_concrete(obj, name, frame,
+                                            guard=self._class_attr_of_copy(obj, name))
         if isinstance(obj, torch.nn.Module):
             return self.module_attr(obj, name, frame)
         if isinstance(obj, types.ModuleType):
@@ -487,6 +571,28 @@ class Tracer:
                 return value
             return self._guarded_getattr(obj, name, lambda: getattr(obj, name))
         return self._static_or_concrete(obj, name, frame, guard=True)
+
+    def _class_attr_of_copy(self, obj, name: str) -> bool:
+        """``obj.name`` on our copy of a caller's list or tuple subclass finds the class's
+        method or constant (not one set on the object, which the copy holds at its source,
+        nor a descriptor reading the copy, a namedtuple's field): guarded as on the caller's
+        object, so a patched ``Seq.total`` is seen."""
+        if self._subclass_copy_source(obj) is None or name in getattr(obj, "__dict__", {}) or \
+                name.startswith("__") and name.endswith("__"):
+            return False
+        try:
+            static = inspect.getattr_static(type(obj), name)
+        except AttributeError:
+            return True   # (its absence, guarded)
+        return isinstance(static, types.FunctionType) or not hasattr(type(static), "__get__")
+
+    def _subclass_copy_source(self, obj):
+        """The caller's expression our copy ``obj`` of a list or tuple subclass stands for."""
+        copied = self.external_copies.get(id(obj))
+        if copied is None or copied[0] is not obj or type(obj) in (list, tuple) or \
+                not isinstance(obj, (list, tuple)):
+            return None
+        return copied[1]
 
     def _guarded_getattr(self, obj, name: str, read):
         """``read()`` = ``obj.name`` of an outside object: guarded by value when present,
@@ -556,7 +662,8 @@ class Tracer:
         g.add("module", f"{c}.{name} is {g.const(fn, 'F')}", f"{cls.__name__}.{name} is the same function")
         if isinstance(inst_dict, dict):
             # an object guarded by type: its own __dict__, read at its source
-            own = f"{o}.__dict__" if id(obj) in self.sourced else g.const(inst_dict, 'ID')
+            own = f"{o}.__dict__" if id(obj) in self.sourced or id(obj) in self.external_copies \
+                else g.const(inst_dict, 'ID')
             g.add("module", f"{name!r} not in {own}", f"{o}.{name} is not overridden on the instance")
 
     def module_attr(self, mod: torch.nn.Module, name: str, frame):
@@ -760,11 +867,102 @@ def _reached_from_arguments(expr: str) -> bool:
     return not expr.startswith("___") or expr.startswith(("___stack", "___dot"))
 
 
-def _is_plain_tuple_subclass(t: type) -> bool:
-    """A tuple subclass whose items are read as a tuple's (a namedtuple, ``class P(tuple)``,
-    a ``torch.return_types`` structseq): ``x[i]`` in a guard runs no user code."""
-    return issubclass(t, tuple) and t is not tuple and t is not torch.Size and \
-        all(getattr(t, m) is getattr(tuple, m) for m in ("__getitem__", "__len__", "__iter__"))
+def _is_copyable_tuple_subclass(t: type) -> bool:
+    """A tuple subclass whose instances a copy stands for: one whose items are read as a
+    tuple's (a namedtuple, ``class P(tuple)``, a ``torch.return_types`` structseq), or a
+    class's own that reads them in Python (its ``__getitem__``, run traced on the copy)
+    but hashes and compares as a tuple, so no dict finds the caller's object by identity;
+    no slots of its own (a copy holds its items and ``__dict__``)."""
+    if not issubclass(t, tuple) or t is tuple or t is torch.Size:
+        return False
+    heap = bool(t.__flags__ & _HEAPTYPE)
+    if heap and not _no_own_slots(t, tuple):
+        return False
+    return _reads_as_tuple(t) or heap and all(
+        getattr(t, m) is getattr(tuple, m) for m in ("__hash__", "__eq__", "__getattribute__"))
+
+
+def _reads_as_tuple(t: type) -> bool:
+    """``x[i]``, ``len(x)`` and iteration of a ``t`` run no user code (in a guard too)."""
+    return all(getattr(t, m) is getattr(tuple, m) for m in ("__getitem__", "__len__", "__iter__"))
+
+
+def _is_copyable_list_subclass(t: type) -> bool:
+    """A list subclass made by a class statement whose instances a copy stands for: no
+    hash (so no dict or set finds it by identity), no slots of its own (a copy holds its
+    items and ``__dict__``), attribute lookup as a list's, not one of torch's own."""
+    return issubclass(t, list) and t is not list and bool(t.__flags__ & _HEAPTYPE) and \
+        t.__hash__ is None and t.__getattribute__ is list.__getattribute__ and \
+        not (t.__module__ or "").startswith(("torch", "tempa")) and _no_own_slots(t, list)
+
+
+def _no_own_slots(t: type, base: type) -> bool:
+    """The classes between ``t`` and ``base`` declare no slots but ``__dict__``/``__weakref__``."""
+    for cls in t.__mro__[:t.__mro__.index(base)]:
+        slots = cls.__dict__.get("__slots__", ())
+        names = {slots} if isinstance(slots, str) else set(slots)
+        if not names <= {"__dict__", "__weakref__"}:
+            return False
+    return True
+
+
+class _Contents(tuple):
+    """A container as capture read it: the object, then its items (a dict's keys, then its
+    values), each nested container a ``_Contents`` of its own."""
+
+
+def _items(value) -> tuple:
+    """A container's items through its base type's own methods (no code of a subclass)."""
+    if isinstance(value, dict):
+        return (*dict.keys(value), *dict.values(value))
+    for base in (list, tuple, set, frozenset):
+        if isinstance(value, base):
+            return tuple(base.__iter__(value))
+    raise TypeError(type(value).__name__)
+
+
+def _is_container(v) -> bool:
+    return isinstance(v, (list, tuple, dict, set, frozenset)) and not is_constant_type(v)
+
+
+def _contents(value, budget: list, within=()) -> _Contents:
+    """``value``'s ``_Contents``, counting the items against ``budget[0]`` (below 0: too
+    many, a deque, whose items this does not read, or a container inside itself)."""
+    items = _items(value)
+    budget[0] -= len(items)
+    if budget[0] < 0 or any(v is value for v in within):
+        budget[0] = -1
+        return _Contents((value,))
+    out = [value]
+    for v in items:
+        if isinstance(v, collections.deque):
+            budget[0] = -1
+        out.append(_contents(v, budget, (*within, value)) if _is_container(v) else v)
+    return _Contents(out)
+
+
+def _nodes(seen: _Contents):
+    yield seen
+    for v in seen[1:]:
+        if type(v) is _Contents:
+            yield from _nodes(v)
+
+
+def same_contents(value, seen: _Contents) -> bool:
+    """Guard helper: ``value`` is the container ``seen`` was read from and holds the same
+    items, nested containers alike; objects by identity, constants by value and type."""
+    if value is not seen[0]:
+        return False
+    items = _items(value)
+    if len(items) != len(seen) - 1:
+        return False
+    for a, b in zip(items, seen[1:]):
+        if type(b) is _Contents:
+            if not same_contents(a, b):
+                return False
+        elif not (a is b or is_constant_type(a) and type(a) is type(b) and a == b):
+            return False
+    return True
 
 
 def iterator_rest(it) -> list:
