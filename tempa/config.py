@@ -60,10 +60,12 @@ class Config:
     # which path runs for a few calls, which tests and profiles of the compiled code see.
     measure_against_eager: bool = False
     # The layout 4-D convolutions run in on CUDA: "channels_last" (NHWC, what cuDNN's bf16
-    # tensor-core kernels want; the ops between convolutions follow) or "eager" (the layouts
-    # eager gives them). What the caller sees keeps eager's layouts either way
-    # (lower/trace.py CONV_LAYOUTS). TEMPA_GPU_CONV_LAYOUT=eager for an A/B measurement.
-    gpu_conv_layout: str = "channels_last"
+    # tensor-core kernels want; the ops between convolutions follow), "eager" (the layouts
+    # eager gives them) or "inference" (channels-last in inference graphs only: measured
+    # faster there and slower in training, backend/entry.py CONV_LAYOUT_OPTIONS). What the
+    # caller sees keeps eager's layouts either way (lower/trace.py CONV_LAYOUTS).
+    # TEMPA_GPU_CONV_LAYOUT=eager for an A/B measurement.
+    gpu_conv_layout: str = "inference"
     # The same choice for the C++ backend: "eager" until channels-last is measured faster
     # there (each CPU convolution site already times contiguous against its traced layout,
     # lower/matmul.py).
