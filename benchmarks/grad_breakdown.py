@@ -32,16 +32,13 @@ import subprocess
 import sys
 
 CHILD = r"""
-import copy, json, os, statistics, sys, time
+import json, sys
 import torch
-import tempa
-sys.path.insert(0, {bench!r})
-from seed_mlp import MLP
+sys.path.insert(0, sys.argv[1])
+from common import interleaved_us
+from seed_mlp import seed_setup
 
-torch.manual_seed(0)
-model, x = MLP(), torch.randn(8, 32)
-eager = copy.deepcopy(model)
-fast = tempa.compile(model)
+model, x, eager, fast = seed_setup()
 fast(x)
 (entry,) = [e for c in fast._tempa_context.caches.values() for e in c.entries]
 args = (x, *entry.captured.attr_tensors)
@@ -61,25 +58,15 @@ class Ctx:
     pass
 
 
-timed = {{
+timed = {
     "eager": (eager, (x,)), "call": (fast, (x,)), "entry": (entry.fn, (model, x)),
     "compiled": (entry.compiled, args), "apply": (apply, args),
     "forward": (fw_call if native else lambda *a: forward(Ctx(), *a), args),
     "fw_call": (fw_call, args),
     "kernel": (kernel, pointers),
     "alloc": (lambda: empty_strided((8, 64), (64, 1), dtype=torch.float32), ()),
-}}
-for fn, a in timed.values():
-    for _ in range(10):
-        fn(*a)
-cpu = {{name: [] for name in timed}}
-for _ in range(7):
-    for name, (fn, a) in timed.items():
-        c0 = time.thread_time()
-        for _ in range(200):
-            fn(*a)
-        cpu[name].append((time.thread_time() - c0) / 200 * 1e6)
-out = {{name: statistics.median(ts) for name, ts in cpu.items()}}
+}
+out, _wall = interleaved_us(timed)
 out["native"] = native
 out["allocator"] = empty_strided.__module__ or ""
 print(json.dumps(out))
@@ -88,8 +75,7 @@ print(json.dumps(out))
 
 def measure() -> dict:
     bench = os.path.dirname(os.path.abspath(__file__))
-    run = subprocess.run([sys.executable, "-c", CHILD.format(bench=bench)], capture_output=True,
-                         text=True)
+    run = subprocess.run([sys.executable, "-c", CHILD, bench], capture_output=True, text=True)
     if run.returncode:
         raise SystemExit(run.stderr.strip().splitlines()[-1:])
     return json.loads(run.stdout.strip().splitlines()[-1])

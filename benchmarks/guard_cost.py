@@ -26,19 +26,19 @@ several guards each).
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
+
+from common import run_trees
 
 CHILD = r"""
-import json, re, statistics, sys, os, time
+import json, re, sys, os
 import torch
 import tempa
-sys.path.insert(0, os.path.join({bench!r}))
-from seed_mlp import MLP
+sys.path.insert(0, sys.argv[1])
+from common import interleaved_us
+from seed_mlp import seed_setup
 
 GUARD_LINE = re.compile(r"^\s+if not \(.*\): return ___MISS$")
 
@@ -59,37 +59,17 @@ def out_of(entry):
     return entry.compiled(x, *entry.captured.attr_tensors)
 
 
-def interleaved_us(timed, calls=200, rounds=7, warmup=10):
-    # every round times each callable once, so a burst of load hits all of them alike
-    for fn, args in timed.values():
-        for _ in range(warmup):
-            fn(*args)
-    wall = {{name: [] for name in timed}}
-    cpu = {{name: [] for name in timed}}
-    for _ in range(rounds):
-        for name, (fn, args) in timed.items():
-            t0, c0 = time.perf_counter(), time.thread_time()
-            for _ in range(calls):
-                fn(*args)
-            cpu[name].append((time.thread_time() - c0) / calls * 1e6)
-            wall[name].append((time.perf_counter() - t0) / calls * 1e6)
-    return ({{name: statistics.median(ts) for name, ts in cpu.items()}},
-            {{name: statistics.median(ts) for name, ts in wall.items()}})
-
-
-torch.manual_seed(0)
-model, x = MLP(), torch.randn(8, 32)
-fast = tempa.compile(model)
-out = {{"tempa": os.path.dirname(os.path.dirname(os.path.abspath(tempa.__file__)))}}
+model, x, _eager, fast = seed_setup()
+out = {"tempa": os.path.dirname(os.path.dirname(os.path.abspath(tempa.__file__)))}
 for mode in ("no_grad", "grad"):
     with (torch.no_grad() if mode == "no_grad" else torch.enable_grad()):
         fast(x)
         caches = fast._tempa_context.caches.values()
         entry = next(e for c in caches for e in c.entries if e.why(model, x) is None)
-        m, wall = interleaved_us({{"call": (fast, (x,)), "entry": (entry.fn, (model, x)),
-                            "stubbed": (stubbed(entry, True), (model, x)),
-                            "unguarded": (stubbed(entry, False), (model, x)),
-                            "compiled": (entry.compiled, (x, *entry.captured.attr_tensors))}})
+        m, wall = interleaved_us({"call": (fast, (x,)), "entry": (entry.fn, (model, x)),
+                                  "stubbed": (stubbed(entry, True), (model, x)),
+                                  "unguarded": (stubbed(entry, False), (model, x)),
+                                  "compiled": (entry.compiled, (x, *entry.captured.attr_tensors))})
         m["call_wall"] = wall["call"]
         m["guards"] = m.pop("stubbed") - m.pop("unguarded")
         m["wrapper"] = m["call"] - m["entry"]
@@ -101,17 +81,6 @@ print(json.dumps(out))
 """
 
 COLUMNS = ("call_wall", "call", "wrapper", "entry", "guards", "compiled", "rest")
-
-
-def measure(tree: str) -> dict:
-    bench = os.path.dirname(os.path.abspath(__file__))
-    with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, PYTHONPATH=os.path.abspath(tree), TEMPA_CACHE_DIR=cache)
-        run = subprocess.run([sys.executable, "-c", CHILD.format(bench=bench)], env=env,
-                             capture_output=True, text=True, cwd=cache)
-    if run.returncode:
-        raise SystemExit(f"{tree}: {run.stderr.strip().splitlines()[-1:]}")
-    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def median_of(runs: list[dict]) -> dict:
@@ -127,11 +96,10 @@ def main(argv: list[str]) -> None:
         i = argv.index("--runs")
         runs, argv = int(argv[i + 1]), argv[:i] + argv[i + 2:]
     trees = argv or ["."]
-    per_tree: dict = {t: [] for t in trees}
-    for _ in range(runs):                  # alternate the trees' processes
-        for t in trees:
-            per_tree[t].append(measure(t))
-    results = [median_of(per_tree[t]) for t in trees]
+    bench = os.path.dirname(os.path.abspath(__file__))
+    # each run from an empty cache: the timed calls come after the first, compiling, one
+    measured = run_trees(trees, CHILD, runs, argv=[bench], cache_per_run=True)
+    results = [median_of(r) for r in measured.results]
     print(f"seed MLP, batch 8, {os.cpu_count()} cores, {runs} runs per tree (alternating), "
           "medians, µs per call")
     print(f"{'tree':28} {'mode':8} " + " ".join(f"{c:>8}" for c in COLUMNS) +

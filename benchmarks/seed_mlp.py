@@ -30,6 +30,18 @@ class MLP(nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
+def seed_setup():
+    """The seed's model and input (seed 0), an eager copy made before tempa sees the model
+    (its timings never see anything tempa installed), and ``tempa.compile`` of the model:
+    (model, x, eager, fast)."""
+    import copy
+    import tempa
+    torch.manual_seed(0)
+    model, x = MLP(), torch.randn(8, 32)
+    eager = copy.deepcopy(model)
+    return model, x, eager, tempa.compile(model)
+
+
 def tempa_compiled(model, x, backend_only=False):
     """tempa.compile when the frontend is there, else the backend on an FX graph of the MLP."""
     try:

@@ -18,15 +18,13 @@ adds torch.compile's speedup, measured once in the last AFTER process, for refer
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from common import run_trees
 
 CHILD = r"""
 import json, os, sys, time, warnings
@@ -41,12 +39,13 @@ torch.set_num_threads(1)
 models.CLOCK = time.thread_time
 warnings.filterwarnings("ignore")
 torch.manual_seed(0)
+rows = []
 for name in names:
     try:
-        row = models.bench_case(name, use_tc, rounds)
+        rows.append(models.bench_case(name, use_tc, rounds))
     except Exception as e:  # a model one tree cannot run is reported, not fatal
-        row = {"name": name, "error": f"{type(e).__name__}: {e}"[:120]}
-    print("ROW " + json.dumps(row), flush=True)
+        rows.append({"name": name, "error": f"{type(e).__name__}: {e}"[:120]})
+print(json.dumps(rows))
 """
 
 
@@ -54,22 +53,6 @@ def zoo_names(after: str) -> list:
     sys.path.insert(0, after)
     from tests.models import zoo
     return [n for n in zoo.ALL if n != "graph_break_seed"]
-
-
-def run_tree(tree: str, after: str, names: list, rounds: int, use_tc: bool) -> dict:
-    env = dict(os.environ, PYTHONPATH=tree, TEMPA_CACHE_DIR=os.path.join(
-        os.environ.get("TMPDIR", "/tmp"), f"tempa-trees-{os.getpid()}", "tempa"))
-    cmd = [sys.executable, "-c", CHILD, tree, os.path.join(after, "benchmarks"), ",".join(names),
-           str(rounds), "1" if use_tc else "0"]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-    rows = {}
-    for line in out.stdout.splitlines():
-        if line.startswith("ROW "):
-            row = json.loads(line[4:])
-            rows[row["name"]] = row
-    if not rows:
-        raise SystemExit(f"{tree}: no results\n{out.stderr[-2000:]}")
-    return rows
 
 
 def main():
@@ -85,23 +68,32 @@ def main():
     names = zoo_names(after)
     if a.only:
         names = [n for n in names if n in a.only.split(",")]
-    load = os.getloadavg()
+    labels = ("before", "after")
+
+    def argv(run, k):
+        use_tc = a.torch_compile and labels[k] == "after" and run == a.runs - 1
+        return [(before, after)[k], os.path.join(after, "benchmarks"), ",".join(names),
+                str(a.rounds), "1" if use_tc else "0"]
+
+    def progress(run, k):
+        print(f"run {run + 1}/{a.runs} {labels[k]} done", file=sys.stderr, flush=True)
+
+    measured = run_trees([before, after], CHILD, a.runs, argv=argv, progress=progress)
     speedups = {"before": {n: [] for n in names}, "after": {n: [] for n in names}}
     errors, tc = {}, {}
-    for i in range(a.runs):
-        for label, tree in (("before", before), ("after", after)):
-            use_tc = a.torch_compile and label == "after" and i == a.runs - 1
-            for name, row in run_tree(tree, after, names, a.rounds, use_tc).items():
+    for label, runs in zip(labels, measured.results):
+        for rows in runs:
+            for row in rows:
+                name = row["name"]
                 if "error" in row:
                     errors[(label, name)] = row["error"]
                     continue
                 speedups[label][name].append(row["eager"] / row["tempa"])
                 if "torch.compile" in row:
                     tc[name] = row["eager"] / row["torch.compile"]
-            print(f"run {i + 1}/{a.runs} {label} done", file=sys.stderr, flush=True)
     print(f"\n{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, 1 thread, CPU time; "
           f"{a.runs} processes per tree, {a.rounds} rounds each; load average at start "
-          f"{load[0]:.2f}, at end {os.getloadavg()[0]:.2f}\nbefore: {before}\nafter:  {after}\n")
+          f"{measured.load_start:.2f}, at end {measured.load_end:.2f}\nbefore: {before}\nafter:  {after}\n")
     print("| model | before: tempa speedup | after: tempa speedup | after / before |"
           + (" torch.compile speedup |" if a.torch_compile else ""))
     print("|---|---|---|---|" + ("---|" if a.torch_compile else ""))

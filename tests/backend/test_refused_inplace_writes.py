@@ -4,11 +4,14 @@ function that returns several views (unbind, split, chunk, split_with_sizes) or 
 made under no_grad. The functionalized trace never met eager's error, so the compiled call
 returned a value; such a graph now runs with ATen calls and raises eager's error. Without
 grad (or through unsafe_split, which allows it) the autograd cases still compile to
-kernels."""
+kernels. The repros the differential harness also runs are imported from its case
+library (tests/differential/cases_sound.py), so each is written once."""
 import pytest
 import torch
 
 import tempa
+from tests.differential.cases_sound import (bool_times_int_inplace, expand_then_inplace,
+                                            expanded_copy_inplace, unbind_row_inplace)
 
 
 @pytest.fixture(autouse=True)
@@ -16,13 +19,6 @@ def _fresh():
     tempa.reset()
     yield
     tempa.reset()
-
-
-def _unbind(t):
-    x = t * 2
-    a, b = x.unbind(0)
-    a.add_(1)
-    return a + b
 
 
 def _split(t):
@@ -33,6 +29,7 @@ def _split(t):
 
 
 def _chunk(t):
+    # cases_sound's chunk_row_inplace writes with mul_; this one through indexing (a copy_)
     x = t * 2
     a, b = torch.chunk(x, 2)
     a[0] = 5.0
@@ -54,12 +51,7 @@ def _no_grad_view(t):
     return w
 
 
-CASES = [_unbind, _split, _chunk, _split_with_sizes, _no_grad_view]
-
-
-def _expand(t):
-    t.expand(4, 3).add_(1)
-    return t
+CASES = [unbind_row_inplace, _split, _chunk, _split_with_sizes, _no_grad_view]
 
 
 def _expand_new_dim(t):
@@ -73,12 +65,13 @@ def _relu_of_broadcast(t):
     return t * 2
 
 
-@pytest.mark.parametrize("fn", [_expand, _expand_new_dim, _relu_of_broadcast],
+@pytest.mark.parametrize("fn", [expand_then_inplace, _expand_new_dim, _relu_of_broadcast],
                          ids=lambda f: f.__name__.strip("_"))
 @pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad_input", "grad_input"])
 def test_write_to_overlapping_memory_raises_eagers_error(fn, requires_grad):
     def make():
-        return (torch.randn(1, 3) if fn is _expand else torch.randn(2, 3)).requires_grad_(requires_grad) * 1
+        t = torch.randn(1, 3) if fn is expand_then_inplace else torch.randn(2, 3)
+        return t.requires_grad_(requires_grad) * 1
     want = _error(fn, make())
     assert want is not None and "single memory location" in want
     compiled = tempa.compile(fn)
@@ -88,13 +81,9 @@ def test_write_to_overlapping_memory_raises_eagers_error(fn, requires_grad):
 
 
 def test_write_to_an_expanded_copy_compiles():
-    def fn(t):
-        y = t.expand(4, 3).clone()
-        y.add_(1)
-        return y
     t = torch.randn(1, 3)
-    compiled = tempa.compile(fn)
-    torch.testing.assert_close(compiled(t), fn(t))
+    compiled = tempa.compile(expanded_copy_inplace)
+    torch.testing.assert_close(compiled(t), expanded_copy_inplace(t))
     assert tempa.entries(compiled)[0].compiled.tempa_info.fallback_reason is None
 
 
@@ -143,7 +132,7 @@ def test_unsafe_split_allows_the_write_and_compiles():
 
 
 @pytest.mark.parametrize("fn, make", [
-    (lambda x: x.mul_(2), lambda: torch.tensor([True, False])),
+    (bool_times_int_inplace, lambda: torch.tensor([True, False])),
     (lambda x: x.int().add_(torch.tensor(1.5)), lambda: torch.tensor([1.0, 2.0])),
     (lambda x: x.long().__itruediv__(2), lambda: torch.tensor([1.0, 2.0])),
 ], ids=["bool_times_int", "int_plus_float_tensor", "int_true_division"])

@@ -26,7 +26,8 @@ _EXTRA = [
     aten.gelu, aten.gelu_backward, aten.silu, aten.silu_backward, aten.sigmoid_backward,
     aten.tanh_backward, aten.hardtanh, aten.hardtanh_backward, aten.leaky_relu,
     aten.leaky_relu_backward, aten.mse_loss, aten.mse_loss_backward, aten.elu, aten.elu_backward,
-    aten.hardsigmoid, aten.hardswish, aten.mish, aten.softplus, aten.softplus_backward,
+    aten.hardsigmoid, aten.hardswish, aten.hardswish_backward,
+    aten.mish, aten.softplus, aten.softplus_backward,
     aten.logsumexp, aten.std, aten.std_mean, aten.addcmul, aten.addcdiv, aten.lerp,
     aten.masked_fill, aten.norm, aten.linalg_vector_norm,
     # composite-explicit ops that commonly reach the dispatcher
@@ -111,6 +112,21 @@ def _foreach_table() -> dict:
     return dec
 
 
+# 1/6 as ATen's hardsigmoid_backward kernels write it, ``scalar_t(1.0f / 6.0f)``: rounded to
+# float32 first, also for float64 (the reference decomposition's 1.0 / 6.0 differs there in
+# the last bits from eager's gradient).
+_ONE_SIXTH_AS_ATEN = float(torch.tensor(1.0 / 6.0, dtype=torch.float32))
+
+
+def _hardsigmoid_backward(grad_output, self):
+    inside = (self > -3.0) & (self < 3.0)
+    return torch.where(inside, grad_output * _ONE_SIXTH_AS_ATEN, 0.0)
+
+
+# Ops decomposed here rather than by torch._decomp's reference, to give eager's bits.
+_OWN = {aten.hardsigmoid_backward.default: _hardsigmoid_backward}
+
+
 @functools.lru_cache(None)
 def table() -> dict:
     dec = _foreach_table()
@@ -119,6 +135,7 @@ def table() -> dict:
             ov = getattr(op, name)
             if ov in decomposition_table:
                 dec[ov] = decomposition_table[ov]
+    dec.update(_OWN)
     for op in _KEEP:
         for name in op.overloads():
             dec.pop(getattr(op, name), None)

@@ -33,6 +33,9 @@ BINARY = {
     aten.bitwise_and.Tensor: "bitwise_and", aten.bitwise_or.Tensor: "bitwise_or",
     aten.bitwise_xor.Tensor: "bitwise_xor", aten.bitwise_and.Scalar: "bitwise_and",
     aten.bitwise_or.Scalar: "bitwise_or", aten.bitwise_xor.Scalar: "bitwise_xor",
+    # the same ops as Python's operators (``a | b``: hardtanh_backward's decomposition)
+    **{getattr(getattr(aten, f"__{name}__"), overload): f"bitwise_{name}"
+       for name in ("and", "or", "xor") for overload in ("Tensor", "Scalar")},
     aten.floor_divide.default: "floordiv", prims.div.default: "div",
 }
 COMPARE = {getattr(getattr(aten, name), overload): name

@@ -607,8 +607,13 @@ class Joint:
 # backward made five passes over the rows, storing an fp32 copy in between, where
 # _log_softmax_backward_data needs one (grad - exp(out) * sum(grad)). Likewise softmax,
 # logsumexp, layer norm (mean and rstd saved), GELU and SiLU (only their input saved).
+# The hard activations are kept whole for a different reason, their kinks: they decompose
+# into clamp, whose gradient passes at the bounds (and at NaN) where eager's own backward
+# passes none (hardtanh_backward is zero at x <= min_val and x >= max_val, so ReLU6 at
+# exactly 0 and 6; hardsigmoid's at x = +-3; hardswish's is 0 at -3 and 1 at 3).
 KEEP_WHOLE_FOR_AUTOGRAD = frozenset({aten._softmax, aten._log_softmax, aten.logsumexp,
-                                     aten.native_layer_norm, aten.gelu, aten.silu})
+                                     aten.native_layer_norm, aten.gelu, aten.silu,
+                                     aten.hardtanh, aten.hardsigmoid, aten.hardswish})
 
 
 def trace_training(gm: fx.GraphModule, inputs: list, decomps: dict, conv_layout: str = "eager") -> Joint:
