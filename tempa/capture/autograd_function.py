@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import types
 
 import torch
 import torch.fx as fx
@@ -288,7 +287,7 @@ def function_op(name: str, forward_gm: fx.GraphModule, backward_gm: fx.GraphModu
     subgraphs. Its name is a hash of what it runs, so a graph that calls it (and a disk
     cache keyed by that graph's code) always means the same computation."""
     key = hashlib.sha256("\n".join((forward_gm.code, backward_gm.code, repr(plan),
-                                    _python_targets(forward_gm), _python_targets(backward_gm))
+                                    regions.python_targets(forward_gm), regions.python_targets(backward_gm))
                                    ).encode()).hexdigest()[:16]
     qualified = f"{_identifier(name)}_{key}"
     if qualified in regions.OPERATIONS:
@@ -335,8 +334,3 @@ def function_op(name: str, forward_gm: fx.GraphModule, backward_gm: fx.GraphModu
 def _identifier(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name)
 
-
-def _python_targets(gm: fx.GraphModule) -> str:
-    """The Python callables a subgraph calls that its code names only by ``__name__``."""
-    return ",".join(f"{id(n.target)}" for n in gm.graph.nodes
-                    if n.op == "call_function" and isinstance(n.target, types.FunctionType))

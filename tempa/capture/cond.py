@@ -96,7 +96,8 @@ def cond_op(true_gm, false_gm, metas: tuple):
     ``pred`` picks; its gradient ``cond_<hash>_backward`` (same arguments, then the output
     gradients) recomputes that branch and differentiates it. Named by a hash of what they
     run, as ``autograd_function.function_op``."""
-    key = hashlib.sha256("\n".join((true_gm.code, false_gm.code, repr(metas))).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\n".join((true_gm.code, false_gm.code, repr(metas), regions.python_targets(true_gm),
+                                    regions.python_targets(false_gm))).encode()).hexdigest()[:16]
     name = f"cond_{key}"
     if name in regions.OPERATIONS:
         return regions.OPERATIONS[name]

@@ -13,7 +13,7 @@ import inspect
 import torch
 import torch.utils.checkpoint as checkpoint_module
 
-from . import func_transforms
+from . import checkpoint, func_transforms
 from .breaks import Unsupported, UserError
 
 
@@ -56,14 +56,14 @@ def runs_as_is(fn) -> bool:
     return is_disabled(fn) or is_autograd_function_apply(fn) or fn in _SWAPS_PARAMETERS
 
 
-# checkpoint's own options: they change what backward recomputes, never a value or gradient
-_CHECKPOINT_OPTIONS = ("preserve_rng_state", "determinism_check", "debug", "early_stop")
+# checkpoint's options that change neither a value nor a gradient (what it checks, logs, or
+# when its recomputation stops)
+_CHECKPOINT_OPTIONS = ("determinism_check", "debug", "early_stop")
 
 
 def _checkpoint(tracer, frame, args, kwargs):
-    """``checkpoint(fn, *args, use_reentrant=False)`` is captured as the call ``fn(*args)``:
-    non-reentrant checkpointing only trades memory for recomputation (with the RNG state
-    restored), so the values and gradients are those of the plain call."""
+    """``checkpoint(fn, *args, use_reentrant=False)``: one operation whose backward
+    recomputes ``fn``'s region (``checkpoint.py``). Reentrant checkpointing runs eagerly."""
     kwargs = dict(kwargs)
     if kwargs.pop("use_reentrant", None) is not False:
         # reentrant checkpointing drops the graph when no input requires grad
@@ -75,10 +75,12 @@ def _checkpoint(tracer, frame, args, kwargs):
                           "context_fn runs eagerly")
     for name in _CHECKPOINT_OPTIONS:
         kwargs.pop(name, None)
-    if not args:
-        raise Unsupported("unsupported call", "torch.utils.checkpoint.checkpoint without a function")
+    preserve_rng_state = kwargs.pop("preserve_rng_state", True)
+    if not args or not isinstance(preserve_rng_state, bool):
+        raise Unsupported("unsupported call", "torch.utils.checkpoint.checkpoint without a "
+                          "function or with a preserve_rng_state that is no bool")
     fn, *fn_args = args
-    return tracer.call(frame, fn, fn_args, kwargs)
+    return checkpoint.call(tracer, frame, fn, fn_args, kwargs, preserve_rng_state)
 
 
 class VmappedOp:

@@ -10,6 +10,7 @@ becomes one node in the capture's graph.
 from __future__ import annotations
 
 import operator
+import types
 
 import torch
 import torch.fx as fx
@@ -99,6 +100,13 @@ def extract(graph: fx.Graph, nodes: list[fx.Node], outputs: list[fx.Node],
                               "outside it")
         graph.erase_node(node)
     return fx.GraphModule(torch.nn.Module(), sub)
+
+
+def python_targets(gm: fx.GraphModule) -> str:
+    """The Python callables a subgraph calls that its code names only by ``__name__`` (part
+    of the name of the operation that runs it)."""
+    return ",".join(f"{id(n.target)}" for n in gm.graph.nodes
+                    if n.op == "call_function" and isinstance(n.target, types.FunctionType))
 
 
 # The operators that run captured subgraphs (autograd_function, cond, custom_ops), in one
