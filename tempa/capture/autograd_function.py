@@ -13,8 +13,10 @@ whose forward is the Function's captured forward and whose gradient is its captu
    derivative of the forward's operations).
 
 Whatever the regions do that one operation cannot show (write a tensor they were given, a
-side effect outside the call, ``mark_dirty``, forward-mode AD, symbolic sizes) is a graph
-break where the Function is called: it then runs eagerly, as today, with the reason said.
+side effect outside the call, ``mark_dirty``, forward-mode AD, a size or number read from
+outside them) is a graph break where the Function is called: it then runs eagerly, as
+today, with the reason said. Symbolic sizes of its tensors are fine: the operation's fake
+kernel runs the forward subgraph on its fake inputs.
 """
 from __future__ import annotations
 
@@ -98,8 +100,6 @@ def apply(tracer, frame, cls, args, kwargs):
     builder = tracer.builder
     if kwargs:
         raise Unsupported("autograd.Function", f"{name}.apply with keyword arguments")
-    if builder.sizes is not None:
-        raise Unsupported("autograd.Function", f"{name}.apply with symbolic sizes runs eagerly")
     grad_on = torch.is_grad_enabled()
     needs = tuple(isinstance(a, TensorVar) and grad_on and a.fake.requires_grad for a in args)
     ctx = tracer.mark_internal(FunctionCtx(needs))
@@ -222,6 +222,8 @@ def _replace_by_operation(tracer, cls, args, out, outs, ctx, grad_vars, grads, f
                      [n for n in backward_reads if n not in forward_set])
     out_nodes = [v.node for v in outs]
     results = out_nodes + [n for n in _dedupe(backward_reads) if n in forward_set and n not in out_nodes]
+    regions.tensor_inputs(inputs, f"{cls.__qualname__}.apply")
+    regions.tensor_inputs(results, f"{cls.__qualname__}.backward")
     backward_gm = regions.extract(graph, backward_nodes, grad_nodes, slots + backward_reads)
     for slot in reversed(slots):
         graph.erase_node(slot)
@@ -234,8 +236,7 @@ def _replace_by_operation(tracer, cls, args, out, outs, ctx, grad_vars, grads, f
     grad_targets = [position[a.node] if g is not None else None for a, g in zip(args, grads)]
     op = function_op(cls.__name__, forward_gm, backward_gm, FunctionPlan(
         n_outputs=len(outs), n_inputs=len(inputs), reads=tuple(reads),
-        grad_targets=tuple(grad_targets), once_differentiable=once,
-        result_metas=tuple(_meta_of(n.meta["example_value"]) for n in results)))
+        grad_targets=tuple(grad_targets), once_differentiable=once))
     input_vars = [_var_of(n, args) for n in inputs]
     new = builder.call("call_function", op, (input_vars,), {})
     non_diff = {id(v) for v in ctx.non_differentiable}
@@ -259,21 +260,15 @@ def _var_of(node, args):
     return TensorVar(node, node.meta["example_value"])
 
 
-def _meta_of(fake) -> tuple:
-    return tuple(fake.shape), tuple(fake.stride()), fake.dtype, fake.device
-
-
 class FunctionPlan:
     """How a ``tempa_fn`` operation wires its subgraphs (all plain data, part of its name)."""
 
-    def __init__(self, *, n_outputs, n_inputs, reads, grad_targets, once_differentiable,
-                 result_metas):
+    def __init__(self, *, n_outputs, n_inputs, reads, grad_targets, once_differentiable):
         self.n_outputs = n_outputs               # forward's own tensors, first in the results
         self.n_inputs = n_inputs
         self.reads = reads                       # backward's inputs after the gradients
         self.grad_targets = grad_targets         # per tensor argument: its input index or None
         self.once_differentiable = once_differentiable
-        self.result_metas = result_metas         # (shape, stride, dtype, device) per result
 
     def __repr__(self):
         return repr(sorted(vars(self).items()))
@@ -299,8 +294,7 @@ def function_op(name: str, forward_gm: fx.GraphModule, backward_gm: fx.GraphModu
         return list(forward_gm(*inputs))
 
     def fake(inputs):
-        return [torch.empty_strided(shape, stride, dtype=dtype, device=device)
-                for shape, stride, dtype, device in plan.result_metas]
+        return regions.fake_results(forward_gm, inputs)
 
     def setup_context(ctx, inputs, output):
         (tensors,) = inputs

@@ -14,7 +14,8 @@ two operations whole, so the memory saving holds whatever compiles the graph.
 Where eager keeps no activation anyway (grad mode off, no input requiring grad) the region
 stays inlined: that is the plain call eager computes. It also stays the plain call where one
 operation cannot stand for it (it returns an input or a view of one, or a nested structure;
-symbolic sizes; autocast, whose state the recomputation would have to restore): the same
+it reads a size or number from outside; autocast, whose state the recomputation would have
+to restore): the same
 values and gradients without the saving, said on the ``graphs`` log. A region that writes a
 tensor it was given or changes state outside the call is a graph break (eager's recomputation
 does that a second time, in the backward): checkpoint then runs eagerly.
@@ -60,9 +61,8 @@ def call(tracer, frame, fn, args: list, kwargs: dict, preserve_rng_state: bool):
         return out                      # nothing to differentiate: nothing is kept
     outs = list(dict.fromkeys(regions.tensor_nodes(out)))
     sub = regions.extract(builder.graph, nodes, outs, inputs)
-    metas = tuple(_meta_of(n.meta["example_value"]) for n in outs)
     devices = _cuda_devices(n.meta["example_value"] for n in inputs) if preserve_rng_state else None
-    op = checkpoint_op(sub, metas, devices)
+    op = checkpoint_op(sub, len(outs), devices)
     results = builder.call("call_function", op,
                            ([TensorVar(n, n.meta["example_value"]) for n in inputs],), {})
     replaced = {}
@@ -75,8 +75,6 @@ def call(tracer, frame, fn, args: list, kwargs: dict, preserve_rng_state: bool):
 
 def _why_plain_call(builder, out, nodes, inputs) -> str | None:
     """Why one operation cannot stand for the region, or None."""
-    if builder.sizes is not None:
-        return "symbolic sizes"
     if any(torch.is_autocast_enabled(device) for device in ("cpu", "cuda")):
         return "autocast is on (its state is not restored for the recomputation)"
     if not all(isinstance(n.meta.get("example_value"), (torch.Tensor, MetaInfo)) for n in inputs):
@@ -105,10 +103,6 @@ def _rebuilt(out, replaced: dict):
     if isinstance(out, TensorVar):
         return replaced[out.node]
     return type(out)(replaced[v.node] if isinstance(v, TensorVar) else v for v in out)
-
-
-def _meta_of(fake) -> tuple:
-    return tuple(fake.shape), tuple(fake.stride()), fake.dtype, fake.device
 
 
 def _cuda_devices(fakes) -> tuple:
@@ -141,13 +135,13 @@ def _autograd_dispatch():
     return scope()
 
 
-def checkpoint_op(sub: fx.GraphModule, metas: tuple, devices):
+def checkpoint_op(sub: fx.GraphModule, n_out: int, devices):
     """``tempa_fn::checkpoint_<hash>(Tensor[] inputs) -> Tensor[]``: the region's outputs,
     then (``devices`` not None: preserve_rng_state) the generator states from before it
     ran. Its gradient is ``checkpoint_<hash>_backward(inputs, rng_states, grads, wanted)``,
     which recomputes the region and differentiates it for the inputs ``wanted`` says. Named
     by a hash of what they run, as ``autograd_function.function_op``."""
-    key = hashlib.sha256("\n".join((sub.code, regions.python_targets(sub), repr(metas),
+    key = hashlib.sha256("\n".join((sub.code, regions.python_targets(sub), repr(n_out),
                                     repr(devices))).encode()).hexdigest()[:16]
     name = f"checkpoint_{key}"
     if name in regions.OPERATIONS:
@@ -156,7 +150,6 @@ def checkpoint_op(sub: fx.GraphModule, metas: tuple, devices):
     library.define(f"{name}(Tensor[] inputs) -> Tensor[]")
     library.define(f"{name}_backward(Tensor[] inputs, Tensor[] rng_states, Tensor[] grads, "
                    "bool[] wanted) -> Tensor[]")
-    n_out = len(metas)
     state_sizes = [s.numel() for s in _rng_states(devices)] if devices is not None else []
 
     def forward(inputs):
@@ -164,8 +157,7 @@ def checkpoint_op(sub: fx.GraphModule, metas: tuple, devices):
         return [*sub(*inputs), *states]
 
     def fake(inputs):
-        return [*(torch.empty_strided(shape, stride, dtype=dtype, device=device)
-                  for shape, stride, dtype, device in metas),
+        return [*regions.fake_results(sub, inputs),
                 *(torch.empty(n, dtype=torch.uint8) for n in state_sizes)]
 
     def gradients(inputs, states, grads, wanted, create_graph: bool):
@@ -194,12 +186,13 @@ def checkpoint_op(sub: fx.GraphModule, metas: tuple, devices):
         (tensors,) = inputs
         ctx.save_for_backward(*tensors, *output[n_out:])
         ctx.wanted = [t.requires_grad for t in tensors]
+        ctx.output_metas = [(o.shape, o.dtype, o.device) for o in output[:n_out]]
 
     def backward(ctx, grads):
         saved = ctx.saved_tensors
         inputs, states = saved[:len(ctx.wanted)], saved[len(ctx.wanted):]
         grads = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g
-                 for g, (shape, _, dtype, device) in zip(grads[:n_out], metas)]
+                 for g, (shape, dtype, device) in zip(grads[:n_out], ctx.output_metas)]
         if torch.is_grad_enabled():     # create_graph=True: the gradient has history
             computed = gradients(inputs, states, grads, ctx.wanted, create_graph=True)
         else:

@@ -17,7 +17,7 @@ there (nothing of the first node is kept for it). A tensor written in place betw
 (eager's vjp_fn reads the values of the vjp call) is a graph break at that call.
 
 A ``func`` that writes a tensor it was given, changes outside state, returns something other
-than tensors, or a capture with symbolic sizes is a graph break at the call, named.
+than tensors, or reads a size or number from outside is a graph break at the call, named.
 """
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def call(tracer, frame, fn: TransformedFunction, args, kwargs):
     dims = _in_dims(fn.options.get("in_dims", 0), len(args)) if batched else [None] * len(args)
     region = _capture(tracer, frame, fn.func, args, dims, batched, name)
     outs = _flat_outputs(region.out, name)
-    sub = region.extract(tracer.builder, outs)
+    sub = region.extract(tracer.builder, outs, name)
     runner = _runner(fn, sub, region.transformed, region.out, outs)
     result = tracer.builder.call("call_function", runner, (*args, *region.free), {})
     return _checked(result, name)
@@ -95,15 +95,15 @@ class _Captured:
         self.slot_nodes, self.transformed = slot_nodes, transformed
         self.free: list[TensorVar] = []
 
-    def extract(self, builder, outs: list[TensorVar]) -> fx.GraphModule:
+    def extract(self, builder, outs: list[TensorVar], name: str) -> fx.GraphModule:
         """The subgraph ``(*stand-ins, *free) -> outs``; ``free`` the outside tensors it
         reads, as TensorVars of the capture's graph."""
-        inputs = self.slot_nodes + [n for n in regions.free_inputs(self.nodes)
-                                    if n not in self.slot_nodes]
-        sub = regions.extract(builder.graph, self.nodes, [v.node for v in outs], inputs)
+        free = [n for n in regions.free_inputs(self.nodes) if n not in self.slot_nodes]
+        self.free = regions.tensor_inputs(free, f"the function of torch.func.{name}")
+        sub = regions.extract(builder.graph, self.nodes, [v.node for v in outs],
+                              self.slot_nodes + free)
         for node in reversed(self.slot_nodes):
             builder.graph.erase_node(node)
-        self.free = [TensorVar(n, n.meta["example_value"]) for n in inputs[len(self.slot_nodes):]]
         return sub
 
 
@@ -111,8 +111,6 @@ def _capture(tracer, frame, func, args, dims, batched: bool, name: str) -> _Capt
     """Inline ``func`` on stand-ins of ``args`` (the transform's view of them) as a region
     one node can run: no outside state changed, no tensor it was given written."""
     builder = tracer.builder
-    if builder.sizes is not None:
-        raise Unsupported("unsupported call", f"torch.func.{name} with symbolic sizes runs eagerly")
     if any(isinstance(a, (list, tuple, dict)) and contains_tensor(a) for a in args):
         raise Unsupported("unsupported call", f"torch.func.{name} of tensors in containers")
     slots = [_slot(builder, a, d, batched) for a, d in zip(args, dims)]
@@ -252,7 +250,7 @@ def vjp(tracer, frame, args, kwargs):
     outs = _flat_outputs(output, "vjp")
     aux_outs = _flat_outputs(aux, "vjp") if aux is not None else []
     builder = tracer.builder
-    sub = region.extract(builder, outs + aux_outs)
+    sub = region.extract(builder, outs + aux_outs, "vjp")
     values = _as_list(builder.call("call_function", _subgraph_runner(sub),
                                    (*primals, *region.free), {}))
     vjp_fn = tracer.mark_internal(VjpFunction(sub, primals, region.free, output,
@@ -320,7 +318,7 @@ def jvp(tracer, frame, args, kwargs):
     outs = _flat_outputs(output, "jvp")
     aux_outs = _flat_outputs(aux, "jvp") if aux is not None else []
     builder = tracer.builder
-    sub = region.extract(builder, outs + aux_outs)
+    sub = region.extract(builder, outs + aux_outs, "jvp")
     runner = _jvp_runner(sub, len(primals), len(outs), isinstance(output, TensorVar),
                          isinstance(aux, TensorVar) if aux is not None else None, strict)
     values = _as_list(builder.call("call_function", runner,

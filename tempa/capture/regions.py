@@ -17,6 +17,7 @@ import torch.fx as fx
 
 from .breaks import Unsupported
 from .graph import _mutates_arguments, _name
+from .metainfo import MetaInfo
 from .values import TensorVar
 
 
@@ -100,6 +101,30 @@ def extract(graph: fx.Graph, nodes: list[fx.Node], outputs: list[fx.Node],
                               "outside it")
         graph.erase_node(node)
     return fx.GraphModule(torch.nn.Module(), sub)
+
+
+def tensor_inputs(inputs: list[fx.Node], what: str) -> list[TensorVar]:
+    """The subgraph's inputs as TensorVars of the capture's graph: an operation takes tensors
+    only, so a size or number it reads from outside (a symbolic size) is a graph break."""
+    if not all(isinstance(n.meta.get("example_value"), (torch.Tensor, MetaInfo)) for n in inputs):
+        raise Unsupported("unsupported call", f"{what} reads a size or number computed outside it")
+    return [TensorVar(n, n.meta["example_value"]) for n in inputs]
+
+
+def fake_results(gm: fx.GraphModule, inputs) -> list:
+    """The fake-tensor kernel of an operation running ``gm``: ``gm`` itself on the fake
+    inputs, so the results' sizes are those of these inputs (symbolic ones too) and their
+    strides those the real kernel gives. A result that is an input, or a view of one, is a
+    copy of it, as the real kernel's result is for the caller (an operation's results are new
+    tensors)."""
+    return [_fresh(r, inputs) for r in gm(*inputs)]
+
+
+def _fresh(result, inputs):
+    storage = result.untyped_storage()
+    if any(storage._cdata == x.untyped_storage()._cdata for x in inputs):
+        return result.clone()
+    return result
 
 
 def python_targets(gm: fx.GraphModule) -> str:
