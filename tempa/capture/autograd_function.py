@@ -34,14 +34,6 @@ from .values import TensorVar
 
 _ONCE_DIFFERENTIABLE_CODE = once_differentiable(lambda ctx: None).__code__
 
-# Tensor methods and functions whose result shares its argument's storage: a Function
-# returning one of an input is a view of it in eager, which one operation cannot hand back.
-_VIEWS = {"view", "view_as", "reshape", "reshape_as", "transpose", "t", "permute", "narrow",
-          "expand", "expand_as", "select", "squeeze", "unsqueeze", "flatten", "unflatten",
-          "unbind", "split", "chunk", "as_strided", "detach", "diagonal", "movedim", "real",
-          "imag", "__getitem__", "getitem", "contiguous", "unfold", "swapaxes", "mT", "T"}
-
-
 class FunctionCtx:
     """Capture's ``ctx`` of a user autograd Function: what its forward saves and marks (the
     tensors are TensorVars of the forward region). Its methods are called as they are
@@ -179,17 +171,9 @@ def _check_outputs(outs, forward_nodes, name) -> None:
     one, is an alias of the caller's tensor in eager."""
     inside = set(forward_nodes)
     for v in outs:
-        node = v.node
-        while node in inside and _is_view(node):
-            node = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
-        if node is None or node not in inside:
+        if regions.view_root(v.node, inside) is None:
             raise Unsupported("autograd.Function", f"{name}.forward returns one of its inputs "
                               "or a view of one")
-
-
-def _is_view(node: fx.Node) -> bool:
-    target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-    return target in _VIEWS
 
 
 def _gradient_vars(grads, args, name) -> list:
@@ -282,8 +266,8 @@ def function_op(name: str, forward_gm: fx.GraphModule, backward_gm: fx.GraphModu
     subgraphs. Its name is a hash of what it runs, so a graph that calls it (and a disk
     cache keyed by that graph's code) always means the same computation."""
     key = hashlib.sha256("\n".join((forward_gm.code, backward_gm.code, repr(plan),
-                                    regions.python_targets(forward_gm), regions.python_targets(backward_gm))
-                                   ).encode()).hexdigest()[:16]
+                                    regions.python_targets(forward_gm),
+                                    regions.python_targets(backward_gm))).encode()).hexdigest()[:16]
     qualified = f"{_identifier(name)}_{key}"
     if qualified in regions.OPERATIONS:
         return regions.OPERATIONS[qualified]

@@ -29,8 +29,6 @@ import torch
 import torch.fx as fx
 
 from . import regions
-from .breaks import Unsupported
-from .autograd_function import _is_view
 from .metainfo import MetaInfo
 from .values import TensorVar
 from .. import logs
@@ -52,7 +50,7 @@ def call(tracer, frame, fn, args: list, kwargs: dict, preserve_rng_state: bool):
     regions.refuse_side_effects(tracer, writes, what)
     regions.refuse_outside_writes(nodes, what)
     inputs = regions.free_inputs(nodes)
-    why_plain = _why_plain_call(builder, out, nodes, inputs)
+    why_plain = _why_plain_call(out, nodes, inputs)
     if why_plain is not None:
         _log.info("tempa: torch.utils.checkpoint.checkpoint of %s is captured as the plain "
                   "call (its activations are kept): %s", getattr(fn, "__qualname__", fn), why_plain)
@@ -73,30 +71,22 @@ def call(tracer, frame, fn, args: list, kwargs: dict, preserve_rng_state: bool):
     return _rebuilt(out, replaced)
 
 
-def _why_plain_call(builder, out, nodes, inputs) -> str | None:
+def _why_plain_call(out, nodes, inputs) -> str | None:
     """Why one operation cannot stand for the region, or None."""
     if any(torch.is_autocast_enabled(device) for device in ("cpu", "cuda")):
         return "autocast is on (its state is not restored for the recomputation)"
     if not all(isinstance(n.meta.get("example_value"), (torch.Tensor, MetaInfo)) for n in inputs):
         return "it reads a captured number"
-    items = [out] if isinstance(out, TensorVar) else out if isinstance(out, (tuple, list)) else None
+    items = [out] if isinstance(out, TensorVar) else out if type(out) in (tuple, list) else None
     if items is None or any(isinstance(v, (tuple, list, dict)) for v in items):
         return "it returns something other than a tensor or a flat tuple or list"
     if not regions.tensor_nodes(out):
         return "it returns no tensor"
-    roots = [_view_root(v.node, set(nodes)) for v in items if isinstance(v, TensorVar)]
+    roots = [regions.view_root(v.node, set(nodes)) for v in items if isinstance(v, TensorVar)]
     if None in roots or len(set(roots)) != len(set(regions.tensor_nodes(out))):
         return "it returns one of its inputs, a view of one, or views of one tensor (eager " \
                "returns those aliases)"
     return None
-
-
-def _view_root(node: fx.Node, inside: set):
-    """The region's node whose memory ``node`` views (itself if it is no view); None where
-    that is outside the region (an input)."""
-    while node in inside and _is_view(node):
-        node = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
-    return node if node in inside else None
 
 
 def _rebuilt(out, replaced: dict):
@@ -129,12 +119,6 @@ def _generators_as(states, devices):
         yield
 
 
-def _autograd_dispatch():
-    """A dispatch-key scope where autograd runs again (an operation's kernel runs below it)."""
-    from .cond import _autograd_dispatch as scope
-    return scope()
-
-
 def checkpoint_op(sub: fx.GraphModule, n_out: int, devices):
     """``tempa_fn::checkpoint_<hash>(Tensor[] inputs) -> Tensor[]``: the region's outputs,
     then (``devices`` not None: preserve_rng_state) the generator states from before it
@@ -164,7 +148,7 @@ def checkpoint_op(sub: fx.GraphModule, n_out: int, devices):
         """The recomputed region's gradients for the ``wanted`` inputs. ``create_graph``: a
         double backward, differentiating through the real inputs (their history kept);
         else detached copies below the autograd keys (an operation's kernel)."""
-        scope = contextlib.nullcontext() if create_graph else _autograd_dispatch()
+        scope = contextlib.nullcontext() if create_graph else regions.autograd_dispatch()
         with scope, _generators_as(states, devices), torch.enable_grad():
             leaves = list(inputs) if create_graph else \
                 [x.detach().requires_grad_(w) for x, w in zip(inputs, wanted)]

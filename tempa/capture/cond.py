@@ -119,7 +119,7 @@ def cond_op(true_gm, false_gm):
     def backward_impl(pred, inputs, grads):
         # an operation's kernel runs below the autograd keys: the recomputation turns them
         # back on, so autograd records the picked branch and differentiates it
-        with _autograd_dispatch(), torch.enable_grad():
+        with regions.autograd_dispatch(), torch.enable_grad():
             leaves = [x.detach().requires_grad_(_differentiable(x)) for x in inputs]
             outs = branch(pred)(*leaves)
             pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
@@ -153,17 +153,6 @@ def cond_op(true_gm, false_gm):
     op = getattr(torch.ops.tempa_fn, name).default
     regions.OPERATIONS[name] = op
     return op
-
-
-_AUTOGRAD_KEYS = (torch._C.DispatchKey.ADInplaceOrView, torch._C.DispatchKey.AutogradFunctionality)
-
-
-def _autograd_dispatch():
-    """A dispatch-key scope where autograd runs again (the kernel's caller excluded it)."""
-    exclude = torch._C._dispatch_tls_local_exclude_set()
-    for key in _AUTOGRAD_KEYS:
-        exclude = exclude.remove(key)
-    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
 
 
 def _differentiable(t) -> bool:

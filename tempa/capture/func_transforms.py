@@ -343,7 +343,8 @@ def _jvp_runner(sub, n_primals: int, n_outputs: int, single: bool, single_aux, s
             return out, aux[0] if single_aux else tuple(aux)
         found = torch.func.jvp(inner, primals, tangents, strict=strict,
                                has_aux=single_aux is not None)
-        return tuple(t for part in found for t in ((part,) if isinstance(part, torch.Tensor) else part))
+        return tuple(t for part in found
+                     for t in ((part,) if isinstance(part, torch.Tensor) else part))
     return run_jvp
 
 

@@ -127,6 +127,39 @@ def _fresh(result, inputs):
     return result
 
 
+# Tensor methods and functions whose result shares its argument's storage: a region
+# returning one of an input is a view of it in eager, which one operation cannot hand back.
+_VIEWS = {"view", "view_as", "reshape", "reshape_as", "transpose", "t", "permute", "narrow",
+          "expand", "expand_as", "select", "squeeze", "unsqueeze", "flatten", "unflatten",
+          "unbind", "split", "chunk", "as_strided", "detach", "diagonal", "movedim", "real",
+          "imag", "__getitem__", "getitem", "contiguous", "unfold", "swapaxes", "mT", "T"}
+
+
+def view_root(node: fx.Node, inside: set):
+    """The node of ``inside`` (a region's nodes) whose memory ``node`` views, ``node``
+    itself if it is no view; None where that memory is outside the region (an input)."""
+    while node in inside and _is_view(node):
+        node = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+    return node if node in inside else None
+
+
+def _is_view(node: fx.Node) -> bool:
+    target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return target in _VIEWS
+
+
+_AUTOGRAD_KEYS = (torch._C.DispatchKey.ADInplaceOrView, torch._C.DispatchKey.AutogradFunctionality)
+
+
+def autograd_dispatch():
+    """A dispatch-key scope where autograd runs again: an operation's kernel runs below the
+    autograd keys, and a kernel that recomputes a subgraph to differentiate it needs them."""
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for key in _AUTOGRAD_KEYS:
+        exclude = exclude.remove(key)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
+
+
 def python_targets(gm: fx.GraphModule) -> str:
     """The Python callables a subgraph calls that its code names only by ``__name__`` (part
     of the name of the operation that runs it)."""

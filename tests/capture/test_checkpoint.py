@@ -240,3 +240,19 @@ def test_reentrant_checkpoint_matches_eager():
     x = torch.randn(3, 4, dtype=torch.float64)
     _assert_matches_eager(tempa.compile(f), f, x, _params())
     assert tempa.stats().graph_breaks == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", ["eager", "tempa"])
+def test_dropout_inside_checkpoint_on_cuda_recomputes_the_forwards_mask(backend):
+    """The CUDA generator of the region's inputs is kept and restored too."""
+    lin = torch.nn.Linear(4, 32).cuda()
+
+    def f(x):
+        return checkpoint(lambda t: F.dropout(lin(t), 0.5, training=True).tanh(), x,
+                          use_reentrant=False).sum()
+
+    x = torch.randn(3, 4, device="cuda")
+    fast = tempa.compile(f, backend=backend, fullgraph=True)
+    _assert_matches_eager(fast, f, x, list(lin.parameters()), seed=7)
+    assert _counts() == (1, 0, 0)

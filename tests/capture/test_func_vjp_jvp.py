@@ -138,7 +138,7 @@ def test_autograd_functional_runs_eagerly_by_name(name):
     fast = tempa.compile(f)
     for _ in range(2):
         torch.testing.assert_close(fast(x), f(x))
-    assert _counts() == (2, 1, 0)   # the part before and the resume after (torch.compile: one break)
+    assert _counts() == (2, 1, 0)   # before and after the call (torch.compile: one break too)
     reasons = [r.reason for r in tempa.explain(f)(x).break_reasons]
     assert reasons == [f"torch.autograd.functional.{name} runs the autograd engine: it runs "
                        f"eagerly (torch.func.{_CAPTURED[name]} is captured)"]
