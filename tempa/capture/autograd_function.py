@@ -13,14 +13,15 @@ whose forward is the Function's captured forward and whose gradient is its captu
    derivative of the forward's operations).
 
 Whatever the regions do that one operation cannot show (write a tensor they were given, a
-side effect outside the call, ``mark_dirty``, forward-mode AD, symbolic sizes) is a graph
-break where the Function is called: it then runs eagerly, as today, with the reason said.
+side effect outside the call, ``mark_dirty``, forward-mode AD, a size or number read from
+outside them) is a graph break where the Function is called: it then runs eagerly, as
+today, with the reason said. Symbolic sizes of its tensors are fine: the operation's fake
+kernel runs the forward subgraph on its fake inputs.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import types
 
 import torch
 import torch.fx as fx
@@ -32,14 +33,6 @@ from .metainfo import MetaInfo
 from .values import TensorVar
 
 _ONCE_DIFFERENTIABLE_CODE = once_differentiable(lambda ctx: None).__code__
-
-# Tensor methods and functions whose result shares its argument's storage: a Function
-# returning one of an input is a view of it in eager, which one operation cannot hand back.
-_VIEWS = {"view", "view_as", "reshape", "reshape_as", "transpose", "t", "permute", "narrow",
-          "expand", "expand_as", "select", "squeeze", "unsqueeze", "flatten", "unflatten",
-          "unbind", "split", "chunk", "as_strided", "detach", "diagonal", "movedim", "real",
-          "imag", "__getitem__", "getitem", "contiguous", "unfold", "swapaxes", "mT", "T"}
-
 
 class FunctionCtx:
     """Capture's ``ctx`` of a user autograd Function: what its forward saves and marks (the
@@ -99,8 +92,6 @@ def apply(tracer, frame, cls, args, kwargs):
     builder = tracer.builder
     if kwargs:
         raise Unsupported("autograd.Function", f"{name}.apply with keyword arguments")
-    if builder.sizes is not None:
-        raise Unsupported("autograd.Function", f"{name}.apply with symbolic sizes runs eagerly")
     grad_on = torch.is_grad_enabled()
     needs = tuple(isinstance(a, TensorVar) and grad_on and a.fake.requires_grad for a in args)
     ctx = tracer.mark_internal(FunctionCtx(needs))
@@ -180,17 +171,9 @@ def _check_outputs(outs, forward_nodes, name) -> None:
     one, is an alias of the caller's tensor in eager."""
     inside = set(forward_nodes)
     for v in outs:
-        node = v.node
-        while node in inside and _is_view(node):
-            node = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
-        if node is None or node not in inside:
+        if regions.view_root(v.node, inside) is None:
             raise Unsupported("autograd.Function", f"{name}.forward returns one of its inputs "
                               "or a view of one")
-
-
-def _is_view(node: fx.Node) -> bool:
-    target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-    return target in _VIEWS
 
 
 def _gradient_vars(grads, args, name) -> list:
@@ -223,6 +206,8 @@ def _replace_by_operation(tracer, cls, args, out, outs, ctx, grad_vars, grads, f
                      [n for n in backward_reads if n not in forward_set])
     out_nodes = [v.node for v in outs]
     results = out_nodes + [n for n in _dedupe(backward_reads) if n in forward_set and n not in out_nodes]
+    regions.tensor_inputs(inputs, f"{cls.__qualname__}.apply")
+    regions.tensor_inputs(results, f"{cls.__qualname__}.backward")
     backward_gm = regions.extract(graph, backward_nodes, grad_nodes, slots + backward_reads)
     for slot in reversed(slots):
         graph.erase_node(slot)
@@ -235,8 +220,7 @@ def _replace_by_operation(tracer, cls, args, out, outs, ctx, grad_vars, grads, f
     grad_targets = [position[a.node] if g is not None else None for a, g in zip(args, grads)]
     op = function_op(cls.__name__, forward_gm, backward_gm, FunctionPlan(
         n_outputs=len(outs), n_inputs=len(inputs), reads=tuple(reads),
-        grad_targets=tuple(grad_targets), once_differentiable=once,
-        result_metas=tuple(_meta_of(n.meta["example_value"]) for n in results)))
+        grad_targets=tuple(grad_targets), once_differentiable=once))
     input_vars = [_var_of(n, args) for n in inputs]
     new = builder.call("call_function", op, (input_vars,), {})
     non_diff = {id(v) for v in ctx.non_differentiable}
@@ -260,21 +244,15 @@ def _var_of(node, args):
     return TensorVar(node, node.meta["example_value"])
 
 
-def _meta_of(fake) -> tuple:
-    return tuple(fake.shape), tuple(fake.stride()), fake.dtype, fake.device
-
-
 class FunctionPlan:
     """How a ``tempa_fn`` operation wires its subgraphs (all plain data, part of its name)."""
 
-    def __init__(self, *, n_outputs, n_inputs, reads, grad_targets, once_differentiable,
-                 result_metas):
+    def __init__(self, *, n_outputs, n_inputs, reads, grad_targets, once_differentiable):
         self.n_outputs = n_outputs               # forward's own tensors, first in the results
         self.n_inputs = n_inputs
         self.reads = reads                       # backward's inputs after the gradients
         self.grad_targets = grad_targets         # per tensor argument: its input index or None
         self.once_differentiable = once_differentiable
-        self.result_metas = result_metas         # (shape, stride, dtype, device) per result
 
     def __repr__(self):
         return repr(sorted(vars(self).items()))
@@ -288,8 +266,8 @@ def function_op(name: str, forward_gm: fx.GraphModule, backward_gm: fx.GraphModu
     subgraphs. Its name is a hash of what it runs, so a graph that calls it (and a disk
     cache keyed by that graph's code) always means the same computation."""
     key = hashlib.sha256("\n".join((forward_gm.code, backward_gm.code, repr(plan),
-                                    _python_targets(forward_gm), _python_targets(backward_gm))
-                                   ).encode()).hexdigest()[:16]
+                                    regions.python_targets(forward_gm),
+                                    regions.python_targets(backward_gm))).encode()).hexdigest()[:16]
     qualified = f"{_identifier(name)}_{key}"
     if qualified in regions.OPERATIONS:
         return regions.OPERATIONS[qualified]
@@ -300,8 +278,7 @@ def function_op(name: str, forward_gm: fx.GraphModule, backward_gm: fx.GraphModu
         return list(forward_gm(*inputs))
 
     def fake(inputs):
-        return [torch.empty_strided(shape, stride, dtype=dtype, device=device)
-                for shape, stride, dtype, device in plan.result_metas]
+        return regions.fake_results(forward_gm, inputs)
 
     def setup_context(ctx, inputs, output):
         (tensors,) = inputs
@@ -335,8 +312,3 @@ def function_op(name: str, forward_gm: fx.GraphModule, backward_gm: fx.GraphModu
 def _identifier(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name)
 
-
-def _python_targets(gm: fx.GraphModule) -> str:
-    """The Python callables a subgraph calls that its code names only by ``__name__``."""
-    return ",".join(f"{id(n.target)}" for n in gm.graph.nodes
-                    if n.op == "call_function" and isinstance(n.target, types.FunctionType))

@@ -96,6 +96,8 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
         return tracer.builder.call("call_function", fn.vmapped, tuple(args), kwargs)
     if type(fn) is func_transforms.TransformedFunction:
         return func_transforms.call(tracer, frame, fn, args, kwargs)
+    if type(fn) is func_transforms.VjpFunction:
+        return func_transforms.call_vjp(tracer, frame, fn, args, kwargs)
     if numpy_values.is_numpy_callable(fn):
         return numpy_values.call_numpy(tracer, fn, args, kwargs)
     if numpy_values.holds_array((args, kwargs)):
@@ -354,4 +356,5 @@ _SPECIAL.update(higher_order.MODELS)
 _SPECIAL.update(autograd_function.MODELS)
 _SPECIAL[torch.cond] = cond.cond
 _SPECIAL.update({t: func_transforms.model(t) for t in func_transforms.TRANSFORMS})
+_SPECIAL.update(func_transforms.MODELS)
 _SPECIAL[torch.vmap] = higher_order.vmap_model(is_torch_op)

@@ -8,8 +8,10 @@ Its gradient is a second operation that recomputes the picked branch and differe
 it, so no backend ever sees the choice as Python it could bake in.
 
 What one operation cannot show (a branch writing a tensor it was given, a side effect
-outside the call, branches returning tensors of other shapes or types, symbolic sizes) is
-a graph break at the call, with the reason.
+outside the call, branches returning tensors of other shapes or types, a size or number
+read from outside the branches) is a graph break at the call, with the reason. Symbolic
+sizes of the operands are fine: the operation's fake kernel runs the branch on its fake
+inputs, so its results have their sizes.
 """
 from __future__ import annotations
 
@@ -42,8 +44,6 @@ def cond(tracer, frame, args, kwargs):
 
 def _tensor_cond(tracer, frame, pred, true_fn, false_fn, operands):
     builder = tracer.builder
-    if builder.sizes is not None:
-        raise Unsupported("unsupported call", "torch.cond with symbolic sizes runs eagerly")
     if tuple(pred.fake.shape) not in ((), (1,)):
         raise Unsupported("unsupported call", "torch.cond with a predicate of more than one element")
     writes = dict(tracer.side_effects.writes)
@@ -62,11 +62,12 @@ def _tensor_cond(tracer, frame, pred, true_fn, false_fn, operands):
                           "shapes, strides or dtypes (eager's torch.cond refuses them)")
     inputs = list(dict.fromkeys([o.node for o in operands] + regions.free_inputs(true_nodes) +
                                 regions.free_inputs(false_nodes)))
+    input_vars = regions.tensor_inputs(inputs, "a torch.cond branch")
     true_gm = regions.extract(builder.graph, true_nodes, [v.node for v in true_outs], inputs)
     false_gm = regions.extract(builder.graph, false_nodes, [v.node for v in false_outs], inputs)
-    op = cond_op(true_gm, false_gm, tuple(metas))
+    op = cond_op(true_gm, false_gm)
     given = {o.node: o for o in operands}
-    input_vars = [given[n] if n in given else TensorVar(n, n.meta["example_value"]) for n in inputs]
+    input_vars = [given.get(v.node, v) for v in input_vars]
     results = builder.call("call_function", op, (pred, input_vars), {})
     if isinstance(structure, TensorVar):
         return results[0]
@@ -91,12 +92,13 @@ def _meta_of(fake) -> tuple:
 
 
 
-def cond_op(true_gm, false_gm, metas: tuple):
+def cond_op(true_gm, false_gm):
     """``tempa_fn::cond_<hash>(Tensor pred, Tensor[] inputs) -> Tensor[]``: runs the branch
     ``pred`` picks; its gradient ``cond_<hash>_backward`` (same arguments, then the output
     gradients) recomputes that branch and differentiates it. Named by a hash of what they
     run, as ``autograd_function.function_op``."""
-    key = hashlib.sha256("\n".join((true_gm.code, false_gm.code, repr(metas))).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\n".join((true_gm.code, false_gm.code, regions.python_targets(true_gm),
+                                    regions.python_targets(false_gm))).encode()).hexdigest()[:16]
     name = f"cond_{key}"
     if name in regions.OPERATIONS:
         return regions.OPERATIONS[name]
@@ -111,13 +113,13 @@ def cond_op(true_gm, false_gm, metas: tuple):
         return list(branch(pred)(*inputs))
 
     def fake(pred, inputs):
-        return [torch.empty_strided(shape, stride, dtype=dtype, device=device)
-                for shape, stride, dtype, device in metas]
+        # the branches' results have the same metadata (checked at capture)
+        return regions.fake_results(true_gm, inputs)
 
     def backward_impl(pred, inputs, grads):
         # an operation's kernel runs below the autograd keys: the recomputation turns them
         # back on, so autograd records the picked branch and differentiates it
-        with _autograd_dispatch(), torch.enable_grad():
+        with regions.autograd_dispatch(), torch.enable_grad():
             leaves = [x.detach().requires_grad_(_differentiable(x)) for x in inputs]
             outs = branch(pred)(*leaves)
             pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
@@ -151,17 +153,6 @@ def cond_op(true_gm, false_gm, metas: tuple):
     op = getattr(torch.ops.tempa_fn, name).default
     regions.OPERATIONS[name] = op
     return op
-
-
-_AUTOGRAD_KEYS = (torch._C.DispatchKey.ADInplaceOrView, torch._C.DispatchKey.AutogradFunctionality)
-
-
-def _autograd_dispatch():
-    """A dispatch-key scope where autograd runs again (the kernel's caller excluded it)."""
-    exclude = torch._C._dispatch_tls_local_exclude_set()
-    for key in _AUTOGRAD_KEYS:
-        exclude = exclude.remove(key)
-    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
 
 
 def _differentiable(t) -> bool:

@@ -1,7 +1,8 @@
 """Higher-order constructs user code applies to its functions: torch.compiler.disable,
 user autograd Functions (recognised here, captured by ``autograd_function.py``),
-torch.utils.checkpoint, torch.vmap of a torch operation (of Python functions:
-``func_transforms.py``), torch.func.functional_call (a break).
+torch.utils.checkpoint (``checkpoint.py``), torch.vmap of a torch operation (of Python
+functions: ``func_transforms.py``), torch.func.functional_call and torch.autograd.functional's
+transforms (breaks).
 
 Each is recognised by the object the user calls (an attribute the decorator sets, the
 class's base), never by importing the compiler it rebuilds.
@@ -13,7 +14,7 @@ import inspect
 import torch
 import torch.utils.checkpoint as checkpoint_module
 
-from . import func_transforms
+from . import checkpoint, func_transforms
 from .breaks import Unsupported, UserError
 
 
@@ -51,19 +52,40 @@ def _functional_call(tracer, frame, args, kwargs):
                       "parameters for the call: it runs eagerly")
 
 
+# torch.autograd.functional's transforms: each marks its inputs requires_grad and calls the
+# autograd engine on the function's outputs, which a graph cannot do inside itself (as under
+# torch.compile, a break: the call runs eagerly, whole); torch.func's are captured.
+_AUTOGRAD_FUNCTIONAL = {torch.autograd.functional.jacobian: "jacrev or jacfwd",
+                        torch.autograd.functional.hessian: "hessian",
+                        torch.autograd.functional.vjp: "vjp",
+                        torch.autograd.functional.jvp: "jvp",
+                        torch.autograd.functional.hvp: "jvp of torch.func.grad",
+                        torch.autograd.functional.vhp: "vjp of torch.func.grad"}
+
+
+def _autograd_functional(fn):
+    name, captured = fn.__name__, _AUTOGRAD_FUNCTIONAL[fn]
+
+    def model(tracer, frame, args, kwargs):
+        raise Unsupported("unsupported call", f"torch.autograd.functional.{name} runs the "
+                          f"autograd engine: it runs eagerly (torch.func.{captured} is captured)")
+    return model
+
+
 def runs_as_is(fn) -> bool:
     """Whether a break runner calls ``fn`` as it is rather than compiling its frame."""
-    return is_disabled(fn) or is_autograd_function_apply(fn) or fn in _SWAPS_PARAMETERS
+    return is_disabled(fn) or is_autograd_function_apply(fn) or fn in _SWAPS_PARAMETERS or \
+        fn in _AUTOGRAD_FUNCTIONAL
 
 
-# checkpoint's own options: they change what backward recomputes, never a value or gradient
-_CHECKPOINT_OPTIONS = ("preserve_rng_state", "determinism_check", "debug", "early_stop")
+# checkpoint's options that change neither a value nor a gradient (what it checks, logs, or
+# when its recomputation stops)
+_CHECKPOINT_OPTIONS = ("determinism_check", "debug", "early_stop")
 
 
 def _checkpoint(tracer, frame, args, kwargs):
-    """``checkpoint(fn, *args, use_reentrant=False)`` is captured as the call ``fn(*args)``:
-    non-reentrant checkpointing only trades memory for recomputation (with the RNG state
-    restored), so the values and gradients are those of the plain call."""
+    """``checkpoint(fn, *args, use_reentrant=False)``: one operation whose backward
+    recomputes ``fn``'s region (``checkpoint.py``). Reentrant checkpointing runs eagerly."""
     kwargs = dict(kwargs)
     if kwargs.pop("use_reentrant", None) is not False:
         # reentrant checkpointing drops the graph when no input requires grad
@@ -75,10 +97,12 @@ def _checkpoint(tracer, frame, args, kwargs):
                           "context_fn runs eagerly")
     for name in _CHECKPOINT_OPTIONS:
         kwargs.pop(name, None)
-    if not args:
-        raise Unsupported("unsupported call", "torch.utils.checkpoint.checkpoint without a function")
+    preserve_rng_state = kwargs.pop("preserve_rng_state", True)
+    if not args or not isinstance(preserve_rng_state, bool):
+        raise Unsupported("unsupported call", "torch.utils.checkpoint.checkpoint without a "
+                          "function or with a preserve_rng_state that is no bool")
     fn, *fn_args = args
-    return tracer.call(frame, fn, fn_args, kwargs)
+    return checkpoint.call(tracer, frame, fn, fn_args, kwargs, preserve_rng_state)
 
 
 class VmappedOp:
@@ -128,4 +152,5 @@ def vmap_model(is_torch_op):
 
 
 MODELS = {checkpoint_module.checkpoint: _checkpoint,
-          **{fn: _functional_call for fn in _SWAPS_PARAMETERS}}
+          **{fn: _functional_call for fn in _SWAPS_PARAMETERS},
+          **{fn: _autograd_functional(fn) for fn in _AUTOGRAD_FUNCTIONAL}}

@@ -10,12 +10,14 @@ becomes one node in the capture's graph.
 from __future__ import annotations
 
 import operator
+import types
 
 import torch
 import torch.fx as fx
 
 from .breaks import Unsupported
 from .graph import _mutates_arguments, _name
+from .metainfo import MetaInfo
 from .values import TensorVar
 
 
@@ -99,6 +101,70 @@ def extract(graph: fx.Graph, nodes: list[fx.Node], outputs: list[fx.Node],
                               "outside it")
         graph.erase_node(node)
     return fx.GraphModule(torch.nn.Module(), sub)
+
+
+def tensor_inputs(inputs: list[fx.Node], what: str) -> list[TensorVar]:
+    """The subgraph's inputs as TensorVars of the capture's graph: an operation takes tensors
+    only, so a size or number it reads from outside (a symbolic size) is a graph break."""
+    if not all(isinstance(n.meta.get("example_value"), (torch.Tensor, MetaInfo)) for n in inputs):
+        raise Unsupported("unsupported call", f"{what} reads a size or number computed outside it")
+    return [TensorVar(n, n.meta["example_value"]) for n in inputs]
+
+
+def fake_results(gm: fx.GraphModule, inputs) -> list:
+    """The fake-tensor kernel of an operation running ``gm``: ``gm`` itself on the fake
+    inputs, so the results' sizes are those of these inputs (symbolic ones too) and their
+    strides those the real kernel gives. A result that is an input, or a view of one, is a
+    copy of it, as the real kernel's result is for the caller (an operation's results are new
+    tensors)."""
+    return [_fresh(r, inputs) for r in gm(*inputs)]
+
+
+def _fresh(result, inputs):
+    storage = result.untyped_storage()
+    if any(storage._cdata == x.untyped_storage()._cdata for x in inputs):
+        return result.clone()
+    return result
+
+
+# Tensor methods and functions whose result shares its argument's storage: a region
+# returning one of an input is a view of it in eager, which one operation cannot hand back.
+_VIEWS = {"view", "view_as", "reshape", "reshape_as", "transpose", "t", "permute", "narrow",
+          "expand", "expand_as", "select", "squeeze", "unsqueeze", "flatten", "unflatten",
+          "unbind", "split", "chunk", "as_strided", "detach", "diagonal", "movedim", "real",
+          "imag", "__getitem__", "getitem", "contiguous", "unfold", "swapaxes", "mT", "T"}
+
+
+def view_root(node: fx.Node, inside: set):
+    """The node of ``inside`` (a region's nodes) whose memory ``node`` views, ``node``
+    itself if it is no view; None where that memory is outside the region (an input)."""
+    while node in inside and _is_view(node):
+        node = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+    return node if node in inside else None
+
+
+def _is_view(node: fx.Node) -> bool:
+    target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return target in _VIEWS
+
+
+_AUTOGRAD_KEYS = (torch._C.DispatchKey.ADInplaceOrView, torch._C.DispatchKey.AutogradFunctionality)
+
+
+def autograd_dispatch():
+    """A dispatch-key scope where autograd runs again: an operation's kernel runs below the
+    autograd keys, and a kernel that recomputes a subgraph to differentiate it needs them."""
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for key in _AUTOGRAD_KEYS:
+        exclude = exclude.remove(key)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
+
+
+def python_targets(gm: fx.GraphModule) -> str:
+    """The Python callables a subgraph calls that its code names only by ``__name__`` (part
+    of the name of the operation that runs it)."""
+    return ",".join(f"{id(n.target)}" for n in gm.graph.nodes
+                    if n.op == "call_function" and isinstance(n.target, types.FunctionType))
 
 
 # The operators that run captured subgraphs (autograd_function, cond, custom_ops), in one
