@@ -63,6 +63,25 @@ def _static_index(func, args) -> bool:
     return all(t is None or t.dtype not in (torch.bool, torch.uint8) for t in idx)
 
 
+# In-place view ops (they change a tensor's sizes/strides, never its data) and the view op
+# that makes the same tensor out of place. Why: functionalization rewrites the ones user code
+# calls, but not those that ATen's own composite kernels call on their fresh results:
+# adaptive_avg_pool2d to 1x1 of a channels-last input (every Swin/ConvNeXt-style pooler over
+# a transposed sequence) is ``mean(...).as_strided_(channels-last strides)``. Only the
+# recorded tensor's metadata changes, and the recorder binds that tensor to the new node,
+# so on a value the graph computed the out-of-place view is the same graph. On an input
+# it is not (the caller's tensor changes shape): that one stays and the graph runs as ATen.
+_FUNCTIONAL_VIEW = {
+    aten.as_strided_.default: aten.as_strided.default,
+    aten.unsqueeze_.default: aten.unsqueeze.default,
+    aten.squeeze_.default: aten.squeeze.default,
+    aten.squeeze_.dim: aten.squeeze.dim,
+    aten.squeeze_.dims: aten.squeeze.dims,
+    aten.t_.default: aten.t.default,
+    aten.transpose_.default: aten.transpose.int,
+}
+
+
 class _Recorder(TorchDispatchMode):
     # Why: the base class wraps __torch_dispatch__ with torch._disable_dynamo, which imports
     # the dynamo package (seconds) on first call. We are not under dynamo, so skip the wrapper.
@@ -102,6 +121,14 @@ class _Recorder(TorchDispatchMode):
             return type(a)(self.lookup(x) for x in a)
         return a
 
+    def _recorded_target(self, func, args):
+        """``func``, or for an in-place view of a value the graph computed, its out-of-place
+        view (``_FUNCTIONAL_VIEW``)."""
+        functional = _FUNCTIONAL_VIEW.get(func)
+        if functional is None or self.lookup(args[0]).op == "placeholder":
+            return func
+        return functional
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in self.decomps:
@@ -116,7 +143,8 @@ class _Recorder(TorchDispatchMode):
         if func is aten.lift_fresh.default or func is aten.lift_fresh_copy.default:
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
-        node = self.graph.call_function(func, self.lookup(args), self.lookup(kwargs))
+        node = self.graph.call_function(self._recorded_target(func, args), self.lookup(args),
+                                        self.lookup(kwargs))
         node.meta["bw"] = self.backward_started
         node.meta["grad"] = torch.is_grad_enabled()
         if isinstance(out, torch.Tensor):
@@ -455,6 +483,34 @@ def trace_training(gm: fx.GraphModule, inputs: list, decomps: dict) -> Joint:
     return joint
 
 
+class _Restride(torch.autograd.Function):
+    """``x.as_strided(size, stride)`` where that leaves every element at its address (only
+    strides of size-1 dims change: a fresh value made channels-last): its gradient is the
+    incoming one, unchanged. Why: autograd's formula for as_strided scatters the gradient
+    into a zeroed storage with ``copy_``, a write the functional backward refuses, so a
+    Swin's training graph (its pooler's ``adaptive_avg_pool2d``) ran as ATen calls."""
+    @staticmethod
+    def forward(ctx, x, size, stride, offset):
+        return x.as_strided(size, stride, offset)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None, None
+
+
+def _is_restride(x, size, stride, offset) -> bool:
+    """``x.as_strided(size, stride, offset)`` keeps x's shape and every element's address."""
+    return (tuple(size) == tuple(x.shape) and (offset is None or offset == x.storage_offset())
+            and all(n == 1 or a == b for n, a, b in zip(size, stride, x.stride())))
+
+
+def _replayed(target, args, kwargs):
+    """One node of the functional forward, replayed with grad by the joint trace."""
+    if target is aten.as_strided.default and not kwargs and _is_restride(*args, *[None] * (4 - len(args))):
+        return _Restride.apply(*args, *[None] * (4 - len(args)))
+    return target(*args, **kwargs)
+
+
 def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
     """Replay the functional forward with grad, then record the backward."""
     graph = fx.Graph()
@@ -488,7 +544,7 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict) -> Joint:
             args = fx.node.map_arg(n.args, lambda a: env[a])
             kwargs = fx.node.map_arg(n.kwargs, lambda a: env[a])
             with torch.set_grad_enabled(n.meta.get("grad", True)):
-                env[n] = n.target(*args, **kwargs)
+                env[n] = _replayed(n.target, args, kwargs)
         outs = list(out_vals)
         user = outs[: traced.num_outputs]
         # A new value for a mutated input may carry grad (BatchNorm's running mean is made
