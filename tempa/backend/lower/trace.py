@@ -264,17 +264,33 @@ class Traced:
     aliases: list = None               # OutputAlias or None per user output (output_aliases)
 
 
-def _attention_for(inputs):
+_SDPA = (F.scaled_dot_product_attention, aten.scaled_dot_product_attention.default)
+
+
+def _attention_for(gm, inputs):
     """When the graph may be differentiated (some input requires grad), trace
-    scaled_dot_product_attention through its math decomposition on the CPU: the fused CPU
-    kernel's backward gives no gradient for an attention mask that requires one (T5's
-    position bias) and NaN for fully masked rows, where the decomposed graph matches eager."""
+    scaled_dot_product_attention through its math decomposition on the CPU if a call has an
+    attention mask or dropout: the fused CPU kernel's backward gives no gradient for a mask
+    that requires one (T5's position bias) and NaN for fully masked rows, where the
+    decomposed graph matches eager. Calls without either (ViT, Whisper's encoder, a causal
+    decoder without padding) keep the fused kernel and its backward, as eager runs them.
+    Why: the decomposition's two batched matmuls, softmax and their backward made a ViT-B
+    training step ~15% slower than the fused kernels (benchmarks/README.md)."""
     needs_grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
     on_cpu = all(not isinstance(t, torch.Tensor) or t.device.type == "cpu" for t in inputs)
-    if needs_grad and on_cpu:
+    if needs_grad and on_cpu and any(_masked_or_dropped(n) for n in gm.graph.nodes
+                                     if n.op == "call_function" and n.target in _SDPA):
         from torch.nn.attention import SDPBackend, sdpa_kernel
         return sdpa_kernel([SDPBackend.MATH])
     return contextlib.nullcontext()
+
+
+def _masked_or_dropped(node) -> bool:
+    """An SDPA call whose mask may be a tensor or whose dropout may be nonzero."""
+    def arg(i, name, default):
+        return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
+    dropout = arg(4, "dropout_p", 0.0)
+    return arg(3, "attn_mask", None) is not None or not isinstance(dropout, (int, float)) or dropout != 0
 
 
 @contextlib.contextmanager
@@ -305,7 +321,7 @@ def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict) -> Traced:
             ph.meta["traced_meta"] = None
             ph.meta["value"] = t
     fn = torch.func.functionalize(gm, remove="mutations")
-    with torch.enable_grad(), _attention_for(inputs), nodynamo.resolved(), rng_untouched(), rec:
+    with torch.enable_grad(), _attention_for(gm, inputs), nodynamo.resolved(), rng_untouched(), rec:
         out = fn(*clones)
     single = not isinstance(out, (tuple, list))
     outs = [out] if single else list(out)
