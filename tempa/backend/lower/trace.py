@@ -63,6 +63,25 @@ def _static_index(func, args) -> bool:
     return all(t is None or t.dtype not in (torch.bool, torch.uint8) for t in idx)
 
 
+# In-place view ops (they change a tensor's sizes/strides, never its data) and the view op
+# that makes the same tensor out of place. Why: functionalization rewrites the ones user code
+# calls, but not those that ATen's own composite kernels call on their fresh results:
+# adaptive_avg_pool2d to 1x1 of a channels-last input (every Swin/ConvNeXt-style pooler over
+# a transposed sequence) is ``mean(...).as_strided_(channels-last strides)``. Only the
+# recorded tensor's metadata changes, and the recorder binds that tensor to the new node,
+# so on a value the graph computed the out-of-place view is the same graph. On an input
+# it is not (the caller's tensor changes shape): that one stays and the graph runs as ATen.
+_FUNCTIONAL_VIEW = {
+    aten.as_strided_.default: aten.as_strided.default,
+    aten.unsqueeze_.default: aten.unsqueeze.default,
+    aten.squeeze_.default: aten.squeeze.default,
+    aten.squeeze_.dim: aten.squeeze.dim,
+    aten.squeeze_.dims: aten.squeeze.dims,
+    aten.t_.default: aten.t.default,
+    aten.transpose_.default: aten.transpose.int,
+}
+
+
 class _Recorder(TorchDispatchMode):
     # Why: the base class wraps __torch_dispatch__ with torch._disable_dynamo, which imports
     # the dynamo package (seconds) on first call. We are not under dynamo, so skip the wrapper.
@@ -102,6 +121,14 @@ class _Recorder(TorchDispatchMode):
             return type(a)(self.lookup(x) for x in a)
         return a
 
+    def _recorded_target(self, func, args):
+        """``func``, or for an in-place view of a value the graph computed, its out-of-place
+        view (``_FUNCTIONAL_VIEW``)."""
+        functional = _FUNCTIONAL_VIEW.get(func)
+        if functional is None or self.lookup(args[0]).op == "placeholder":
+            return func
+        return functional
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in self.decomps:
@@ -116,7 +143,8 @@ class _Recorder(TorchDispatchMode):
         if func is aten.lift_fresh.default or func is aten.lift_fresh_copy.default:
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
-        node = self.graph.call_function(func, self.lookup(args), self.lookup(kwargs))
+        node = self.graph.call_function(self._recorded_target(func, args), self.lookup(args),
+                                        self.lookup(kwargs))
         node.meta["bw"] = self.backward_started
         node.meta["grad"] = torch.is_grad_enabled()
         if isinstance(out, torch.Tensor):
@@ -236,17 +264,33 @@ class Traced:
     aliases: list = None               # OutputAlias or None per user output (output_aliases)
 
 
-def _attention_for(inputs):
+_SDPA = (F.scaled_dot_product_attention, aten.scaled_dot_product_attention.default)
+
+
+def _attention_for(gm, inputs):
     """When the graph may be differentiated (some input requires grad), trace
-    scaled_dot_product_attention through its math decomposition on the CPU: the fused CPU
-    kernel's backward gives no gradient for an attention mask that requires one (T5's
-    position bias) and NaN for fully masked rows, where the decomposed graph matches eager."""
+    scaled_dot_product_attention through its math decomposition on the CPU if a call has an
+    attention mask or dropout: the fused CPU kernel's backward gives no gradient for a mask
+    that requires one (T5's position bias) and NaN for fully masked rows, where the
+    decomposed graph matches eager. Calls without either (ViT, Whisper's encoder, a causal
+    decoder without padding) keep the fused kernel and its backward, as eager runs them.
+    Why: the decomposition's two batched matmuls, softmax and their backward made a ViT-B
+    training step ~15% slower than the fused kernels (benchmarks/README.md)."""
     needs_grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
     on_cpu = all(not isinstance(t, torch.Tensor) or t.device.type == "cpu" for t in inputs)
-    if needs_grad and on_cpu:
+    if needs_grad and on_cpu and any(_masked_or_dropped(n) for n in gm.graph.nodes
+                                     if n.op == "call_function" and n.target in _SDPA):
         from torch.nn.attention import SDPBackend, sdpa_kernel
         return sdpa_kernel([SDPBackend.MATH])
     return contextlib.nullcontext()
+
+
+def _masked_or_dropped(node) -> bool:
+    """An SDPA call whose mask may be a tensor or whose dropout may be nonzero."""
+    def arg(i, name, default):
+        return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
+    dropout = arg(4, "dropout_p", 0.0)
+    return arg(3, "attn_mask", None) is not None or not isinstance(dropout, (int, float)) or dropout != 0
 
 
 @contextlib.contextmanager
@@ -277,7 +321,7 @@ def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict) -> Traced:
             ph.meta["traced_meta"] = None
             ph.meta["value"] = t
     fn = torch.func.functionalize(gm, remove="mutations")
-    with torch.enable_grad(), _attention_for(inputs), nodynamo.resolved(), rng_untouched(), rec:
+    with torch.enable_grad(), _attention_for(gm, inputs), nodynamo.resolved(), rng_untouched(), rec:
         out = fn(*clones)
     single = not isinstance(out, (tuple, list))
     outs = [out] if single else list(out)
@@ -374,7 +418,7 @@ def _replay(traced: "Traced", env: dict, relayout: bool) -> list:
             if relayout and _wants_channels_last(n):
                 args = tuple(a.contiguous(memory_format=torch.channels_last) if i < 2 else a
                              for i, a in enumerate(args))
-            env[n] = n.target(*args, **kwargs)
+            env[n] = _replayed(n.target, args, kwargs)
     raise AssertionError("a graph without an output node")
 
 
@@ -627,6 +671,34 @@ def trace_training(gm: fx.GraphModule, inputs: list, decomps: dict, conv_layout:
     joint.single = traced.single
     joint.aliases = traced.aliases
     return joint
+
+
+class _Restride(torch.autograd.Function):
+    """``x.as_strided(size, stride)`` where that leaves every element at its address (only
+    strides of size-1 dims change: a fresh value made channels-last): its gradient is the
+    incoming one, unchanged. Why: autograd's formula for as_strided scatters the gradient
+    into a zeroed storage with ``copy_``, a write the functional backward refuses, so a
+    Swin's training graph (its pooler's ``adaptive_avg_pool2d``) ran as ATen calls."""
+    @staticmethod
+    def forward(ctx, x, size, stride, offset):
+        return x.as_strided(size, stride, offset)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None, None
+
+
+def _is_restride(x, size, stride, offset) -> bool:
+    """``x.as_strided(size, stride, offset)`` keeps x's shape and every element's address."""
+    return (tuple(size) == tuple(x.shape) and (offset is None or offset == x.storage_offset())
+            and all(n == 1 or a == b for n, a, b in zip(size, stride, x.stride())))
+
+
+def _replayed(target, args, kwargs):
+    """One node of the functional forward, replayed with grad by the joint trace."""
+    if target is aten.as_strided.default and not kwargs and _is_restride(*args, *[None] * (4 - len(args))):
+        return _Restride.apply(*args, *[None] * (4 - len(args)))
+    return target(*args, **kwargs)
 
 
 def trace_joint(traced: Traced, inputs: list, decomps: dict, conv_layout: str = "eager") -> Joint:

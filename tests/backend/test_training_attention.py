@@ -1,0 +1,81 @@
+"""scaled_dot_product_attention in a graph with a backward, on the CPU: a call without an
+attention mask or dropout (ViT, Whisper's encoder, a causal decoder without padding) keeps
+the fused flash kernel and its backward, as eager runs it; one with a mask still goes
+through the math decomposition, whose gradient reaches a mask that requires one (the
+fused kernel's backward gives none)."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import tempa
+
+
+def setup_function():
+    tempa.reset()
+
+
+def teardown_function():
+    tempa.reset()
+
+
+class Attention(nn.Module):
+    def __init__(self, causal):
+        super().__init__()
+        self.qkv = nn.Linear(32, 96)
+        self.out = nn.Linear(32, 32)
+        self.causal = causal
+
+    def forward(self, x, mask=None):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal)
+        return self.out(a.transpose(1, 2).reshape(B, T, C))
+
+
+def _train_both(model, *inputs):
+    """Loss and gradients (parameters, then inputs requiring grad) of eager and compiled."""
+    reference = Attention(model.causal)
+    reference.load_state_dict(model.state_dict())
+    ref_inputs = [t.detach().clone().requires_grad_(t.requires_grad) if t is not None else None
+                  for t in inputs]
+    fast = tempa.compile(model)
+    results = []
+    for m, xs in ((reference, ref_inputs), (fast, list(inputs))):
+        out = m(*xs)
+        (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum().backward()
+        grads = [p.grad for p in m.parameters()] + [t.grad for t in xs if t is not None and t.requires_grad]
+        results.append((out, grads))
+    return fast, results
+
+
+def _backward_source(fast):
+    (entry,) = tempa.entries(fast)
+    info = entry.compiled.tempa_info
+    assert info.fallback_reason is None
+    return info.trace()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_unmasked_attention_keeps_the_fused_kernel_in_training(causal):
+    torch.manual_seed(0)
+    fast, ((want, want_grads), (got, got_grads)) = _train_both(
+        Attention(causal), torch.randn(2, 7, 32, requires_grad=True))
+    torch.testing.assert_close(got, want)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    trace = _backward_source(fast)
+    assert "_scaled_dot_product_flash_attention_for_cpu_backward" in trace
+    assert tempa.stats().aten_fallbacks == 0
+
+
+def test_a_mask_requiring_grad_gets_its_gradient_through_the_math_decomposition():
+    torch.manual_seed(0)
+    mask = torch.randn(1, 4, 7, 7, requires_grad=True)     # T5's learned position bias
+    fast, ((want, want_grads), (got, got_grads)) = _train_both(
+        Attention(False), torch.randn(2, 7, 32), mask)
+    torch.testing.assert_close(got, want)
+    assert want_grads[-1] is not None and want_grads[-1].abs().sum() > 0
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    assert "flash_attention" not in _backward_source(fast)
