@@ -118,6 +118,17 @@ def _setattr(tracer, frame, args, kwargs):
     return None
 
 
+def _object_setattr(tracer, frame, args, kwargs):
+    obj, name, value = args
+    frame.object_store_attr(obj, name, value)
+    return None
+
+
+def _object_getattribute(tracer, frame, args, kwargs):
+    obj, name = args
+    return tracer.load_attr(obj, name, frame, generic=True)
+
+
 def _delattr(tracer, frame, args, kwargs):
     obj, name = args
     frame.delete_attr(obj, name)
@@ -420,6 +431,9 @@ MODELS = {
     builtins.hasattr: _hasattr,
     builtins.setattr: _setattr,
     builtins.delattr: _delattr,
+    # what a class's own __setattr__ / __getattribute__ ends in (``super().__setattr__``)
+    object.__setattr__: _object_setattr,
+    object.__getattribute__: _object_getattribute,
     builtins.iter: _iter,
     builtins.next: _next,
     builtins.sum: _sum,

@@ -21,11 +21,13 @@ import torch
 
 from . import calls, calls_builtins, calls_inline, numpy_values
 from .breaks import Unsupported
+from .frame_exits import _PyException
 from .graph import GraphBuilder
 from .guards import is_constant_type
 from .selections import Selections
 from .side_effects import SideEffects, DELETED, MISSING, is_data_descriptor
-from .values import CapturedIter, NdarrayVar, StorageVar, TensorVar, TensorMethod, bound_self
+from .values import CapturedIter, NdarrayVar, StorageVar, TensorVar, TensorMethod, bound_self, \
+    python_getattribute
 
 # Tensor attributes read from the fake tensor's metadata (static under static shapes).
 TENSOR_METADATA_ATTRS = {
@@ -447,7 +449,15 @@ class Tracer:
         return self.guards.const(obj)
 
     # -- attributes ------------------------------------------------------------------
-    def load_attr(self, obj, name: str, frame):
+    def load_attr(self, obj, name: str, frame, *, generic: bool = False):
+        """``obj.name`` as the code reads it; ``generic``: ``object.__getattribute__(obj,
+        name)``, past the class's own Python ``__getattribute__``."""
+        hook = None if self.is_internal(obj) else python_getattribute(obj)
+        if hook is not None and not generic and self.side_effects.has_writes_to(obj):
+            # a Python __getattribute__ (a config's key aliasing) over an object this
+            # capture wrote runs traced: the object.__getattribute__ it ends in (a generic
+            # read) sees the pending writes, the real one would not
+            return self._traced_getattribute(obj, name, frame, hook)
         if self.side_effects:
             written = self.side_effects.pending_attr(obj, name)
             if written is DELETED:
@@ -486,17 +496,32 @@ class Tracer:
                     self.guards.identity(expr, value, expr)
                 return value
             return self._guarded_getattr(obj, name, lambda: getattr(obj, name))
+        if generic and hook is not None:
+            return self._static_or_concrete(obj, name, frame, guard=True,
+                                            getter=object.__getattribute__)
         return self._static_or_concrete(obj, name, frame, guard=True)
 
-    def _guarded_getattr(self, obj, name: str, read):
-        """``read()`` = ``obj.name`` of an outside object: guarded by value when present,
-        by its absence when it raises AttributeError (``getattr(cfg, "x", default)``)."""
-        expr = f"{self.expr_of(obj)}.{name}"
+    def _traced_getattribute(self, obj, name: str, frame, hook):
+        try:
+            return frame.call(hook, [obj, name], {})
+        except _PyException as e:   # as Python does, an AttributeError tries __getattr__
+            fallback = getattr(type(obj), "__getattr__", None)
+            if not (isinstance(e.exc, AttributeError) and isinstance(fallback, types.FunctionType)):
+                raise
+            return frame.call(fallback, [obj, name], {})
+
+    def _guarded_getattr(self, obj, name: str, read, getter=getattr):
+        """``read()`` = ``getter(obj, name)`` of an outside object: guarded by value when
+        present, by its absence when it raises AttributeError (``getattr(cfg, "x",
+        default)``)."""
+        o = self.expr_of(obj)
+        expr = f"{o}.{name}" if getter is getattr else \
+            f"{self.guards.const(getter, 'F')}({o}, {name!r})"
         try:
             value = read()
         except AttributeError:
-            self.guards.add("constant", f"not {self.guards.const(hasattr, 'F')}({self.expr_of(obj)}, "
-                            f"{name!r})", f"{expr} does not exist")
+            has = self.guards.const(hasattr if getter is getattr else has_object_attribute, 'F')
+            self.guards.add("constant", f"not {has}({o}, {name!r})", f"{expr} does not exist")
             raise
         # A tensor held by a plain object (a KV cache's layer, an optimizer's state) is
         # data, not a weight: a graph input read through its source on every call and
@@ -511,7 +536,7 @@ class Tracer:
                 self.side_effects.track_instance_dict(obj, result)
         return result
 
-    def _static_or_concrete(self, obj, name, frame, *, guard: bool):
+    def _static_or_concrete(self, obj, name, frame, *, guard: bool, getter=getattr):
         # Properties and Python-level descriptors run their Python code in the interpreter
         # (they may touch tensors); everything else is read directly.
         try:
@@ -541,10 +566,10 @@ class Tracer:
             if get is not None:   # lazy_property and the like: their code runs traced
                 return frame.call(get, [static, obj, type(obj)], {})
             return getattr(obj, name)  # may raise AttributeError: the frame handles it
-        value = getattr(obj, name) if inspect.isroutine(static) else None
-        if value is not None and getattr(obj, name) is not value:
+        value = getter(obj, name) if inspect.isroutine(static) else None
+        if value is not None and getter(obj, name) is not value:
             return value   # a C method, bound afresh on each read: its class decides it
-        return self._guarded_getattr(obj, name, lambda: getattr(obj, name))
+        return self._guarded_getattr(obj, name, lambda: getter(obj, name), getter)
 
     def _guard_class_method(self, obj, name: str, fn, inst_dict) -> None:
         """``obj.name`` resolved to the class's function ``fn``: guard the class (a
@@ -788,3 +813,12 @@ def _method_of_copy(tracer, obj) -> bool:
 
 def builtin(name: str):
     return getattr(builtins, name)
+
+
+def has_object_attribute(obj, name: str) -> bool:
+    """``hasattr`` as ``object.__getattribute__`` answers it (past the class's own)."""
+    try:
+        object.__getattribute__(obj, name)
+    except AttributeError:
+        return False
+    return True
