@@ -142,7 +142,9 @@ class Tracer:
                 expr in self.symbolic_ints
             if symbolic and self.builder.sizes is not None:
                 return self.builder.int_input(value, expr)
-        if is_constant_type(value):
+        if is_constant_type(value) or type(value) is range:
+            # (a range is immutable: guarded by value, as a resume function gets a new one
+            # on every call)
             self.guards.constant(expr, value)
             return value
         if numpy_values.is_ndarray(value):
