@@ -454,8 +454,9 @@ class Tracer:
     def load_attr(self, obj, name: str, frame, *, generic: bool = False):
         """``obj.name`` as the code reads it; ``generic``: ``object.__getattribute__(obj,
         name)``, past the class's own Python ``__getattribute__``."""
-        hook = None if self.is_internal(obj) else python_getattribute(obj)
-        if hook is not None and not generic and self.side_effects.has_writes_to(obj):
+        hook = python_getattribute(obj)
+        if hook is not None and not generic and not self.is_internal(obj) and \
+                self.side_effects.has_writes_to(obj):
             # a Python __getattribute__ (a config's key aliasing) over an object this
             # capture wrote runs traced: the object.__getattribute__ it ends in (a generic
             # read) sees the pending writes, the real one would not
@@ -479,9 +480,10 @@ class Tracer:
             return numpy_values.array_attr(self, obj, name)
         if type(obj) is StorageVar:
             return calls.storage_attr(obj, name)
+        getter = object.__getattribute__ if generic and hook is not None else getattr
         if self.is_internal(obj) or obj.__class__ in (list, tuple, dict) or \
                 id(obj) in self.external_copies or _method_of_copy(self, obj):
-            return self._static_or_concrete(obj, name, frame, guard=False)
+            return self._static_or_concrete(obj, name, frame, guard=False, getter=getter)
         if isinstance(obj, torch.nn.Module):
             return self.module_attr(obj, name, frame)
         if isinstance(obj, types.ModuleType):
@@ -498,10 +500,7 @@ class Tracer:
                     self.guards.identity(expr, value, expr)
                 return value
             return self._guarded_getattr(obj, name, lambda: getattr(obj, name))
-        if generic and hook is not None:
-            return self._static_or_concrete(obj, name, frame, guard=True,
-                                            getter=object.__getattribute__)
-        return self._static_or_concrete(obj, name, frame, guard=True)
+        return self._static_or_concrete(obj, name, frame, guard=True, getter=getter)
 
     def _traced_getattribute(self, obj, name: str, frame, hook):
         try:
@@ -540,7 +539,8 @@ class Tracer:
 
     def _static_or_concrete(self, obj, name, frame, *, guard: bool, getter=getattr):
         # Properties and Python-level descriptors run their Python code in the interpreter
-        # (they may touch tensors); everything else is read directly.
+        # (they may touch tensors); everything else is read directly, by ``getter``
+        # (``object.__getattribute__`` for a generic read, past the class's own).
         try:
             static = inspect.getattr_static(obj, name)
         except AttributeError:
@@ -567,7 +567,7 @@ class Tracer:
             get = _python_descriptor_get(obj, name, static)
             if get is not None:   # lazy_property and the like: their code runs traced
                 return frame.call(get, [static, obj, type(obj)], {})
-            return getattr(obj, name)  # may raise AttributeError: the frame handles it
+            return getter(obj, name)  # may raise AttributeError: the frame handles it
         value = getter(obj, name) if inspect.isroutine(static) else None
         if value is not None and getter(obj, name) is not value:
             return value   # a C method, bound afresh on each read: its class decides it

@@ -84,6 +84,17 @@ def test_object_setattr_called_by_the_code_skips_the_hook():
     assert _counts() == (1, 0, 0)   # torch.compile: 1
 
 
+def test_an_object_made_inside_the_call_with_its_own_hooks():
+    def f(x):
+        cfg = Aliased()
+        cfg.size = 4
+        return x * cfg.size + cfg.hidden, _state(cfg)
+    x = torch.arange(3.)
+    got, want = tempa.compile(f, backend="eager")(x), f(x)
+    assert torch.equal(got[0], want[0]) and got[1] == want[1]
+    assert _counts() == (1, 0, 0)   # torch.compile: 1 graph, 2 breaks
+
+
 class Frozen:
     def __init__(self):
         object.__setattr__(self, "n", 1)
