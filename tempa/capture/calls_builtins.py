@@ -121,7 +121,11 @@ def _setattr(tracer, frame, args, kwargs):
 
 def _object_setattr(tracer, frame, args, kwargs):
     obj, name, value = args
-    frame.object_store_attr(obj, name, value)
+    if isinstance(obj, _SYMBOLIC):
+        # a tensor's __setattr__ is object's; a subclass's own is refused there
+        frame.store_attr(obj, name, value)
+    else:
+        frame.object_store_attr(obj, name, value)
     return None
 
 

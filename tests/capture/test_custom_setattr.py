@@ -166,3 +166,14 @@ def test_bert_training_is_captured_whole(cls):
     # config.problem_type, the second recompiles on it), 1 graph for BertModel
     want_captures = 2 if "labels" in kwargs else 1
     assert _counts() == (want_captures, 0, 0)
+
+
+def test_object_setattr_and_getattribute_of_a_tensor_are_its_attribute_store_and_read():
+    def f(x):
+        y = x * 2
+        object.__setattr__(y, "tag", 3)
+        return y, object.__getattribute__(y, "shape")
+    got, want = tempa.compile(f, backend="eager")(torch.ones(2)), f(torch.ones(2))
+    assert torch.equal(got[0], want[0]) and got[0].tag == want[0].tag == 3
+    assert got[1] == want[1]
+    assert _counts() == (1, 0, 0)   # torch.compile: 1 graph, 2 breaks
