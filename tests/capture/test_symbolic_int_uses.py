@@ -150,3 +150,13 @@ def test_a_range_argument_is_guarded_by_value():
         assert torch.equal(fast(torch.ones(2), r), f(torch.ones(2), r))
     # range(0) == range(2, 2), but their start differs: a guard on == alone would reuse it
     assert _counts()[:3] == (4, 0, 0)
+
+
+def test_the_compiled_backend_runs_the_symbolic_graphs():
+    def f(x, n):
+        return x + torch.tensor([n, n + 1]) * max(n, 0), torch.zeros(max(n, 1)).sum()
+    fast = tempa.compile(f)   # the default backend: kernels over the int input
+    for n in (3, -2, 5, 7):
+        assert _same(fast(torch.ones(2), n), f(torch.ones(2), n)), n
+    s = tempa.stats()
+    assert (s.captures, s.graph_breaks, s.eager_fallbacks) == (2, 0, 0)
