@@ -503,13 +503,18 @@ class Tracer:
         return self._static_or_concrete(obj, name, frame, guard=True, getter=getter)
 
     def _traced_getattribute(self, obj, name: str, frame, hook):
+        # As Python does, an AttributeError tries __getattr__; one that escapes is raised
+        # as a plain AttributeError, which getattr(obj, name, default) and hasattr catch.
+        fallback = getattr(type(obj), "__getattr__", None)
         try:
             return frame.call(hook, [obj, name], {})
-        except _PyException as e:   # as Python does, an AttributeError tries __getattr__
-            fallback = getattr(type(obj), "__getattr__", None)
+        except _PyException as e:
             if not (isinstance(e.exc, AttributeError) and isinstance(fallback, types.FunctionType)):
-                raise
+                raise _as_attribute_error(e) from None
+        try:
             return frame.call(fallback, [obj, name], {})
+        except _PyException as e:
+            raise _as_attribute_error(e) from None
 
     def _guarded_getattr(self, obj, name: str, read, getter=getattr):
         """``read()`` = ``getter(obj, name)`` of an outside object: guarded by value when
@@ -815,6 +820,10 @@ def _method_of_copy(tracer, obj) -> bool:
 
 def builtin(name: str):
     return getattr(builtins, name)
+
+
+def _as_attribute_error(e: _PyException) -> Exception:
+    return e.exc if isinstance(e.exc, AttributeError) else e
 
 
 def has_object_attribute(obj, name: str) -> bool:

@@ -73,6 +73,26 @@ def test_the_next_call_sees_the_written_state():
     assert _counts() == (2, 0, 0)   # torch.compile: 2 (the second call's guard fails once)
 
 
+class AliasedWithFallback(Aliased):
+    def __getattr__(self, key):
+        if key == "fallback":
+            return 11
+        raise AttributeError(key)
+
+
+@pytest.mark.parametrize("cls", [Aliased, AliasedWithFallback])
+def test_a_missing_attribute_of_a_written_object_is_an_attribute_error(cls):
+    def f(x, cfg):
+        cfg.size = 3
+        return x + getattr(cfg, "missing", 7) + hasattr(cfg, "fallback") + \
+            (cfg.fallback if hasattr(cfg, "fallback") else 0)
+    x = torch.arange(3.)
+    got_cfg, want_cfg = cls(), cls()
+    assert torch.equal(tempa.compile(f, backend="eager")(x, got_cfg), f(x, want_cfg))
+    assert _state(got_cfg) == _state(want_cfg)
+    assert _counts() == (1, 0, 0)
+
+
 def test_object_setattr_called_by_the_code_skips_the_hook():
     def f(x, cfg):
         object.__setattr__(cfg, "size", 7)   # a plain attribute named size, not hidden
