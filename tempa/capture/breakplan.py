@@ -35,6 +35,7 @@ from .breaks import Unsupported
 from .instructions import NULL_BEFORE_CALLABLE
 from .output import OutputPlan
 from .resume import make_resume_code, ResumeUnsupported
+from .scalars import is_scalar
 from .values import NULL, GradModeExit, TensorVar
 
 _CALLS = {"CALL", "CALL_KW", "CALL_FUNCTION_EX"}
@@ -65,7 +66,9 @@ class BreakPlan:
     resume_compiled: bool
 
 
-def plan_break(fn, frame, plan: OutputPlan, runtime) -> BreakPlan:
+def plan_break(fn, frame, plan: OutputPlan, runtime, *, data_dependent: bool = False) -> BreakPlan:
+    """``data_dependent``: the break is on a value computed from tensor data (``int(t)``,
+    a branch on ``v > 0``): the breaking call's result is such a value too."""
     code = fn.__code__
     ins = frame.stopped_at
     stack = _real_stack(code, ins, list(frame.stack))
@@ -89,11 +92,14 @@ def plan_break(fn, frame, plan: OutputPlan, runtime) -> BreakPlan:
         lines.append(f"{name} = {plan.expr(value)}")
         return name
 
-    def resume_call(offset: int, stack_values: list, indent: str = "") -> str:
+    def resume_call(offset: int, stack_values: list, indent: str = "", data=()) -> str:
         # Every value handed over is bound to a temporary before the `return`: in "jump"
         # mode both branches then refer to the same rebuilt objects (output.py).
-        real, nulls = [], []
+        # ``data``: the positions in stack_values of numbers computed from tensor data.
+        real, nulls, data_args = [], [], set()
         for i, v in enumerate(stack_values):
+            if i in data:
+                data_args.add(f"___stack{len(real)}")
             (nulls.append(i) if v is NULL else real.append(v))
         live_now = set(code.co_varnames) if reads_frame else liveness.live_locals_at(code, offset)
         live = [name for name in code.co_varnames if name in live_now and
@@ -117,7 +123,15 @@ def plan_break(fn, frame, plan: OutputPlan, runtime) -> BreakPlan:
             return f"{indent}return {make}({', '.join(args)})"
         resume_fn = rc.make_function(fn.__globals__, fn.__closure__ or ())
         resume_fn.__qualname__ = qualname
-        target = runtime.dispatcher(resume_fn, resume_fn) if compiled else resume_fn
+        target = resume_fn
+        if compiled:
+            # A number computed from tensor data (an .item() the graph returns, int(t) run
+            # here) is a symbol of the resume function's graph from its first capture on:
+            # a new value is no recompile (automatic dynamic would guard the first one).
+            data_args.update(name for name in live if is_scalar(frame.locals[name]))
+            cache = runtime.cache_for(resume_fn)
+            cache.dynamic_ints.update(data_args)
+            target = runtime.dispatcher(resume_fn, resume_fn, cache)
         return f"{indent}return {guards.const(target, 'RESUME')}({', '.join(args)})"
 
     if mode == "call":
@@ -131,7 +145,10 @@ def plan_break(fn, frame, plan: OutputPlan, runtime) -> BreakPlan:
             arg_exprs.append(f"**{kwargs}")
         lines.append(f"___r = {guards.const(runtime.call, 'F')}({call_fn}, {', '.join(arg_exprs)})")
         after = frame.instrs[ins.index + 1].offset
-        lines.append(resume_call(after, below_names + ["___r"]))
+        data = _scalar_positions(below)
+        if data_dependent and _holds_data((fn_value, args, kwargs)):
+            data.add(len(below))   # int(t), max(v, 0): the result
+        lines.append(resume_call(after, below_names + ["___r"], data=data))
     elif mode == "jump":
         jump = ins if ins.opname in _JUMPS else frame.instrs[ins.index + 1]
         cond, below = stack[-1], stack[:-1]
@@ -141,8 +158,9 @@ def plan_break(fn, frame, plan: OutputPlan, runtime) -> BreakPlan:
         fall = frame.instrs[jump.index + 1].offset
         keep = jump.opname.endswith("_OR_POP")
         on_true_jumps = "TRUE" in jump.opname
-        taken = resume_call(target, below_names + ([cond_name] if keep else []), "    ")
-        not_taken = resume_call(fall, below_names, "    ")
+        data = _scalar_positions(below)
+        taken = resume_call(target, below_names + ([cond_name] if keep else []), "    ", data)
+        not_taken = resume_call(fall, below_names, "    ", data)
         lines.append(f"if {cond_name}:")
         lines.append(taken if on_true_jumps else not_taken)
         lines.append("else:")
@@ -154,12 +172,26 @@ def plan_break(fn, frame, plan: OutputPlan, runtime) -> BreakPlan:
         below_names = [v if v is NULL else temp(v) for v in below]
         value_name, container_name, key_name = temp(value), temp(container), temp(key)
         lines.append(f"{container_name}[{key_name}] = {value_name}")
-        lines.append(resume_call(frame.instrs[ins.index + 1].offset, below_names))
+        lines.append(resume_call(frame.instrs[ins.index + 1].offset, below_names,
+                                 data=_scalar_positions(below)))
     else:
         offset = _rest_offset(frame, ins)
         names = [v if v is NULL else temp(v) for v in stack]
         lines.append(resume_call(offset, names))
     return BreakPlan(mode, _restoring_contexts(lines, plan), compiled)
+
+
+def _scalar_positions(values) -> set:
+    """Where ``values`` holds numbers the graph computed from tensor data (ScalarVars)."""
+    return {i for i, v in enumerate(values) if is_scalar(v)}
+
+
+def _holds_data(values) -> bool:
+    if isinstance(values, (list, tuple)):
+        return any(_holds_data(v) for v in values)
+    if isinstance(values, dict):
+        return any(_holds_data(v) for v in values.values())
+    return isinstance(values, TensorVar) or is_scalar(values)
 
 
 def _restoring_contexts(lines: list[str], plan: OutputPlan) -> list[str]:

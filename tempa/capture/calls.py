@@ -79,6 +79,10 @@ _REFLECTIVE = {"fields", "is_dataclass", "signature", "isclass", "isfunction", "
                "getmro", "unwrap"}
 
 
+# object's slots modelled in calls_builtins.MODELS, also when reached bound to an object
+_OBJECT_SLOTS = ("__setattr__", "__getattribute__")
+
+
 def call(tracer, frame, fn, args: list, kwargs: dict):
     if type(fn) is TensorMethod:
         return tensor_method(tracer, fn, args, kwargs)
@@ -106,6 +110,9 @@ def call(tracer, frame, fn, args: list, kwargs: dict):
         if is_torch_op(fn):
             raise Unsupported("non-torch library call", f"{getattr(fn, '__name__', fn)}() given "
                               "a numpy array runs in Python")
+    if type(fn) is types.MethodWrapperType and fn.__name__ in _OBJECT_SLOTS and \
+            fn.__objclass__ is object:   # super().__setattr__(k, v): object's, bound
+        fn, args = getattr(object, fn.__name__), [fn.__self__, *args]
     special = _SPECIAL.get(_key(fn))
     if special is not None:
         return special(tracer, frame, args, kwargs)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import functools
 import math
 import operator
 import types
@@ -118,6 +119,21 @@ def _setattr(tracer, frame, args, kwargs):
     return None
 
 
+def _object_setattr(tracer, frame, args, kwargs):
+    obj, name, value = args
+    if isinstance(obj, _SYMBOLIC):
+        # a tensor's __setattr__ is object's; a subclass's own is refused there
+        frame.store_attr(obj, name, value)
+    else:
+        frame.object_store_attr(obj, name, value)
+    return None
+
+
+def _object_getattribute(tracer, frame, args, kwargs):
+    obj, name = args
+    return tracer.load_attr(obj, name, frame, generic=True)
+
+
 def _delattr(tracer, frame, args, kwargs):
     obj, name = args
     frame.delete_attr(obj, name)
@@ -220,6 +236,10 @@ def _minmax(which):
                 raise Unsupported("data-dependent branch",
                                   f"{which}() over tensors compares values")
             return chosen
+        if not kwargs and len(items) > 1 and _symbolic_ints(items):
+            # ``max(n, 0)`` of a symbolic int: sympy's Max (torch.sym_max), one graph for
+            # every value; comparing would guard which one is larger (a graph per sign)
+            return functools.reduce(torch.sym_max if which == "max" else torch.sym_min, items)
         if "key" in kwargs and isinstance(kwargs["key"], types.FunctionType):
             keys = [frame.call(kwargs["key"], [v], {}) for v in items]
             pairs = list(zip(keys, range(len(items))))
@@ -227,6 +247,14 @@ def _minmax(which):
             return items[best[1]]
         return (min if which == "min" else max)(items, **kwargs)
     return handler
+
+
+def _symbolic_ints(items) -> bool:
+    """Ints, one of them symbolic at least. Not bools (``max(n, True)`` is True, a bool,
+    where n <= 1) nor floats (``max(n, 2.5)`` is an int or a float, by value): there the
+    result's type depends on which one wins, so it is chosen by comparing."""
+    return all(type(v) in (int, torch.SymInt) for v in items) and \
+        any(type(v) is torch.SymInt for v in items)
 
 
 def _abs(tracer, frame, args, kwargs):
@@ -420,6 +448,9 @@ MODELS = {
     builtins.hasattr: _hasattr,
     builtins.setattr: _setattr,
     builtins.delattr: _delattr,
+    # what a class's own __setattr__ / __getattribute__ ends in (``super().__setattr__``)
+    object.__setattr__: _object_setattr,
+    object.__getattribute__: _object_getattribute,
     builtins.iter: _iter,
     builtins.next: _next,
     builtins.sum: _sum,

@@ -129,7 +129,8 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
                     raise _stop  # the second pass took another path: give up on this frame
                 break_grad = torch.is_grad_enabled()
                 _leave_contexts(tracer, grad)
-                break_plan = plan_break(fn, frame, plan, runtime)
+                break_plan = plan_break(fn, frame, plan, runtime, data_dependent=_stop.break_type
+                                        in ("data-dependent value", "data-dependent branch"))
                 if break_grad != grad:
                     # A plain torch.set_grad_enabled(m) before the break (no `with` object
                     # whose re-entry sets it, e.g. the optimizers' _use_grad_for_differentiable):

@@ -99,6 +99,11 @@ class GuardSet:
             t = self.const(type(value), "T")
             self.add("constant", f"({expr}).__class__ is {t} and {expr} == {self.const(value, 'V')}",
                      f"{expr} == {value!r}")
+        elif type(value) is range:   # by its three numbers: range(0) == range(2, 2)
+            bounds = (value.start, value.stop, value.step)
+            self.add("constant", f"({expr}).__class__ is {self.const(range, 'T')} and "
+                     f"(({expr}).start, ({expr}).stop, ({expr}).step) == {bounds!r}",
+                     f"{expr} == {value!r}")
         elif type(value) is tuple and all(_is_exact_by_equality(v) for v in value):
             self.add("constant", f"{expr} == {self.const(value, 'V')}", f"{expr} == {value!r}")
         elif type(value) is tuple and all(_is_plain_constant(v) for v in value):

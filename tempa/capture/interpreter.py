@@ -34,7 +34,8 @@ from .opcodes_data import DataOpcodes
 from .opcodes_load_store import LoadStoreOpcodes
 from .side_effects import check_outside_attr_write, check_tensor_attr_write
 from .values import NULL, TensorVar, SuperProxy, GradModeExit, CapturedIter, LazyIter, \
-    GeneratorContextExit, check_own_iterator, contains_tensor, python_descriptor_setter
+    GeneratorContextExit, check_own_iterator, contains_tensor, python_descriptor_setter, \
+    python_setattr
 
 # (code, offset) pairs where capture breaks as if the instruction were unsupported: the
 # differential test of resume functions (tests/capture/test_resume_differential.py).
@@ -313,18 +314,28 @@ class Frame(LoadStoreOpcodes, CallOpcodes, ControlOpcodes, DataOpcodes):
             check_tensor_attr_write(tracer, obj, name, value)
             tracer.side_effects.store_attr(obj, name, value)
             return
+        hook = python_setattr(obj)
+        if hook is not None and (tracer.is_internal(obj) or not isinstance(obj, torch.nn.Module)):
+            # A Python __setattr__ (a config's key aliasing) runs traced; the
+            # ``object.__setattr__`` it ends in comes back to ``object_store_attr``. An outside
+            # module's (Module.__setattr__ itself) is modelled as the plain store below.
+            self.call(hook, [obj, name, value], {})
+            return
+        self.object_store_attr(obj, name, value, generic=False)
+
+    def object_store_attr(self, obj, name, value, *, generic: bool = True):
+        """``object.__setattr__(obj, name, value)`` (``generic``; what a Python
+        ``__setattr__`` ends in), or the store of a class without one: a data descriptor's
+        code, else a plain store."""
+        tracer = self.tracer
         setter = python_descriptor_setter(obj, name)
         if setter is not None:   # a property / __set__ descriptor: its code runs, traced
             self.call(setter, [obj, value], {})
             return
         if tracer.is_internal(obj):
-            setter = getattr(type(obj), "__setattr__", object.__setattr__)
-            if isinstance(setter, types.FunctionType):
-                self.call(setter, [obj, name, value], {})
-            else:
-                setattr(obj, name, value)
+            (object.__setattr__ if generic else setattr)(obj, name, value)
             return
-        check_outside_attr_write(obj, name, value, "setting")
+        check_outside_attr_write(obj, name, value, "setting", generic=generic)
         # An attribute write on an outside object (a module counter, a cache's tensor):
         # later reads in this capture see the new value, and the entry applies it after the
         # graph (side_effects.py), so the object ends up as eager leaves it.

@@ -1,4 +1,5 @@
-"""Operations given a tensor where ATen wants a Python number.
+"""Operations given a tensor where ATen wants a Python number, and the reverse: a tensor
+made from symbolic Python numbers (``literal_of_symbols``).
 
 ``param.addcdiv_(m, d, value=-step_size)`` with ``step_size`` a 0-dim tensor (what the
 optimizers compute while compiling: ``_get_value(step)`` keeps the step a tensor, so one
@@ -36,6 +37,8 @@ def rewrite_method(builder, t: TensorVar, name: str, args, kwargs):
 def rewrite_function(builder, fn, args, kwargs):
     """``torch.addcdiv(x, t1, t2, value=tensor)`` and ``torch._foreach_addcdiv_(xs, t1s,
     t2s, scalars_tensor)`` (also ``addcmul``), or NOT_REWRITTEN."""
+    if fn in _LITERAL_TENSORS:
+        return literal_of_symbols(builder, args, kwargs)
     name = getattr(fn, "__name__", "")
     if name in ("addcdiv", "addcmul") and len(args) == 3:
         return rewrite_method(builder, args[0], name, args[1:], kwargs)
@@ -59,6 +62,52 @@ def rewrite_function(builder, fn, args, kwargs):
 def _term(builder, base, a, b, value):
     combined = builder.call("call_function", _POINTWISE[base], (a, b), {})
     return builder.call("call_function", operator.mul, (combined, value), {})
+
+
+_LITERAL_TENSORS = (torch.tensor, torch.as_tensor)
+_SYMBOLIC_NUMBERS = {torch.SymInt: 0, torch.SymFloat: 0.0, torch.SymBool: False}
+
+
+def literal_of_symbols(builder, args, kwargs):
+    """``torch.tensor(n)`` / ``torch.as_tensor([n, 1])`` of Python data holding a symbolic
+    number (an int that changed between calls): ``torch.scalar_tensor`` of each number,
+    ``torch.stack``ed by the data's nesting, as ``torch._refs.tensor`` (what torch.compile
+    traces) builds it, so one graph serves every value; ATen's own constructor would read
+    the number, a guard on its value. NOT_REWRITTEN for any other data or option."""
+    if len(args) != 1 or set(kwargs) - {"dtype", "device"} or not _holds_symbol(args[0]):
+        return NOT_REWRITTEN
+    try:   # eager infers the dtype from the numbers' Python types, and checks the nesting
+        example = torch.tensor(_typed_example(args[0]))
+    except (TypeError, ValueError):
+        return NOT_REWRITTEN   # ragged or not numbers: ATen's constructor raises eager's error
+    options = {"dtype": kwargs.get("dtype") or example.dtype}
+    if kwargs.get("device") is not None:
+        options["device"] = kwargs["device"]
+
+    def build(data):
+        if type(data) in (list, tuple):
+            items = [build(item) for item in data]
+            return builder.call("call_function", torch.stack, (items,), {})
+        return builder.call("call_function", torch.scalar_tensor, (data,), options)
+    return build(args[0])
+
+
+def _holds_symbol(data) -> bool:
+    if type(data) in (list, tuple):
+        return any(_holds_symbol(item) for item in data)
+    return type(data) in _SYMBOLIC_NUMBERS
+
+
+def _typed_example(data):
+    """``data`` with each symbolic number replaced by a plain number of its Python type,
+    and anything but numbers and plain lists/tuples of them refused (TypeError)."""
+    if type(data) in (list, tuple):
+        return [_typed_example(item) for item in data]
+    if type(data) in _SYMBOLIC_NUMBERS:
+        return _SYMBOLIC_NUMBERS[type(data)]
+    if type(data) not in (int, float, bool):
+        raise TypeError(type(data).__name__)
+    return data
 
 
 def optimizer_value(tracer, frame, args, kwargs):

@@ -29,7 +29,7 @@ import types
 import torch
 
 from .breaks import Unsupported
-from .values import TensorVar
+from .values import TensorVar, python_setattr
 
 
 class _Deleted:
@@ -207,7 +207,11 @@ def _apply(kind, target, name, temp, plan, const) -> str:
         obj = copied[1] if copied is not None and copied[0] is target else const(target, "SE")
         if temp is None:
             return f"{const(delete_attr_if_present, 'F')}({obj}, {name!r})"
-        return f"___setattr({obj}, {name!r}, {temp})"
+        # a class's own Python __setattr__ ran at capture (the write is the
+        # object.__setattr__ it ended in): replayed as that, not through the hook again
+        hooked = python_setattr(target) is not None and not isinstance(target, torch.nn.Module)
+        setter = const(object.__setattr__, "F") if hooked else "___setattr"
+        return f"{setter}({obj}, {name!r}, {temp})"
     if kind == "global":
         g = const(target, "G")
         return f"{g}.pop({name!r}, None)" if temp is None else f"{g}[{name!r}] = {temp}"
@@ -285,17 +289,25 @@ def _pin_entry_reads(plan) -> list[str]:
     return lines
 
 
-def check_outside_attr_write(obj, name: str, value, what: str) -> None:
+def check_outside_attr_write(obj, name: str, value, what: str, *, generic: bool = False) -> None:
     """Refuse the attribute writes on an outside object that a recorded plain store would
     get wrong: a class's or a module object's attributes (read unguarded by other code),
     a custom ``__setattr__``/``__delattr__`` (its code would run at replay, not at the
-    write), a plain tensor assigned to a registered parameter (eager raises)."""
+    write), a plain tensor assigned to a registered parameter (eager raises).
+    ``generic``: the write is ``object.__setattr__`` itself (what a Python ``__setattr__``
+    ends in, replayed as one: ``_apply``), fine past a Python hook but not past
+    ``Module.__setattr__`` (replayed through it) or a C one (eager raises)."""
     if isinstance(obj, (type, types.ModuleType)):
         raise Unsupported("mutation of outside state", f"{what} attribute {name!r} on a "
                           f"{type(obj).__name__} that lives outside the compiled call")
     hook = "__delattr__" if value is DELETED else "__setattr__"
-    plain = (getattr(object, hook), getattr(torch.nn.Module, hook))
-    if getattr(type(obj), hook, None) not in plain:
+    own = getattr(type(obj), hook, None)
+    if generic:
+        refused = isinstance(obj, torch.nn.Module) or not (
+            own is object.__setattr__ or python_setattr(obj) is not None)
+    else:
+        refused = own not in (getattr(object, hook), getattr(torch.nn.Module, hook))
+    if refused:
         raise Unsupported("mutation of outside state", f"{what} attribute {name!r} on a "
                           f"{type(obj).__name__} with a custom {hook}")
     if isinstance(obj, torch.nn.Module) and isinstance(value, TensorVar) and \

@@ -21,11 +21,13 @@ import torch
 
 from . import calls, calls_builtins, calls_inline, numpy_values
 from .breaks import Unsupported
+from .frame_exits import _PyException
 from .graph import GraphBuilder
 from .guards import is_constant_type
 from .selections import Selections
 from .side_effects import SideEffects, DELETED, MISSING, is_data_descriptor
-from .values import CapturedIter, NdarrayVar, StorageVar, TensorVar, TensorMethod, bound_self
+from .values import CapturedIter, NdarrayVar, StorageVar, TensorVar, TensorMethod, bound_self, \
+    python_getattribute
 
 # Tensor attributes read from the fake tensor's metadata (static under static shapes).
 TENSOR_METADATA_ATTRS = {
@@ -145,7 +147,9 @@ class Tracer:
                 expr in self.symbolic_ints
             if symbolic and self.builder.sizes is not None:
                 return self.builder.int_input(value, expr)
-        if is_constant_type(value):
+        if is_constant_type(value) or type(value) is range:
+            # (a range is immutable: guarded by value, as a resume function gets a new one
+            # on every call)
             self.guards.constant(expr, value)
             return value
         if numpy_values.is_ndarray(value):
@@ -530,7 +534,16 @@ class Tracer:
         return self.guards.const(obj)
 
     # -- attributes ------------------------------------------------------------------
-    def load_attr(self, obj, name: str, frame):
+    def load_attr(self, obj, name: str, frame, *, generic: bool = False):
+        """``obj.name`` as the code reads it; ``generic``: ``object.__getattribute__(obj,
+        name)``, past the class's own Python ``__getattribute__``."""
+        hook = python_getattribute(obj)
+        if hook is not None and not generic and not self.is_internal(obj) and \
+                self.side_effects.has_writes_to(obj):
+            # a Python __getattribute__ (a config's key aliasing) over an object this
+            # capture wrote runs traced: the object.__getattribute__ it ends in (a generic
+            # read) sees the pending writes, the real one would not
+            return self._traced_getattribute(obj, name, frame, hook)
         if self.side_effects:
             written = self.side_effects.pending_attr(obj, name)
             if written is DELETED:
@@ -550,10 +563,11 @@ class Tracer:
             return numpy_values.array_attr(self, obj, name)
         if type(obj) is StorageVar:
             return calls.storage_attr(obj, name)
+        getter = object.__getattribute__ if generic and hook is not None else getattr
         if self.is_internal(obj) or obj.__class__ in (list, tuple, dict) or \
                 id(obj) in self.external_copies or _method_of_copy(self, obj):
             return self._static_or_concrete(obj, name, frame,
-                                            guard=self._class_attr_of_copy(obj, name))
+                                            guard=self._class_attr_of_copy(obj, name), getter=getter)
         if isinstance(obj, torch.nn.Module):
             return self.module_attr(obj, name, frame)
         if isinstance(obj, types.ModuleType):
@@ -570,7 +584,7 @@ class Tracer:
                     self.guards.identity(expr, value, expr)
                 return value
             return self._guarded_getattr(obj, name, lambda: getattr(obj, name))
-        return self._static_or_concrete(obj, name, frame, guard=True)
+        return self._static_or_concrete(obj, name, frame, guard=True, getter=getter)
 
     def _class_attr_of_copy(self, obj, name: str) -> bool:
         """``obj.name`` on our copy of a caller's list or tuple subclass finds the class's
@@ -594,15 +608,32 @@ class Tracer:
             return None
         return copied[1]
 
-    def _guarded_getattr(self, obj, name: str, read):
-        """``read()`` = ``obj.name`` of an outside object: guarded by value when present,
-        by its absence when it raises AttributeError (``getattr(cfg, "x", default)``)."""
-        expr = f"{self.expr_of(obj)}.{name}"
+    def _traced_getattribute(self, obj, name: str, frame, hook):
+        # As Python does, an AttributeError tries __getattr__; one that escapes is raised
+        # as a plain AttributeError, which getattr(obj, name, default) and hasattr catch.
+        fallback = getattr(type(obj), "__getattr__", None)
+        try:
+            return frame.call(hook, [obj, name], {})
+        except _PyException as e:
+            if not (isinstance(e.exc, AttributeError) and isinstance(fallback, types.FunctionType)):
+                raise _as_attribute_error(e) from None
+        try:
+            return frame.call(fallback, [obj, name], {})
+        except _PyException as e:
+            raise _as_attribute_error(e) from None
+
+    def _guarded_getattr(self, obj, name: str, read, getter=getattr):
+        """``read()`` = ``getter(obj, name)`` of an outside object: guarded by value when
+        present, by its absence when it raises AttributeError (``getattr(cfg, "x",
+        default)``)."""
+        o = self.expr_of(obj)
+        expr = f"{o}.{name}" if getter is getattr else \
+            f"{self.guards.const(getter, 'F')}({o}, {name!r})"
         try:
             value = read()
         except AttributeError:
-            self.guards.add("constant", f"not {self.guards.const(hasattr, 'F')}({self.expr_of(obj)}, "
-                            f"{name!r})", f"{expr} does not exist")
+            has = self.guards.const(hasattr if getter is getattr else has_object_attribute, 'F')
+            self.guards.add("constant", f"not {has}({o}, {name!r})", f"{expr} does not exist")
             raise
         # A tensor held by a plain object (a KV cache's layer, an optimizer's state) is
         # data, not a weight: a graph input read through its source on every call and
@@ -617,9 +648,10 @@ class Tracer:
                 self.side_effects.track_instance_dict(obj, result)
         return result
 
-    def _static_or_concrete(self, obj, name, frame, *, guard: bool):
+    def _static_or_concrete(self, obj, name, frame, *, guard: bool, getter=getattr):
         # Properties and Python-level descriptors run their Python code in the interpreter
-        # (they may touch tensors); everything else is read directly.
+        # (they may touch tensors); everything else is read directly, by ``getter``
+        # (``object.__getattribute__`` for a generic read, past the class's own).
         try:
             static = inspect.getattr_static(obj, name)
         except AttributeError:
@@ -646,11 +678,11 @@ class Tracer:
             get = _python_descriptor_get(obj, name, static)
             if get is not None:   # lazy_property and the like: their code runs traced
                 return frame.call(get, [static, obj, type(obj)], {})
-            return getattr(obj, name)  # may raise AttributeError: the frame handles it
-        value = getattr(obj, name) if inspect.isroutine(static) else None
-        if value is not None and getattr(obj, name) is not value:
+            return getter(obj, name)  # may raise AttributeError: the frame handles it
+        value = getter(obj, name) if inspect.isroutine(static) else None
+        if value is not None and getter(obj, name) is not value:
             return value   # a C method, bound afresh on each read: its class decides it
-        return self._guarded_getattr(obj, name, lambda: getattr(obj, name))
+        return self._guarded_getattr(obj, name, lambda: getter(obj, name), getter)
 
     def _guard_class_method(self, obj, name: str, fn, inst_dict) -> None:
         """``obj.name`` resolved to the class's function ``fn``: guard the class (a
@@ -986,3 +1018,16 @@ def _method_of_copy(tracer, obj) -> bool:
 
 def builtin(name: str):
     return getattr(builtins, name)
+
+
+def _as_attribute_error(e: _PyException) -> Exception:
+    return e.exc if isinstance(e.exc, AttributeError) else e
+
+
+def has_object_attribute(obj, name: str) -> bool:
+    """``hasattr`` as ``object.__getattribute__`` answers it (past the class's own)."""
+    try:
+        object.__getattribute__(obj, name)
+    except AttributeError:
+        return False
+    return True

@@ -248,6 +248,19 @@ def check_own_iterator(tracer, it, what: str):
                           "outside the compiled call")
 
 
+def python_setattr(obj):
+    """``type(obj).__setattr__`` where it is Python code (a config's key aliasing,
+    ``Module.__setattr__``), else None."""
+    hook = getattr(type(obj), "__setattr__", None)
+    return hook if isinstance(hook, types.FunctionType) else None
+
+
+def python_getattribute(obj):
+    """``type(obj).__getattribute__`` where it is Python code, else None."""
+    hook = getattr(type(obj), "__getattribute__", None)
+    return hook if isinstance(hook, types.FunctionType) else None
+
+
 def python_descriptor_setter(obj, name: str):
     """The Python code ``obj.name = value`` runs through a data descriptor of its class
     (``property`` with a setter, an object with ``__set__``), as a callable of
