@@ -110,6 +110,7 @@ def test_checkpoint_keeps_no_activation_of_the_region_eager_backend():
         tempa.reset()
         fast = tempa.compile(fn, backend="eager", fullgraph=True)
         fast(x)
+        assert tempa.stats().captures == 1   # (fails with capture off)
         kept[fn] = [s for s in _saved_in(lambda: fast(x)) if s[0] == torch.float64]
     assert (torch.float64, 3 * 32) in kept[_plain]
     assert (torch.float64, 3 * 32) not in kept[_checkpointed]
