@@ -185,12 +185,5 @@ def checkpoint_op(sub: fx.GraphModule, n_out: int, devices):
         found = iter(computed)
         return [next(found) if w else None for w in ctx.wanted]
 
-    library.impl(name, forward, "CompositeExplicitAutograd")
-    library.impl(f"{name}_backward", backward_impl, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"tempa_fn::{name}", fake, lib=library)
-    torch.library.register_fake(f"tempa_fn::{name}_backward", backward_fake, lib=library)
-    torch.library.register_autograd(f"tempa_fn::{name}", backward, setup_context=setup_context,
-                                    lib=library)
-    op = getattr(torch.ops.tempa_fn, name).default
-    regions.OPERATIONS[name] = op
-    return op
+    return regions.register_with_backward(name, forward, fake, backward_impl, backward_fake,
+                                          backward, setup_context)

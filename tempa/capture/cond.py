@@ -144,15 +144,8 @@ def cond_op(true_gm, false_gm):
         computed = getattr(torch.ops.tempa_fn, f"{name}_backward").default(pred, inputs, grads)
         return None, [g if _differentiable(x) else None for g, x in zip(computed, inputs)]
 
-    library.impl(name, forward, "CompositeExplicitAutograd")
-    library.impl(f"{name}_backward", backward_impl, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"tempa_fn::{name}", fake, lib=library)
-    torch.library.register_fake(f"tempa_fn::{name}_backward", backward_fake, lib=library)
-    torch.library.register_autograd(f"tempa_fn::{name}", backward, setup_context=setup_context,
-                                    lib=library)
-    op = getattr(torch.ops.tempa_fn, name).default
-    regions.OPERATIONS[name] = op
-    return op
+    return regions.register_with_backward(name, forward, fake, backward_impl, backward_fake,
+                                          backward, setup_context)
 
 
 def _differentiable(t) -> bool:

@@ -173,6 +173,23 @@ _LIBRARY = None
 OPERATIONS: dict[str, object] = {}
 
 
+def register_with_backward(name: str, forward, fake, backward_impl, backward_fake,
+                           backward, setup_context):
+    """Register ``tempa_fn::name`` and its gradient op ``tempa_fn::name_backward`` (both
+    defined already), their kernels and fakes, and the autograd formula joining them; the
+    forward op, also kept in OPERATIONS."""
+    library = tempa_fn_library()
+    library.impl(name, forward, "CompositeExplicitAutograd")
+    library.impl(f"{name}_backward", backward_impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"tempa_fn::{name}", fake, lib=library)
+    torch.library.register_fake(f"tempa_fn::{name}_backward", backward_fake, lib=library)
+    torch.library.register_autograd(f"tempa_fn::{name}", backward, setup_context=setup_context,
+                                    lib=library)
+    op = getattr(torch.ops.tempa_fn, name).default
+    OPERATIONS[name] = op
+    return op
+
+
 def tempa_fn_library() -> torch.library.Library:
     """The ``tempa_fn`` library, made on first use."""
     global _LIBRARY
