@@ -57,9 +57,13 @@ def call_c(tracer, frame, fn, args, kwargs):
         return _logger_call(owner, fn, args)
     if isinstance(fn, functools._lru_cache_wrapper):
         if contains_tensor(args) or contains_tensor(kwargs):
+            # The message quotes torch.compile's own warning so that a user's warning filter
+            # written for torch.compile (matched on its text) works unchanged with tempa.
             warnings.warn(f"tempa: a call to the functools.lru_cache-wrapped function "
                           f"{getattr(fn, '__qualname__', fn)} is captured by running its body; "
-                          "its cache is neither read nor filled by the compiled code",
+                          "its cache is neither read nor filled by the compiled code "
+                          "(torch.compile warns the same: \"Dynamo detected a call to a "
+                          "`functools.lru_cache`-wrapped function\")",
                           stacklevel=2)
             return tracer.call(frame, fn.__wrapped__, args, kwargs)
         return fn(*args, **kwargs)
