@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import copy
-import importlib
 import re
 import threading
 import time
@@ -10,6 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import counters, logs
+from ..configuration import config
 from .compile_graph import CompiledGraphInfo, compile_graph
 from .lower.decomps import table
 from .lower.trace import (CONV_LAYOUTS, UntraceableGraph, is_channels_last, prepare,
@@ -17,8 +18,6 @@ from .lower.trace import (CONV_LAYOUTS, UntraceableGraph, is_channels_last, prep
 from .pipeline import show
 from .runtime.build import BuildError
 
-stats = importlib.import_module("tempa.stats")   # the module; tempa.stats is also a function
-logs = importlib.import_module("tempa.logs")
 
 
 @dataclass
@@ -127,7 +126,7 @@ CONV_LAYOUT_OPTIONS = CONV_LAYOUTS + ("inference",)
 def conv_layout_option(name: str) -> str:
     """The config option ``name`` (gpu_conv_layout, cpu_conv_layout): one of
     CONV_LAYOUT_OPTIONS; another value is said once and taken as "eager"."""
-    value = getattr(importlib.import_module("tempa.config").config, name)
+    value = getattr(config, name)
     if value in CONV_LAYOUT_OPTIONS:
         return value
     _warn_once(f"tempa: config.{name}={value!r} is not one of {CONV_LAYOUT_OPTIONS}; using 'eager'")
@@ -347,7 +346,7 @@ def _transformed_call(gm, info):
             why = ("forward-mode AD or a torch.func transform (vmap, jvp, grad) is active; "
                    "the compiled kernels read plain tensors only")
             info.notes.append(f"eager: {why}")
-            stats.bump("eager_fallbacks")
+            counters.bump("eager_fallbacks")
             logs.get("fallbacks").warning("tempa: running a compiled graph with eager ATen ops: %s",
                                           why)
         return run_graph(gm, args[:n_user])
@@ -750,14 +749,14 @@ class GraphVariants:
                                f"ATen calls: {reason}")
         else:
             reason = f"{type(e).__name__}: {e}"
-            if importlib.import_module("tempa.config").config.raise_on_failure or \
+            if config.raise_on_failure or \
                     raises_in_eager(self.orig, self.examples):
                 raise e   # the graph itself fails on these inputs: eager's error, the user's
             _warn_once(f"tempa: compiling {_VARIANT_WORDS[variant]} failed ({reason}); "
                        "running it eagerly")
         self.info.fallback_reason = reason
         self.info.notes.append(f"{variant}: {reason}")
-        stats.bump("aten_fallbacks")
+        counters.bump("aten_fallbacks")
         orig = self.orig
         n_user = len([n for n in orig.graph.nodes if n.op == "placeholder"])
 

@@ -10,13 +10,9 @@
 """
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 from . import compile as gc
-
-stats = importlib.import_module("tempa.stats")
 
 # The modes whose graphs replay as CUDA graphs (as torch.compile's max-autotune, the tuned
 # graph does too); "max-autotune-no-cudagraphs" tunes without them.
