@@ -37,7 +37,8 @@ from .codegen import cpp, wrapper
 from .compile_graph import instantiate, plan_graph
 from .lower.decomps import table
 from .lower.lowerings import SizeChoices
-from .lower.trace import trace_forward, trace_training, with_output_views
+from .lower.joint import trace_training
+from .lower.trace import trace_forward, with_output_views
 from .runtime import build as _build
 
 # More symbols than this: compile per shape (3**n renderings would cost more than they save).

@@ -13,8 +13,10 @@ from .. import counters, logs
 from ..configuration import config
 from .compile_graph import CompiledGraphInfo, compile_graph
 from .lower.decomps import table
-from .lower.trace import (CONV_LAYOUTS, UntraceableGraph, is_channels_last, prepare,
-                          relayout_convolutions, trace_forward, trace_training, with_output_views)
+from .lower.joint import trace_training
+from .lower.layout import CONV_LAYOUTS, is_channels_last
+from .lower.replay import relayout_convolutions
+from .lower.trace import UntraceableGraph, prepare, trace_forward, with_output_views
 from .pipeline import show
 from .runtime.build import BuildError
 
@@ -114,7 +116,7 @@ class CpuTarget:
         return conv_layout_option("cpu_conv_layout")
 
 
-# The config values of a convolution layout policy: trace.CONV_LAYOUTS for every graph, or
+# The config values of a convolution layout policy: layout.CONV_LAYOUTS for every graph, or
 # "inference": channels-last in inference graphs, eager's layouts in training ones. Why the
 # GPU's default: on the H200 (bf16, torchvision ResNet-50 b32) channels-last took its
 # inference from 3.06 to 1.99 ms a call in reduce-overhead, and its training step from 17.0
@@ -514,7 +516,7 @@ class GraphVariants:
             return self.infer_fn
 
     def _conv_layout(self, variant: str) -> str:
-        """The target's convolution layout for ``variant`` (trace.CONV_LAYOUTS); a target
+        """The target's convolution layout for ``variant`` (layout.CONV_LAYOUTS); a target
         without a policy (the shape-generic ones: a conversion that is a no-op at one size
         is not at another) keeps eager's."""
         choose = getattr(self.target, "conv_layout", None)

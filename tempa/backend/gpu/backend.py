@@ -39,7 +39,7 @@ class GpuTarget:
 
     @staticmethod
     def conv_layout() -> str:
-        """Channels-last convolutions by default (config.gpu_conv_layout, lower/trace.py)."""
+        """Channels-last convolutions by default (config.gpu_conv_layout, lower/layout.py)."""
         from ..entry import conv_layout_option
         return conv_layout_option("gpu_conv_layout")
 
