@@ -139,7 +139,7 @@ _TEMPA_CODE_MODELS = {cache._on_registration: _registration_hook}
 
 def _is_library_function(fn) -> bool:
     """A function of a real library module (torch, ...): its code is not user state."""
-    from .tracer import is_library_module
+    from .outside import is_library_module
     mod = sys.modules.get(getattr(fn, "__module__", None) or "")
     return mod is not None and is_library_module(mod) and fn.__globals__ is mod.__dict__
 

@@ -24,7 +24,6 @@ expressions: slower, same answers.
 from __future__ import annotations
 
 import ctypes
-import importlib
 import logging
 import os
 import sys
@@ -32,6 +31,7 @@ import sysconfig
 
 import torch
 
+from ...configuration import config
 from . import extension
 
 _MODULE = "_tempa_nativeguards"
@@ -373,7 +373,7 @@ def _build():
         if not os.path.exists(header):
             raise RuntimeError(f"no {header}")
     from .build import compiler_id
-    comp = compiler_id(_config().cxx)
+    comp = compiler_id(config.cxx)
     with open(os.path.join(include, "c10", "core", "TensorImpl.h"), "rb") as f:
         header = f.read()
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
@@ -423,12 +423,8 @@ def module():
 def prebuild() -> None:
     """Start building the extension in a background thread (a no-op once started), so that
     on an empty cache its compiler run overlaps the first capture."""
-    if _config().fast_guards:
+    if config.fast_guards:
         _extension.prebuild()
-
-
-def _config():
-    return importlib.import_module("tempa.config").config
 
 
 def native(spec) -> bool:
@@ -441,7 +437,7 @@ def checker(specs: list, fallback):
     ``check(t0, t1, ...)`` is the conjunction of their Python checks, which ``fallback``
     (same arguments) evaluates where a tensor's fields cannot be read natively. None where
     the extension cannot be used."""
-    if not _config().fast_guards:
+    if not config.fast_guards:
         return None
     mod = module()
     if mod is None:
@@ -461,7 +457,7 @@ def all_empty():
     """``all_empty(*objects)``, natively ``not (o1 or o2 or ...)`` (hook dicts: one call
     for all of an entry's instead of a truth test each from Python); None where the
     extension cannot be used."""
-    if not _config().fast_guards:
+    if not config.fast_guards:
         return None
     mod = module()
     return None if mod is None else mod.all_empty
