@@ -468,7 +468,7 @@ def storage_groups():
     ``storage_groups``, which tensor arguments share storage), natively for plain CPU and
     CUDA tensors (an entry with a StaticCache's 32 cache tensors among its arguments: ~1 µs
     against ~40 from Python); None where the extension cannot be used."""
-    if not _config().fast_guards:
+    if not config.fast_guards:
         return None
     mod = module()
     return None if mod is None else mod.storage_groups
