@@ -8,7 +8,6 @@ and the guards it gets, is ``outside.py``'s (the Tracer's base class).
 """
 from __future__ import annotations
 
-import builtins
 import inspect
 import linecache
 import sys
@@ -461,10 +460,6 @@ def _method_of_copy(tracer, obj) -> bool:
     """``out.append`` of our copy of a caller's list: its attributes (``__self__``) are ours."""
     return type(obj) is _BUILTIN_METHOD and id(getattr(obj, "__self__", None)) in \
         tracer.external_copies
-
-
-def builtin(name: str):
-    return getattr(builtins, name)
 
 
 def _as_attribute_error(e: _PyException) -> Exception:
