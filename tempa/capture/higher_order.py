@@ -24,6 +24,21 @@ def is_disabled(fn) -> bool:
     return getattr(fn, "_torchdynamo_disable", False) is True
 
 
+def unpatched_optimizer_method(fn):
+    """The original of a torch.optim ``_init_group`` that torch.compile's first call wrapped
+    in its own disable (Dynamo's TorchPatcher does so for every optimizer class, for its
+    tracer's sake, not as the user's mark), else None. Tracing the original is what tempa
+    does in a process where torch.compile never ran; without this, every optimizer step
+    compiled after any torch.compile call in the process would break around it."""
+    if not is_disabled(fn):
+        return None
+    original = getattr(fn, "_torchdynamo_orig_callable", None)
+    if getattr(original, "__name__", None) == "_init_group" and \
+            getattr(original, "__module__", "").startswith("torch.optim."):
+        return original
+    return None
+
+
 def check_not_disabled(fn) -> None:
     """A call of a disabled function is a graph break: it runs eagerly, as it is."""
     if is_disabled(fn):

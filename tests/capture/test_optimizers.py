@@ -217,3 +217,35 @@ def test_bias_corrections_in_double_as_eager(kind, foreach):
         for p, q in zip(eager_model.parameters(), model.parameters()):
             torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-8)
     assert counts() == (2, 0, 1, 0)
+
+
+@pytest.mark.parametrize("kind", ["sgd-momentum", "adam"])
+def test_step_after_torch_compile_patched_the_optimizers(kind, monkeypatch):
+    # torch.compile's first call in a process wraps every optimizer class's _init_group in
+    # its own disable (Dynamo's TorchPatcher, for its tracer); a tempa step compiled after
+    # that must trace it as it would otherwise, not break around it
+    import torch._dynamo
+    cls = type(OPTIMIZERS[kind]([nn.Parameter(torch.zeros(1))], False))
+    monkeypatch.setattr(cls, "_init_group", torch._dynamo.disable(cls._init_group))
+    eager_model, eager_opt = _model_and_optimizer(kind, False)
+    model, opt = _model_and_optimizer(kind, False)
+    step = tempa.compile(opt.step, backend="eager")
+    x = torch.randn(16, 4)
+    for _ in range(4):
+        for m, s in ((eager_model, eager_opt.step), (model, step)):
+            m(x).pow(2).mean().backward()
+            s()
+        eager_opt.zero_grad()
+        opt.zero_grad()
+    _assert_same_parameters(eager_model, model, kind)
+    assert _path() == (2, 0, 1), tempa.stats()
+
+
+def test_explain_of_a_compiled_optimizer_step():
+    # explain() of a compiled bound method calls its function with the object first
+    model, opt = _model_and_optimizer("sgd-momentum", False)
+    model(torch.randn(16, 4)).pow(2).mean().backward()
+    out = tempa.explain(tempa.compile(opt.step))()
+    assert (out.graph_count, out.graph_break_count, out.eager_fallbacks) == (1, 0, []), str(out)
+    out = tempa.explain(opt.step)()
+    assert (out.graph_count, out.graph_break_count, out.eager_fallbacks) == (1, 0, []), str(out)
