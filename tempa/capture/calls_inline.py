@@ -43,6 +43,7 @@ def runs_uncompiled(fn) -> bool:
 
 
 def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
+    fn = higher_order.past_dynamos_own_marks(fn)
     code = fn.__code__
     higher_order.check_not_disabled(fn)   # its own message: marked torch.compiler.disable
     if _is_tempa_code(fn):

@@ -24,6 +24,22 @@ def is_disabled(fn) -> bool:
     return getattr(fn, "_torchdynamo_disable", False) is True
 
 
+def past_dynamos_own_marks(fn):
+    """The function to trace for ``fn``: the original of a disable mark Dynamo puts on torch's
+    code for its own tracer's sake, else ``fn``. Dynamo's patcher (run by the first
+    torch.compile in a process) marks every optimizer's ``_init_group`` disabled, then traces
+    that method anyway through a model of its own (its OptimizerVariable): the mark keeps
+    only its generic tracer out, it asks no one to run the method eagerly. Honoured, it made
+    every compiled ``opt.step`` break twice once torch.compile had run in the process."""
+    original = getattr(fn, "_torchdynamo_orig_callable", None)
+    if is_disabled(fn) and inspect.isfunction(original) and \
+            original.__name__ == "_init_group" and \
+            original.__module__.startswith("torch.optim.") and \
+            getattr(fn, "_torchdynamo_disable_msg", "").endswith("_init_group not supported"):
+        return original
+    return fn
+
+
 def check_not_disabled(fn) -> None:
     """A call of a disabled function is a graph break: it runs eagerly, as it is."""
     if is_disabled(fn):

@@ -217,3 +217,31 @@ def test_bias_corrections_in_double_as_eager(kind, foreach):
         for p, q in zip(eager_model.parameters(), model.parameters()):
             torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-8)
     assert counts() == (2, 0, 1, 0)
+
+
+@pytest.mark.parametrize("kind", ["sgd-momentum", "adam"])
+def test_the_disable_marks_torch_compile_puts_on_init_group_are_traced_through(kind):
+    """The first torch.compile in a process (its TorchPatcher) marks every optimizer's
+    ``_init_group`` disabled, for Dynamo's own tracer, which models that method itself.
+    Honoured as a user's torch.compiler.disable, it made a compiled step break twice (and
+    refuse under fullgraph=True) in any process that had used torch.compile. torch.compile's
+    own step: 1 graph and 1 break."""
+    from torch._dynamo.eval_frame import TorchPatcher
+    TorchPatcher.patch()
+    assert getattr(torch.optim.Adam._init_group, "_torchdynamo_disable", False)
+    eager_model, eager_opt = _model_and_optimizer(kind, False)
+    model, opt = _model_and_optimizer(kind, False)
+    step = tempa.compile(opt.step, fullgraph=True, backend="eager")
+    step_twins(((eager_model, eager_opt, eager_opt.step), (model, opt, step)), torch.randn(16, 4), 4)
+    _assert_same_parameters(eager_model, model, kind)
+    assert _path() == (2, 0, 1)   # step 1 (state made), step 2 on (state read)
+
+
+def test_explain_of_a_bound_step():
+    # tempa.explain(opt.step)() binds the optimizer as tempa.compile does; it called the
+    # function without it (an internal error, reported as an eager fallback)
+    model, opt = _model_and_optimizer("sgd-momentum", False)
+    model(torch.randn(16, 4)).sum().backward()
+    report = tempa.explain(opt.step)()
+    assert report.eager_fallbacks == [] and report.graph_break_count == 0
+    assert len(report.graphs) == 1

@@ -393,3 +393,26 @@ def test_a_parameter_written_into_the_modules_table_is_what_the_module_then_read
     with pytest.raises(AttributeError):
         tempa.compile(removed_then_read)(m)
     assert "running" not in m._buffers
+
+
+def test_deleting_an_attribute_of_a_new_argument_each_call_reuses_the_graph():
+    """``del box.old`` guards that ``old`` is an instance attribute of the object the
+    argument names on each call; it was guarded in the first call's own ``__dict__``, which
+    the replayed deletion emptied, so every later call recaptured (8 calls, then eager).
+    torch.compile on the same code: 1 graph, 0 breaks."""
+    def f(x, box):
+        box.t = x * 2
+        del box.old
+        return box.t + 1
+
+    fast = tempa.compile(f, fullgraph=True, backend="eager")
+    for _ in range(3):
+        box = Box()
+        box.old = 1
+        x = torch.randn(3)
+        assert torch.equal(fast(x, box), x * 2 + 1)
+        assert vars(box) == {"t": box.t} and torch.equal(box.t, x * 2)
+    assert _counts() == (1, 0, 0)
+    box = Box()                       # no attribute to delete: eager's AttributeError
+    with pytest.raises(AttributeError):
+        fast(torch.randn(3), box)
