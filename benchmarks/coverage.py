@@ -749,7 +749,9 @@ class Tempa:
 
 class TorchCompile:
     """torch.compile with a backend that counts the graphs Dynamo hands it and runs each as
-    its FX code; breaks from Dynamo's own counters."""
+    its FX code; breaks from Dynamo's own counters: "graph_break" (a break Dynamo resumes
+    after: graph_break(), a disabled call) and "unimplemented" (a break at what it cannot
+    trace, a data-dependent branch), which count different breaks."""
     name = "torch.compile"
 
     def __init__(self):
@@ -770,7 +772,8 @@ class TorchCompile:
 
     def counts(self):
         from torch._dynamo.utils import counters
-        return self.graphs, sum(counters["graph_break"].values()), None
+        breaks = sum(counters["graph_break"].values()) + sum(counters["unimplemented"].values())
+        return self.graphs, breaks, None
 
 
 def run(prog, system, dynamo_config) -> Outcome:

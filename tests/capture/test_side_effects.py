@@ -82,8 +82,43 @@ def test_ema_buffer_assignment_and_in_place_update():
         assert torch.allclose(fast(x), ref(x))
         assert torch.allclose(m.avg, ref.avg) and torch.allclose(m.avg2, ref.avg2)
     assert "avg2" in m._buffers
-    assert _counts()[1:] == (0, 0)
+    # the first graph read avg2 by identity; its write told the next capture to read it by
+    # source (torch.compile: 1 graph, it reads every buffer by source)
+    assert _counts() == (2, 0, 0)
+
+
+@pytest.mark.parametrize("backend", ["eager", "tempa"])
+def test_a_buffer_assigned_anew_on_every_call_is_read_by_source(backend):
+    """``self.avg = ...`` and ``self.k = torch.cat([self.k, x])`` on a module's buffers:
+    each call leaves a new tensor there. Bound by identity (and the entry dropped by the
+    replayed write's registration hook), every call recaptured, and after 8 the module ran
+    eagerly. torch.compile: 1 graph for the EMA, 1 per new kind of size for the cache."""
+    class Running(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("avg", torch.zeros(3))
+            self.register_buffer("k", torch.zeros(0, 3))
+
+        def forward(self, x):
+            self.avg = self.avg * 0.9 + x * 0.1
+            self.k = torch.cat([self.k, x[None]])
+            return self.avg + self.k.sum(0)
+
+    m, ref = Running(), Running()
+    fast = tempa.compile(m, backend=backend)
+    for _ in range(12):
+        x = torch.randn(3)
+        torch.testing.assert_close(fast(x), ref(x))
+        torch.testing.assert_close((m.avg, m.k), (ref.avg, ref.k))
+    # identity (the first call), by source (k of size 1), k's size symbolic (every later call)
     assert _counts() == (3, 0, 0)
+    assert tempa.stats().recompiles == 1
+    assert any("self.k is a Tensor" in g for e in tempa.entries(fast) for g in e.guards)
+    m.avg = torch.zeros(3, dtype=torch.float64)    # another kind of tensor: guarded
+    ref.avg = torch.zeros(3, dtype=torch.float64)
+    # (fused kernels compute x * 0.1 of a float32 x in double, eager in float)
+    torch.testing.assert_close(fast(x), ref(x), rtol=1e-6, atol=1e-7)
+    assert m.avg.dtype == torch.float64
 
 
 def test_cache_dict_item_assignment_on_module():
