@@ -59,8 +59,8 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
     (hooks, an overridden ``forward`` or ``__call__`` then make capture give up).
     ``symbolic_ints``: the expressions whose Python ints become symbols (automatic dynamic),
     or True: every int read from the arguments (``dynamic=True``).
-    ``replaced_buffers``: (id(module), name) of buffers an earlier capture assigned anew:
-    read by source (``Tracer.module_attr``)."""
+    ``replaced_buffers``: (id(module), name) of buffers an earlier capture (or pass) assigned
+    anew: read by source (``Tracer.module_attr``)."""
     if dynamic is False:
         symbolic_ints = frozenset()
     symbolic = dynamic is True or bool(dynamic) or bool(symbolic_ints) or \
@@ -159,6 +159,13 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         return capture(fn, args, kwargs, runtime=runtime, allow_breaks=True, dynamic=dynamic,
                        symbolic_ints=symbolic_ints, module_call=module_call,
                        replaced_buffers=replaced_buffers, _stop=first_break)
+    replaced = tracer.side_effects.replaced_buffers()
+    if not replaced <= replaced_buffers:
+        # The code assigns buffers anew (`self.ema = ...`) that this pass read by identity:
+        # the next call finds new tensors there, so capture once more reading them by source
+        return capture(fn, args, kwargs, runtime=runtime, allow_breaks=allow_breaks,
+                       dynamic=dynamic, symbolic_ints=symbolic_ints, module_call=module_call,
+                       replaced_buffers=frozenset(replaced_buffers | replaced), _stop=_stop)
     _guard_input_aliasing(builder, guards)
     tracer.guard_distinct_objects()
     for node in reversed(entered):
