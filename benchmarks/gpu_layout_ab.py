@@ -1,4 +1,4 @@
-"""A/B of tempa's convolution layout policy (config.gpu_conv_layout, lower/trace.py
+"""A/B of tempa's convolution layout policy (config.gpu_conv_layout, lower/layout.py
 CONV_LAYOUTS): torchvision ResNet-50 inference and training step, tempa default and
 reduce-overhead with convolutions channels-last and in eager's layouts, next to eager, in
 one process, bf16 autocast (issue 19).

@@ -8,8 +8,8 @@ Rows (in this order; --rows picks and orders them):
   llama_prefill, qwen2_prefill, mistral_prefill   HF decoders (GQA, RoPE, RMSNorm, SwiGLU;
                                                   hf_models "larger": 16 layers, d=1024),
                                                   b4 T512, logits of a full forward
-  llama_decode, qwen2_decode    one decode step (b4, one new token) on a StaticCache filled
-                                by an eager prefill of 512 tokens
+  llama_decode, qwen2_decode    decode steps (b4, one new token each, at positions 512, 513...)
+                                on a StaticCache filled by an eager prefill of 512 tokens
   llama_generate                model.generate(16 new tokens, static cache, greedy) with the
                                 forward compiled (generate(..., disable_compile=True)), ms per
                                 generated token, tokens compared with eager's
@@ -149,11 +149,18 @@ class TrainRow(Row):
 
 
 class DecodeRow(Row):
-    """One decode step on a StaticCache that an eager prefill of PROMPT tokens filled. Every
-    timed call writes the same cache slot (position PROMPT): the shapes, and so the work,
-    are those of any step."""
+    """Decode steps on a StaticCache that an eager prefill of PROMPT tokens filled, one new
+    token per call, as generate() runs them: a StaticCache layer writes at its own running
+    count (transformers 5: `cumulative_length`, whatever cache_position says), so every call
+    writes the next slot and the cache holds room for every call the cell makes. The shapes,
+    and so the work, are those of any step."""
     kind = "decode"
     reps = 100
+
+    @property
+    def calls(self):
+        # run_cell's first call, warm-up and timed calls, and gpu_profile.py's 35 more
+        return 1 + 5 + self.reps + 64
 
     def cell(self, compile_fn):
         from transformers import StaticCache
@@ -161,17 +168,26 @@ class DecodeRow(Row):
         # and the new keys (bf16) differ, and index_copy_ refuses (eager too)
         model = copy.deepcopy(self.model).to(torch.bfloat16)
         ids = self.kwargs["input_ids"]
-        cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + NEW_TOKENS)
+        cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + self.calls)
         with torch.no_grad():
             model(input_ids=ids, past_key_values=cache, use_cache=True,
                   cache_position=torch.arange(ids.shape[1], device=ids.device))
         fn = compile_fn(Kw(model))
+        # the position advances in place after each step (one tiny kernel, in every system's
+        # time alike): a CUDA graph copies it into its static input like any other tensor
+        position = torch.tensor([ids.shape[1]], device=ids.device)
         step_kwargs = dict(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True,
-                           cache_position=torch.tensor([ids.shape[1]], device=ids.device))
+                           cache_position=position)
+        made = [0]
 
         def call():
+            made[0] += 1
+            if made[0] > self.calls:
+                raise RuntimeError(f"DecodeRow: more than {self.calls} steps; the cache is full")
             with torch.no_grad():
-                return fn(**step_kwargs).logits
+                logits = fn(**step_kwargs).logits
+            position.add_(1)
+            return logits
         return call
 
 

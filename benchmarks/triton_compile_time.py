@@ -13,7 +13,6 @@ a time; the H200 host compiles 16 at once.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import subprocess
@@ -42,7 +41,7 @@ def collect(mode: str, vocab: int, jobs_file: str) -> None:
     from tempa.backend.gpu import kernels
     from tests.backend.test_gpu import _interp_backend
     from tests.models import gpt as G
-    importlib.import_module("tempa.config").config.raise_on_failure = True
+    tempa.config.raise_on_failure = True
     finish = gc.finish
 
     def finish_for_sm90(plans):

@@ -3,7 +3,7 @@
     fast = tempa.compile(model)      # nothing happens yet
     fast(x)                          # capture + compile on the first call, then cached
 """
-from .config import config
+from .configuration import config
 from .api import OptimizedModule, compile, disable, entries, eager_reasons, explain, mark_dynamic, mark_static, recompile_reasons, reset, stats
 from .capture.breaks import GraphBreakError
 from .api import stance_decisions

@@ -13,7 +13,7 @@ import types
 
 import torch
 
-from . import stats as _stats
+from . import counters
 from .capture import calls_inline
 from .capture.cache import clear_watchers
 from .context import CompileContext, calling, contexts
@@ -87,8 +87,8 @@ def reset() -> None:
     for ctx in list(contexts):
         ctx.clear()
     clear_watchers()
-    _stats.clear()
+    counters.clear()
 
 
-def stats() -> _stats.Stats:
-    return _stats.snapshot()
+def stats() -> counters.Stats:
+    return counters.snapshot()

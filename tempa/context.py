@@ -21,8 +21,8 @@ from torch.amp import autocast_mode
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack, \
     any_torch_dispatch_mode_on_stack
 
-from . import distributed, logs, stance, stats as _stats
-from .config import config
+from . import counters, distributed, logs, stance
+from .configuration import config
 from .backend.runtime import nativeguards
 from .capture import calls, calls_inline, higher_order
 from .capture import runtime as capture_runtime
@@ -194,7 +194,7 @@ class CompileContext:
         the recompile stances act in ``_capture_and_compile``)."""
         name = stance.state.name
         if name == "force_eager":
-            _stats.bump("stance_eager_calls")
+            counters.bump("stance_eager_calls")
             return eager(*args, **kwargs)
         if name != "auto":
             return self._compiled_call(cache, fn, eager, args, kwargs)
@@ -221,7 +221,7 @@ class CompileContext:
         """One call of ``fn`` while ``trial`` times its compiled code against eager."""
         path, timed = trial.next_path(), trial.timed()
         if path == "eager":
-            _stats.bump("stance_eager_calls")
+            counters.bump("stance_eager_calls")
         if not timed:
             if path == "eager":
                 return eager(*args, **kwargs)
@@ -351,7 +351,7 @@ class CompileContext:
         try:
             return eager(*args, **kwargs)
         except Exception as exc:
-            _stats.bump("graph_breaks")
+            counters.bump("graph_breaks")
             raise fullgraph_error(exc, _raised_at(fn, exc)) from exc
 
     def _eager_under_dispatch_mode(self, cache, fn, eager, args, kwargs):
@@ -362,7 +362,7 @@ class CompileContext:
         do not count: compiled code is opaque to them by their own declaration."""
         if cache not in self._mode_eager_noted:
             self._mode_eager_noted.add(cache)
-            _stats.bump("eager_fallbacks")
+            counters.bump("eager_fallbacks")
             reason = ("a torch dispatch mode is active that sees every op (its "
                       "ignore_compile_internals() is False)")
             self.fallback_log.append((fn, reason))
@@ -375,7 +375,7 @@ class CompileContext:
         it is said (a count, explain, the log), never a silent eager run."""
         cache.eager_reason = (f"capturing raised {type(error).__name__}({error}) where eager "
                               "does not (a tempa bug; please report it)")
-        _stats.bump("eager_fallbacks")
+        counters.bump("eager_fallbacks")
         self.fallback_log.append((fn, cache.eager_reason))
         _fallback_log.warning("tempa: running %s eagerly: %s", where(fn), cache.eager_reason)
 
@@ -395,7 +395,7 @@ class CompileContext:
             # Calling it only creates the generator (or coroutine); its body runs later, as
             # the caller iterates it, outside any call tempa could compile.
             cache.eager_reason = "a generator or coroutine function (its body runs as it is iterated)"
-            _stats.bump("eager_fallbacks")
+            counters.bump("eager_fallbacks")
             self.fallback_log.append((fn, cache.eager_reason))
             _fallback_log.warning("tempa: running %s eagerly: %s", where(fn), cache.eager_reason)
             return None
@@ -404,12 +404,12 @@ class CompileContext:
             if stance.state.name == "fail_on_recompile":
                 raise stance.RecompileError(f"tempa: {where(fn)} would recompile (stance "
                                             f"'fail_on_recompile'); the guard that failed: {why}")
-            _stats.bump("stance_eager_calls")
+            counters.bump("stance_eager_calls")
             return None    # this call runs eagerly; the entries stay for calls that fit them
         if cache.captures >= config.recompile_limit:
             why = cache.entries[0].why(*args, **kwargs) if cache.entries else "?"
             cache.eager_reason = f"recompile_limit ({config.recompile_limit}) reached"
-            _stats.bump("eager_fallbacks")
+            counters.bump("eager_fallbacks")
             logs.warn(f"tempa: {where(fn)} was recompiled {cache.captures} times "
                       f"(recompile_limit={config.recompile_limit}); it runs eagerly from now "
                       f"on. The guard that kept failing: {why}. Raise "
@@ -420,14 +420,14 @@ class CompileContext:
         try:
             captured = self._capture(cache, fn, args, kwargs)
         except Unsupported as u:
-            _stats.bump("graph_breaks")
+            counters.bump("graph_breaks")
             if u.location is None:   # raised outside any frame (building the output plan)
                 code = fn.__code__
                 u.at(code.co_filename, code.co_firstlineno, fn.__qualname__)
             if self.fullgraph:
                 raise GraphBreakError(u.location) from None
             cache.eager_reason = str(u)
-            _stats.bump("eager_fallbacks")
+            counters.bump("eager_fallbacks")
             self.fallback_log.append((fn, str(u)))
             if self.record:
                 self.break_log.append((fn, u.location))
@@ -444,14 +444,14 @@ class CompileContext:
         cache.last_shapes = captured.input_shapes
         cache.last_ints = captured.input_ints
         cache.replaced_buffers |= captured.replaced_buffers
-        _stats.bump("captures")
+        counters.bump("captures")
         if why is not None:
-            _stats.bump("recompiles")
+            counters.bump("recompiles")
             self.recompile_log.append((fn.__qualname__, why))
             if logs.on("recompiles"):
                 logs.get("recompiles").info("recompiling %s: %s", where(fn), why)
         if captured.break_reason is not None:
-            _stats.bump("graph_breaks")
+            counters.bump("graph_breaks")
             if self.record:
                 self.break_log.append((fn, captured.break_reason))
             if logs.on("breaks"):
@@ -574,7 +574,7 @@ class CompileContext:
     def _compile_graph(self, captured, fn):
         if captured.empty:
             return captured.gm   # nothing to compute: run as it is, as torch.compile does
-        _stats.bump("graphs_compiled")
+        counters.bump("graphs_compiled")
         backend = self.backend
         if captured.dynamic and not getattr(backend, "supports_dynamic", False):
             backend = _per_shape(backend)
@@ -586,7 +586,7 @@ class CompileContext:
                 raise UserError(e) from None
             if config.raise_on_failure:
                 raise
-            _stats.bump("eager_fallbacks")
+            counters.bump("eager_fallbacks")
             _fallback_log.warning("tempa: backend %r failed on the graph of %s (%s: %s); running "
                                   "that graph with ATen ops instead", self.backend_name,
                                   where(fn), type(e).__name__, e)

@@ -25,7 +25,7 @@ import torch
 import torch.fx
 from torch.nn.parallel import DistributedDataParallel
 
-from . import logs, stats as _stats
+from . import counters, logs
 
 _graph_log = logs.get("graphs")
 _fallback_log = logs.get("fallbacks")
@@ -126,7 +126,7 @@ def split_backend(backend, ddp):
         if n == 1:
             compiled = backend(gm, example_inputs)
             return _annotate(compiled, [compiled])
-        _stats.bump("graphs_compiled", n - 1)   # api counted the captured graph as one
+        counters.bump("graphs_compiled", n - 1)   # api counted the captured graph as one
         return chain_pieces(gm, pieces, backend)
     ddp_split.supports_dynamic = getattr(backend, "supports_dynamic", False)
     return ddp_split
@@ -282,10 +282,10 @@ class _LazyPiece(torch.nn.Module):
         try:
             return self._backend(self.gm, inputs)
         except Exception as e:
-            from .config import config
+            from .configuration import config
             if config.raise_on_failure:
                 raise
-            _stats.bump("eager_fallbacks")
+            counters.bump("eager_fallbacks")
             _fallback_log.warning("tempa: DDP piece %s: the backend failed (%s: %s); running "
                                   "that piece with ATen ops instead", self.name,
                                   type(e).__name__, e)

@@ -33,9 +33,15 @@ def explain(fn_or_module):
             context.dispatcher(target.__func__, target.__func__)(target.__self__, *args, **kwargs)
         else:
             compile_target = target.__wrapped__ if hasattr(target, "__tempa_context__") else target
-            if not hasattr(compile_target, "__code__"):
-                compile_target = calling(compile_target)
-            context.dispatcher(compile_target, compile_target)(*args, **kwargs)
+            if isinstance(compile_target, types.MethodType):
+                # a bound method (``opt.step``): its function, with the object as its first
+                # argument, as tempa.compile does
+                function = compile_target.__func__
+                context.dispatcher(function, function)(compile_target.__self__, *args, **kwargs)
+            else:
+                if not hasattr(compile_target, "__code__"):
+                    compile_target = calling(compile_target)
+                context.dispatcher(compile_target, compile_target)(*args, **kwargs)
         guards = [[d for _, d in e.guards] for c in context.all_caches() for e in c.entries]
         out = ExplainOutput(
             graphs=[gm for _, gm in context.graph_log if has_ops(gm)],

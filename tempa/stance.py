@@ -44,12 +44,13 @@ class RecompileError(RuntimeError):
     """Raised under ``fail_on_recompile`` when a call would recompile."""
 
 
-class _State:
+class _CurrentStance:
+    """The stance in force now, for the whole process (``state``)."""
     name = "default"
     active = False      # not "default": dispatchers consult this module
 
 
-state = _State()
+state = _CurrentStance()
 timer = time.perf_counter   # tests inject a fake clock here
 
 

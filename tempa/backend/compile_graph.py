@@ -9,10 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-import importlib
-
-logs = importlib.import_module("tempa.logs")
-stats = importlib.import_module("tempa.stats")  # the module; tempa.stats is also a function
+from .. import counters, logs
 from .codegen import cpp, wrapper
 from ..sourcefiles import source_file
 from .pipeline import Target, memory_summary, plan_graph as run_passes, show
@@ -119,8 +116,8 @@ def finish(plans: list) -> list:
             info.so_path = so
             info.from_disk_cache = cached
             info.used_gcc = not cached
-            stats.bump("kernels_compiled", info.kernel_count)
-        stats.bump("aten_fallbacks", len(info.aten_fallbacks))
+            counters.bump("kernels_compiled", info.kernel_count)
+        counters.bump("aten_fallbacks", len(info.aten_fallbacks))
         wsrc, consts, serializable = wrapper.render_wrapper(p.sched, p.lowered, p.seg_codes, p.num_inputs)
         info.wrapper_source = wsrc
         info.passes["build"] = so or "(no C++: every step is an ATen call)"

@@ -31,11 +31,14 @@ from fractions import Fraction
 
 import torch
 
+from .. import counters, logs
+from ..configuration import config
 from .codegen import cpp, wrapper
-from .compile_graph import instantiate, logs, plan_graph, stats
+from .compile_graph import instantiate, plan_graph
 from .lower.decomps import table
 from .lower.lowerings import SizeChoices
-from .lower.trace import trace_forward, trace_training, with_output_views
+from .lower.joint import trace_training
+from .lower.trace import trace_forward, with_output_views
 from .runtime import build as _build
 
 # More symbols than this: compile per shape (3**n renderings would cost more than they save).
@@ -357,7 +360,7 @@ class DynamicTarget:
             why = str(e)
         else:
             why = f"{type(e).__name__}: {e}"
-            if importlib_config().raise_on_failure and not isinstance(e, NotGeneric):
+            if config.raise_on_failure and not isinstance(e, NotGeneric):
                 raise e
         self.info.dynamic = f"per-shape: {why}"
         self.info.notes.append(f"{label}: compiled once per shape ({why})")
@@ -478,11 +481,6 @@ class DynamicTarget:
         return self._make_dplan(ex_plan, (cpp_src, wsrc), n, made)
 
 
-def importlib_config():
-    import importlib
-    return importlib.import_module("tempa.config").config
-
-
 def _key(inputs):
     return tuple(t.shape if isinstance(t, torch.Tensor) else t for t in inputs)
 
@@ -595,8 +593,8 @@ def finish(dplans: list) -> list:
             info.so_path = so
             info.from_disk_cache = cached
             info.used_gcc = not cached
-            stats.bump("kernels_compiled", info.kernel_count)
-        stats.bump("aten_fallbacks", len(info.aten_fallbacks))
+            counters.bump("kernels_compiled", info.kernel_count)
+        counters.bump("aten_fallbacks", len(info.aten_fallbacks))
         consts = p.ex.wrapper_rendered[1]
         call = instantiate(p.wsrc, lib, p.ex.seg_codes, p.ex.lowered.constants, consts)
         log = logs.get("code")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import copy
-import importlib
 import re
 import threading
 import time
@@ -10,15 +9,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import counters, logs
+from ..configuration import config
 from .compile_graph import CompiledGraphInfo, compile_graph
 from .lower.decomps import table
-from .lower.trace import (CONV_LAYOUTS, UntraceableGraph, is_channels_last, prepare,
-                          relayout_convolutions, trace_forward, trace_training, with_output_views)
+from .lower.joint import trace_training
+from .lower.layout import CONV_LAYOUTS, is_channels_last
+from .lower.replay import relayout_convolutions
+from .lower.trace import UntraceableGraph, prepare, trace_forward, with_output_views
 from .pipeline import show
 from .runtime.build import BuildError
 
-stats = importlib.import_module("tempa.stats")   # the module; tempa.stats is also a function
-logs = importlib.import_module("tempa.logs")
 
 
 @dataclass
@@ -115,7 +116,7 @@ class CpuTarget:
         return conv_layout_option("cpu_conv_layout")
 
 
-# The config values of a convolution layout policy: trace.CONV_LAYOUTS for every graph, or
+# The config values of a convolution layout policy: layout.CONV_LAYOUTS for every graph, or
 # "inference": channels-last in inference graphs, eager's layouts in training ones. Why the
 # GPU's default: on the H200 (bf16, torchvision ResNet-50 b32) channels-last took its
 # inference from 3.06 to 1.99 ms a call in reduce-overhead, and its training step from 17.0
@@ -127,7 +128,7 @@ CONV_LAYOUT_OPTIONS = CONV_LAYOUTS + ("inference",)
 def conv_layout_option(name: str) -> str:
     """The config option ``name`` (gpu_conv_layout, cpu_conv_layout): one of
     CONV_LAYOUT_OPTIONS; another value is said once and taken as "eager"."""
-    value = getattr(importlib.import_module("tempa.config").config, name)
+    value = getattr(config, name)
     if value in CONV_LAYOUT_OPTIONS:
         return value
     _warn_once(f"tempa: config.{name}={value!r} is not one of {CONV_LAYOUT_OPTIONS}; using 'eager'")
@@ -347,7 +348,7 @@ def _transformed_call(gm, info):
             why = ("forward-mode AD or a torch.func transform (vmap, jvp, grad) is active; "
                    "the compiled kernels read plain tensors only")
             info.notes.append(f"eager: {why}")
-            stats.bump("eager_fallbacks")
+            counters.bump("eager_fallbacks")
             logs.get("fallbacks").warning("tempa: running a compiled graph with eager ATen ops: %s",
                                           why)
         return run_graph(gm, args[:n_user])
@@ -515,7 +516,7 @@ class GraphVariants:
             return self.infer_fn
 
     def _conv_layout(self, variant: str) -> str:
-        """The target's convolution layout for ``variant`` (trace.CONV_LAYOUTS); a target
+        """The target's convolution layout for ``variant`` (layout.CONV_LAYOUTS); a target
         without a policy (the shape-generic ones: a conversion that is a no-op at one size
         is not at another) keeps eager's."""
         choose = getattr(self.target, "conv_layout", None)
@@ -750,14 +751,14 @@ class GraphVariants:
                                f"ATen calls: {reason}")
         else:
             reason = f"{type(e).__name__}: {e}"
-            if importlib.import_module("tempa.config").config.raise_on_failure or \
+            if config.raise_on_failure or \
                     raises_in_eager(self.orig, self.examples):
                 raise e   # the graph itself fails on these inputs: eager's error, the user's
             _warn_once(f"tempa: compiling {_VARIANT_WORDS[variant]} failed ({reason}); "
                        "running it eagerly")
         self.info.fallback_reason = reason
         self.info.notes.append(f"{variant}: {reason}")
-        stats.bump("aten_fallbacks")
+        counters.bump("aten_fallbacks")
         orig = self.orig
         n_user = len([n for n in orig.graph.nodes if n.op == "placeholder"])
 

@@ -38,9 +38,9 @@ PASSES = (
     ("layout", "4-D convolutions channels-last where the target's policy says so (GPU): the "
                "inference graph replayed with converted arguments, or the joint's replay "
                "converting them; returned tensors and gradients keep eager's layouts "
-               "(lower/trace.py CONV_LAYOUTS)"),
+               "(lower/layout.py CONV_LAYOUTS, lower/replay.py)"),
     ("joint", "[training] the forward with grad and its recorded backward, partitioned into "
-              "forward (outputs + saved) and backward graphs (lower/trace.py)"),
+              "forward (outputs + saved) and backward graphs (lower/joint.py)"),
     # -- per functional graph: GRAPH_PASSES, through plan_graph ------------------------------
     ("lower", "ATen FX -> loop IR (lower/lowerings.py); an op without a lowering becomes an ATen call"),
     ("eliminate_dead", "drop buffers nothing reads"),

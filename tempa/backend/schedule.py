@@ -184,7 +184,7 @@ def legal(group_outer, members, cand: ComputedBuffer, any_layout=False):
     """None if ``cand`` may join a group with these members and outer space; else why not.
     ``any_layout`` (the GPU): a member in a non-contiguous layout may be read where the read
     is of the current outer element itself (no inner dims): its value is at hand whatever
-    the layout. Why: channels-last values between convolutions (lower/trace.py
+    the layout. Why: channels-last values between convolutions (lower/layout.py
     CONV_LAYOUTS) otherwise split a BatchNorm backward's chain of pointwise ops into one
     kernel per op."""
     nz = nonunit(cand.sizes)

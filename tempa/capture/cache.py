@@ -132,14 +132,16 @@ def signature_source(code, fn) -> str:
 
 def build_entry(fn, captured, compiled, native_checks=None) -> Entry:
     """``native_checks`` (optional): a provider of native checks (``native(spec)``,
-    ``checker(specs, fallback)``, ``all_empty()``; the backend's ``nativeguards``): the
-    entry's tensor guards then run in one call, and its emptiness guards in another."""
+    ``checker(specs, fallback)``, ``all_empty()``, ``storage_groups()``; the backend's
+    ``nativeguards``): the entry's tensor guards then run in one call, its emptiness guards
+    in another, and its storage-sharing guard natively."""
     guards: GuardSet = captured.guards
     ordered = guards.ordered()
     sig = signature_source(fn.__code__, fn)
     call_args = list(captured.user_input_exprs) + [guards.const(t, "P") for t in captured.attr_tensors]
     fused = {**_fused_tensor_check(guards, ordered, native_checks),
-             **_fused_empty_check(guards, ordered, native_checks)}
+             **_fused_empty_check(guards, ordered, native_checks),
+             **_native_storage_check(guards, ordered, native_checks)}
     # A guard that cannot be evaluated (a shorter list, a missing key, a deleted attribute)
     # is a miss, never the user's exception: the checks run inside one try (free in CPython
     # 3.11+ until something raises); the compiled call runs outside it.
@@ -221,6 +223,22 @@ def _fused_empty_check(guards: GuardSet, ordered, native_checks) -> dict:
         return {}
     names = [n for expr in exprs for n in guards.empty_checks[expr]]
     return _first_becomes(f"{guards.const(all_empty, 'F')}({', '.join(names)})", exprs)
+
+
+def _native_storage_check(guards: GuardSet, ordered, native_checks) -> dict:
+    """The storage-sharing guard with its tuple computed natively (its Python function is
+    the native call's fallback, for tensors it cannot read): {guard: native guard}."""
+    exprs = [expr for expr, _ in ordered if expr in guards.storage_checks]
+    native = native_checks.storage_groups() if native_checks is not None and exprs else None
+    if native is None:
+        return {}
+    out = {}
+    for expr in exprs:
+        python_call, groups = expr.split(" == ", 1)
+        fallback = python_call[:python_call.index("(")]
+        args = ", ".join(guards.storage_checks[expr])
+        out[expr] = f"{guards.const(native, 'F')}({fallback}, {args}) == {groups}"
+    return out
 
 
 def _first_becomes(call: str, exprs: list) -> dict:

@@ -43,7 +43,7 @@ def runs_uncompiled(fn) -> bool:
 
 
 def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
-    fn = higher_order.past_dynamos_own_marks(fn)
+    fn = higher_order.unpatched_optimizer_method(fn) or fn
     code = fn.__code__
     higher_order.check_not_disabled(fn)   # its own message: marked torch.compiler.disable
     if _is_tempa_code(fn):
@@ -140,7 +140,7 @@ _TEMPA_CODE_MODELS = {cache._on_registration: _registration_hook}
 
 def _is_library_function(fn) -> bool:
     """A function of a real library module (torch, ...): its code is not user state."""
-    from .tracer import is_library_module
+    from .outside import is_library_module
     mod = sys.modules.get(getattr(fn, "__module__", None) or "")
     return mod is not None and is_library_module(mod) and fn.__globals__ is mod.__dict__
 

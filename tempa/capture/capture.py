@@ -223,8 +223,8 @@ def _guard_input_aliasing(builder, guards) -> None:
                                                              "written in place")
     exprs = [expr for _, expr, _ in builder.user_inputs]
     shared = [f"{exprs[i]} shares storage with {exprs[g]}" for i, g in enumerate(groups) if g != i]
-    guards.add("global", f"{guards.const(storage_groups, 'F')}({', '.join(exprs)}) == {groups}",
-               "; ".join(shared) if shared else f"{', '.join(exprs)} do not share storage")
+    guards.shared_storage(exprs, groups, "; ".join(shared) if shared else
+                          f"{', '.join(exprs)} do not share storage")
 
 
 def _name_stack_arguments(guards, fn, arguments: dict) -> None:

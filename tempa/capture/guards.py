@@ -39,6 +39,8 @@ class GuardSet:
         self.tensor_specs: dict[str, tuple[str, TensorSpec]] = {}
         # emptiness guard expression -> the constant names it tests
         self.empty_checks: dict[str, list[str]] = {}
+        # the storage-sharing guard (at most one): expression -> its arguments' expressions
+        self.storage_checks: dict[str, list[str]] = {}
         self.names: dict[str, str] = {}   # "___O13" -> "self.drop": how the user's code says it
 
     # -- constants --------------------------------------------------------------------
@@ -179,6 +181,12 @@ class GuardSet:
         expr = "not (" + " or ".join(names) + ")"
         self.add("module", expr, description)
         self.empty_checks.setdefault(expr, names)
+
+    def shared_storage(self, exprs: list[str], groups: tuple, description: str) -> None:
+        """Which of the tensors ``exprs`` share storage is ``groups`` (``storage_groups``)."""
+        expr = f"{self.const(storage_groups, 'F')}({', '.join(exprs)}) == {groups}"
+        self.add("global", expr, description)
+        self.storage_checks.setdefault(expr, list(exprs))
 
     def global_state(self, expr: str, value, description: str) -> None:
         self.add("global", f"{expr} is {value!r}", description)

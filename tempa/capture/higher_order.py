@@ -25,20 +25,19 @@ def is_disabled(fn) -> bool:
     return getattr(fn, "_torchdynamo_disable", False) is True
 
 
-def past_dynamos_own_marks(fn):
-    """The function to trace for ``fn``: the original of a disable mark Dynamo puts on torch's
-    code for its own tracer's sake, else ``fn``. Dynamo's patcher (run by the first
-    torch.compile in a process) marks every optimizer's ``_init_group`` disabled, then traces
-    that method anyway through a model of its own (its OptimizerVariable): the mark keeps
-    only its generic tracer out, it asks no one to run the method eagerly. Honoured, it made
-    every compiled ``opt.step`` break twice once torch.compile had run in the process."""
+def unpatched_optimizer_method(fn):
+    """The original of a torch.optim ``_init_group`` that torch.compile's first call wrapped
+    in its own disable (Dynamo's TorchPatcher does so for every optimizer class, for its
+    tracer's sake, not as the user's mark), else None. Tracing the original is what tempa
+    does in a process where torch.compile never ran; without this, every optimizer step
+    compiled after any torch.compile call in the process would break around it."""
+    if not is_disabled(fn):
+        return None
     original = getattr(fn, "_torchdynamo_orig_callable", None)
-    if is_disabled(fn) and inspect.isfunction(original) and \
-            original.__name__ == "_init_group" and \
-            original.__module__.startswith("torch.optim.") and \
-            getattr(fn, "_torchdynamo_disable_msg", "").endswith("_init_group not supported"):
+    if getattr(original, "__name__", None) == "_init_group" and \
+            getattr(original, "__module__", "").startswith("torch.optim."):
         return original
-    return fn
+    return None
 
 
 def check_not_disabled(fn) -> None:

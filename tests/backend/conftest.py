@@ -8,8 +8,7 @@ import pytest
 def _private_cache():
     """The backend tests get their own cache dir (the disk-cache tests need a known state);
     package scope: restored before other packages' tests run (they check the default)."""
-    import importlib
-    cfg = importlib.import_module("tempa.config").config
+    from tempa import config as cfg
     old, old_env = cfg.cache_dir, os.environ.get("TEMPA_CACHE_DIR")
     d = tempfile.mkdtemp(prefix="tempa-test-cache-")
     cfg.cache_dir = d

@@ -1,5 +1,4 @@
 """The CPU backend against eager: values, gradients, fusion, caches, faults, threads."""
-import importlib
 import os
 import subprocess
 import sys
@@ -11,12 +10,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from tempa import config, counters
 from tempa.backend import tempa_backend
 
 from .helpers import close, compile_fn, graph_of
-
-stats = importlib.import_module("tempa.stats")
-config = importlib.import_module("tempa.config").config
 
 
 def check(fn, *inputs, kernels=None, max_kernels=None, fallbacks_ok=True):
@@ -328,15 +325,15 @@ def test_no_grad_block_inside_graph():
 # --- caches and faults --------------------------------------------------------------------
 
 _CHILD = r"""
-import importlib, torch, torch.nn.functional as F
+import torch, torch.nn.functional as F
 import torch.fx as fx
+from tempa import counters
 from tempa.backend import tempa_backend
-stats = importlib.import_module("tempa.stats")
 def f(x): return torch.tanh(x * 3 + 0.25).sum(1)
 c = tempa_backend(fx.symbolic_trace(f), [torch.randn(7, 9)])
 x = torch.randn(7, 9)
 assert torch.allclose(c(x), f(x), atol=1e-5)
-print(stats.snapshot().gcc_runs, stats.snapshot().disk_cache_hits)
+print(counters.snapshot().gcc_runs, counters.snapshot().disk_cache_hits)
 """
 
 
@@ -405,11 +402,11 @@ def test_two_threads_one_callable():
 
 def test_code_is_logged_and_counted(caplog):
     import logging
-    before = stats.snapshot()
+    before = counters.snapshot()
     with caplog.at_level(logging.INFO, logger="tempa.code"):
         c = compile_fn(lambda x: (x * x).exp() + 3.25, torch.randn(3, 3))
     assert any("extern \"C\"" in r.getMessage() for r in caplog.records)
-    after = stats.snapshot()
+    after = counters.snapshot()
     # graphs are counted by the frontend (tempa/context.py), once per graph it hands a backend
     assert after.graphs_compiled == before.graphs_compiled
     assert after.kernels_compiled == before.kernels_compiled + c.tempa_info.kernel_count >= 1
@@ -421,13 +418,13 @@ def test_kernel_counters_agree_with_tempa_info():
     from tests.models import zoo
     tempa.reset()
     model = zoo.make("mlp_seed").model
-    before = stats.snapshot()
+    before = counters.snapshot()
     fast = tempa.compile(model)
     fast(torch.randn(8, 32)).sum().backward()
     with torch.no_grad():
         fast(torch.randn(8, 32))
     infos = [e.compiled.tempa_info for e in tempa.entries(fast)]
-    after = stats.snapshot()
+    after = counters.snapshot()
     assert after.graphs_compiled - before.graphs_compiled == len(infos) == 2   # grad mode is guarded
     assert after.kernels_compiled - before.kernels_compiled == sum(i.kernel_count for i in infos)
     train = [i for i in infos if i.backward is not None][0]

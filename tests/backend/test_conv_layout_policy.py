@@ -1,4 +1,4 @@
-"""The channels-last convolution policy (lower/trace.py CONV_LAYOUTS; on by default on CUDA,
+"""The channels-last convolution policy (lower/layout.py CONV_LAYOUTS; on by default on CUDA,
 config.gpu_conv_layout): 4-D convolutions get channels-last input and weight, the ops
 between them follow, and what the caller sees keeps eager's layouts (returned tensors,
 gradients, BatchNorm's running stats). Checked on the CPU with config.cpu_conv_layout
@@ -16,8 +16,10 @@ from tempa.backend.gpu import compile as gc
 from tempa.backend.ir import ExternCall
 from tempa.backend.lower import matmul
 from tempa.backend.lower.decomps import table
-from tempa.backend.lower.trace import (is_channels_last, relayout_convolutions, trace_forward,
-                                       trace_training)
+from tempa.backend.lower.joint import trace_training
+from tempa.backend.lower.layout import is_channels_last
+from tempa.backend.lower.replay import relayout_convolutions
+from tempa.backend.lower.trace import trace_forward
 
 from .helpers import close, compile_fn
 

@@ -192,7 +192,7 @@ def test_interpreter_gemm_tuning_cache_across_processes(tmp_path):
 
 def _tuner_setup(monkeypatch, tmp_path):
     from tempa.backend.runtime import autotune
-    from tempa.config import config
+    from tempa import config
     monkeypatch.setattr(config, "cache_dir", str(tmp_path))
     autotune.clear_memo()
     return autotune

@@ -345,7 +345,7 @@ def test_causal_guard_switches_when_mask_changes():
 
 @cuda
 def test_max_autotune_gemm_epilogue_and_cache(tmp_path, monkeypatch):
-    from tempa.config import config
+    from tempa import config
     monkeypatch.setattr(config, "cache_dir", str(tmp_path))
 
     def f(x, w, b):

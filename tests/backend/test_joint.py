@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 import tempa
 from tempa.backend.lower.decomps import table
-from tempa.backend.lower.trace import trace_training
+from tempa.backend.lower.joint import trace_training
 
 from .helpers import compile_fn
 

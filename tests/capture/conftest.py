@@ -22,7 +22,7 @@ _TORCH = importlib.util.find_spec("torch") is not None
 def _capture_off() -> bool:
     if not _TORCH:
         return False
-    from tempa.config import config
+    from tempa import config
     return not config.capture
 
 

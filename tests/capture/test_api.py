@@ -110,7 +110,7 @@ def test_bad_arguments_raise_like_eager():
 
 @pytest.mark.passes_without_capture("reads tempa.config only")
 def test_config_defaults_and_environment(monkeypatch):
-    from tempa.config import _from_environment
+    from tempa.configuration import _from_environment
     assert tempa.config.recompile_limit == 8
     assert tempa.config.cache_dir.endswith("tempa")
     monkeypatch.setenv("TEMPA_RECOMPILE_LIMIT", "3")

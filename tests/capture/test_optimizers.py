@@ -220,30 +220,32 @@ def test_bias_corrections_in_double_as_eager(kind, foreach):
 
 
 @pytest.mark.parametrize("kind", ["sgd-momentum", "adam"])
-def test_the_disable_marks_torch_compile_puts_on_init_group_are_traced_through(kind, monkeypatch):
-    """The first torch.compile in a process (its TorchPatcher) marks every optimizer's
-    ``_init_group`` disabled, for Dynamo's own tracer, which models that method itself.
-    Honoured as a user's torch.compiler.disable, it made a compiled step break twice (and
-    refuse under fullgraph=True) in any process that had used torch.compile. torch.compile's
-    own step: 1 graph and 1 break. The marks are made here as TorchPatcher.patch makes them
-    (it cannot be undone: it also turns off the distributions' argument checks)."""
+def test_step_after_torch_compile_patched_the_optimizers(kind, monkeypatch):
+    # torch.compile's first call in a process wraps every optimizer class's _init_group in
+    # its own disable (Dynamo's TorchPatcher, for its tracer); a tempa step compiled after
+    # that must trace it as it would otherwise, not break around it
     import torch._dynamo
-    for cls in (torch.optim.SGD, torch.optim.Adam):
-        monkeypatch.setattr(cls, "_init_group", torch._dynamo.disable(
-            cls._init_group, reason=f"optimizer {cls} _init_group not supported"))
+    cls = type(OPTIMIZERS[kind]([nn.Parameter(torch.zeros(1))], False))
+    monkeypatch.setattr(cls, "_init_group", torch._dynamo.disable(cls._init_group))
     eager_model, eager_opt = _model_and_optimizer(kind, False)
     model, opt = _model_and_optimizer(kind, False)
-    step = tempa.compile(opt.step, fullgraph=True, backend="eager")
-    step_twins(((eager_model, eager_opt, eager_opt.step), (model, opt, step)), torch.randn(16, 4), 4)
+    step = tempa.compile(opt.step, backend="eager")
+    x = torch.randn(16, 4)
+    for _ in range(4):
+        for m, s in ((eager_model, eager_opt.step), (model, step)):
+            m(x).pow(2).mean().backward()
+            s()
+        eager_opt.zero_grad()
+        opt.zero_grad()
     _assert_same_parameters(eager_model, model, kind)
-    assert _path() == (2, 0, 1)   # step 1 (state made), step 2 on (state read)
+    assert _path() == (2, 0, 1), tempa.stats()
 
 
-def test_explain_of_a_bound_step():
-    # tempa.explain(opt.step)() binds the optimizer as tempa.compile does; it called the
-    # function without it (an internal error, reported as an eager fallback)
+def test_explain_of_a_compiled_optimizer_step():
+    # explain() of a compiled bound method calls its function with the object first
     model, opt = _model_and_optimizer("sgd-momentum", False)
-    model(torch.randn(16, 4)).sum().backward()
-    report = tempa.explain(opt.step)()
-    assert report.eager_fallbacks == [] and report.graph_break_count == 0
-    assert len(report.graphs) == 1
+    model(torch.randn(16, 4)).pow(2).mean().backward()
+    out = tempa.explain(tempa.compile(opt.step))()
+    assert (out.graph_count, out.graph_break_count, out.eager_fallbacks) == (1, 0, []), str(out)
+    out = tempa.explain(opt.step)()
+    assert (out.graph_count, out.graph_break_count, out.eager_fallbacks) == (1, 0, []), str(out)

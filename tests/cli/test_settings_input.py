@@ -7,10 +7,8 @@ import sys
 
 import pytest
 
-from tempa import cli, logs
+from tempa import cli, configuration, logs
 
-# tempa.config is the options object; its module is where _from_environment lives.
-config_module = sys.modules["tempa.config"]
 
 
 @pytest.mark.parametrize("spec", ["grpahs", "graph", "graphs,nope"])
@@ -30,8 +28,8 @@ def test_bad_environment_value_warns_and_keeps_the_default(monkeypatch):
     monkeypatch.setenv("TEMPA_RECOMPILE_LIMIT", "abc")
     monkeypatch.setenv("TEMPA_DISK_CACHE", "maybe")
     with pytest.warns(UserWarning) as record:
-        cfg = config_module._from_environment()
-    assert cfg.recompile_limit == config_module.Config().recompile_limit
+        cfg = configuration._from_environment()
+    assert cfg.recompile_limit == configuration.Config().recompile_limit
     assert cfg.disk_cache is True
     text = " ".join(str(w.message) for w in record)
     assert "TEMPA_RECOMPILE_LIMIT='abc' ignored (expected an integer)" in text

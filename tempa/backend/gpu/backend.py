@@ -10,13 +10,9 @@
 """
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 from . import compile as gc
-
-stats = importlib.import_module("tempa.stats")
 
 # The modes whose graphs replay as CUDA graphs (as torch.compile's max-autotune, the tuned
 # graph does too); "max-autotune-no-cudagraphs" tunes without them.
@@ -43,7 +39,7 @@ class GpuTarget:
 
     @staticmethod
     def conv_layout() -> str:
-        """Channels-last convolutions by default (config.gpu_conv_layout, lower/trace.py)."""
+        """Channels-last convolutions by default (config.gpu_conv_layout, lower/layout.py)."""
         from ..entry import conv_layout_option
         return conv_layout_option("gpu_conv_layout")
 

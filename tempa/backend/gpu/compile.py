@@ -12,11 +12,11 @@ compiled at once, in parallel (kernels.py), then the wrappers (wrapper.py)).
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 
 import torch
 
+from ... import counters, logs
 from ..codegen import triton as tr
 from ..codegen.triton_emit import EXTRA_DTYPES
 from ..compile_graph import CompiledGraphInfo
@@ -26,9 +26,6 @@ from ..schedule import _extern_buffers, _reads, nonunit, probe_loads
 from ..index import Var
 from . import kernels as K
 from . import wrapper as W
-
-logs = importlib.import_module("tempa.logs")
-stats = importlib.import_module("tempa.stats")
 aten = torch.ops.aten
 
 # Library calls (not gaps in the IR): reported as extern, not as ATen fallbacks.
@@ -330,8 +327,8 @@ def finish(plans: list) -> list:
         info.unique_kernels = len({it[1].name for it in p.items if isinstance(it, tuple)})
         info.kernels = [it[1].name + ": " + it[1].summary for it in p.items if isinstance(it, tuple)]
         info.launch = "jit" if interp else "direct"
-        stats.bump("kernels_compiled", info.unique_kernels)
-        stats.bump("aten_fallbacks", len(info.aten_fallbacks))
+        counters.bump("kernels_compiled", info.unique_kernels)
+        counters.bump("aten_fallbacks", len(info.aten_fallbacks))
         rendered = None
         if p.generic_wrapper is not None:
             wsrc, consts = p.generic_wrapper

@@ -27,12 +27,10 @@ import sys
 import tempfile
 import time
 
-import importlib
+from ... import logs
+from ...configuration import config
 
-_config = importlib.import_module("tempa.config").config
-logs = importlib.import_module("tempa.logs")
-
-os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(_config.cache_dir, "triton"))
+os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(config.cache_dir, "triton"))
 
 
 def interpret_mode() -> bool:
@@ -41,7 +39,7 @@ def interpret_mode() -> bool:
 
 def write_module(source: str) -> str:
     digest = hashlib.sha256(source.encode()).hexdigest()[:24]
-    d = os.path.join(_config.cache_dir, "triton_src")
+    d = os.path.join(config.cache_dir, "triton_src")
     os.makedirs(d, exist_ok=True)
     path = os.path.join(d, f"k_{digest}.py")
     try:

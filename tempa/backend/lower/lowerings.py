@@ -22,7 +22,7 @@ from . import pointwise, reductions, views  # importing them registers their low
 from .core import (INLINE_COST, LOWERINGS, SMALL_MATMUL_MACS, LowerCtx, LowerOptions, SizeChoices,
                    literal, probe, register)
 from .matmul import EXTERN_OPS, lower_extern
-from .trace import is_channels_last
+from .layout import is_channels_last
 
 # what other packages use from here (the lowerings themselves live in the modules above)
 __all__ = ["lower_graph", "LOWERINGS", "register", "literal", "LowerOptions", "SizeChoices",
@@ -112,7 +112,7 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
 def _stored_strides(ctx, n):
     """The strides a value stored for several users gets: its traced ones where it is a
     channels-last 4-D tensor and the target asks for it (between convolutions running
-    channels-last, lower/trace.py CONV_LAYOUTS: stored contiguous, the next convolution's
+    channels-last, lower/layout.py CONV_LAYOUTS: stored contiguous, the next convolution's
     argument was a second copy), else contiguous (None)."""
     tm = n.meta.get("traced_meta")
     if not ctx.options.channels_last_stores or tm is None or len(tm.shape) != 4 \

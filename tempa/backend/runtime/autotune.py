@@ -25,7 +25,6 @@ remembers (DESIGN.md: codegen never imports runtime).
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import statistics
@@ -33,9 +32,8 @@ import time
 from dataclasses import dataclass, field
 
 from . import diskcache
-
-_config_mod = importlib.import_module("tempa.config")
-logs = importlib.import_module("tempa.logs")
+from ... import logs
+from ...configuration import config
 
 SLOW_SECONDS = 2.0
 # Bump when the meaning of a stored choice changes (candidate naming, template semantics).
@@ -64,7 +62,7 @@ class Autotuner:
     def pick(self, what: str, key: dict, names: list, prepare, timer=None, default: str = None) -> Decision:
         """The fastest of ``names`` for this site (see the module docstring)."""
         digest = key_digest(key)
-        memo_key = (_config_mod.config.cache_dir, digest)
+        memo_key = (config.cache_dir, digest)
         rec = _MEMO.get(memo_key)
         source = "memo"
         if rec is None:
@@ -195,12 +193,12 @@ def key_digest(key: dict) -> str:
 
 
 def entry_path(digest: str) -> str:
-    d = os.path.join(os.path.expanduser(_config_mod.config.cache_dir), "autotune", digest[:2])
+    d = os.path.join(os.path.expanduser(config.cache_dir), "autotune", digest[:2])
     return os.path.join(d, digest + ".json")
 
 
 def _load(digest: str):
-    if not _config_mod.config.disk_cache:
+    if not config.disk_cache:
         return None
     data = diskcache.load_verified(entry_path(digest))
     if data is None:
@@ -215,7 +213,7 @@ def _load(digest: str):
 
 
 def _store(digest: str, rec: dict) -> None:
-    if not _config_mod.config.disk_cache:
+    if not config.disk_cache:
         return
     p = entry_path(digest)
     try:

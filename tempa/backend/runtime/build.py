@@ -16,11 +16,8 @@ import shutil
 import subprocess
 import tempfile
 
-import importlib
-
-_logs = importlib.import_module("tempa.logs")
-_config_mod = importlib.import_module("tempa.config")  # the module, even if tempa.config is re-exported as the object
-_stats = importlib.import_module("tempa.stats")  # the module (tempa.stats is also a function)
+from ... import counters, logs as _logs
+from ...configuration import config
 from . import diskcache
 
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
@@ -81,16 +78,15 @@ def cpu_id() -> str:
 
 def build(source: str):
     """Returns (ctypes.CDLL, so_path, from_cache)."""
-    cfg = _config_mod.config
-    cxx = cfg.cxx
+    cxx = config.cxx
     comp = compiler_id(cxx)
     key = diskcache.key_of(source, " ".join(FLAGS + list(omp_link())), comp, cpu_id(), diskcache.VERSION)
-    if cfg.disk_cache:
+    if config.disk_cache:
         so = diskcache.path("cpp", key, "so")
         if diskcache.verified(so):
             lib = _load_cached(so)
             if lib is not None:
-                _stats.bump("disk_cache_hits")
+                counters.bump("disk_cache_hits")
                 return lib, so, True
     else:
         so = os.path.join(tempfile.mkdtemp(prefix="tempa-"), f"{key}.so")
@@ -100,7 +96,7 @@ def build(source: str):
         f.write(source)
     tmp_so = src[:-4] + ".so"
     exe = comp.split("\n")[0]
-    _stats.bump("gcc_runs")
+    counters.bump("gcc_runs")
     try:
         proc = subprocess.run([exe, *FLAGS, "-o", tmp_so, src, *omp_link()], capture_output=True, text=True,
                               timeout=300)
@@ -117,7 +113,7 @@ def build(source: str):
                          f"source kept at {src.replace('.src-', 'failed-')}" if _keep(src) else
                          f"C++ compiler {cxx!r} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
     os.unlink(src)
-    if cfg.disk_cache:
+    if config.disk_cache:
         diskcache.store_file(so, src_tmp=tmp_so)
     else:
         os.replace(tmp_so, so)

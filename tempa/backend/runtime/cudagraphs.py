@@ -50,14 +50,12 @@ symbolic sizes shares its shape-generic kernels between the recordings, gpu/dyna
 """
 from __future__ import annotations
 
-import importlib
 import operator
 import warnings
 import weakref
 
 import torch
 
-stats = importlib.import_module("tempa.stats")
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 # Giving an earlier output its own copy (set_) bumps its version counter; autograd would then
 # refuse it as a saved tensor ("modified by an inplace operation"). The values are the same,

@@ -14,10 +14,8 @@ import hashlib
 import os
 import tempfile
 
-import importlib
-
-_logs = importlib.import_module("tempa.logs")
-_config_mod = importlib.import_module("tempa.config")  # the module, even if tempa.config is re-exported as the object
+from ... import logs as _logs
+from ...configuration import config
 
 VERSION = "0.1.0-b1"
 
@@ -31,7 +29,7 @@ def root() -> str:
     or written (a read-only mount, a path under a file), the process caches in a private
     temporary directory instead and says so once: a cache is an optimisation, and without
     one every graph would run eagerly."""
-    configured = os.path.expanduser(_config_mod.config.cache_dir)
+    configured = os.path.expanduser(config.cache_dir)
     if configured in _unwritable:
         return _unwritable[configured]
     d = os.path.join(configured, VERSION)

@@ -20,12 +20,12 @@ Python headers), ``kernel`` returns None and the caller keeps ctypes: slower, sa
 from __future__ import annotations
 
 import ctypes
-import importlib
 import os
 import platform
 import sys
 import sysconfig
 
+from ...configuration import config
 from . import extension
 
 MAX_ARGS = 64          # segments with more arguments keep ctypes
@@ -113,7 +113,7 @@ def _compiler() -> str:
     try:
         return compiler_id(os.environ.get("CC") or "gcc")
     except BuildError:     # g++ compiles C too when told "-x c"
-        return compiler_id(_config().cxx)
+        return compiler_id(config.cxx)
 
 
 def _build():
@@ -142,17 +142,13 @@ def prebuild() -> None:
     """Start building the extension in a background thread, so that on an empty cache its
     gcc run overlaps the graph's own (the first call waits for the longer of the two, not
     their sum). A no-op once built, loaded or started."""
-    if _config().fast_calls:
+    if config.fast_calls:
         _extension.prebuild()
-
-
-def _config():
-    return importlib.import_module("tempa.config").config
 
 
 def kernel(cfunc, nargs: int):
     """A faster callable for the ctypes function ``cfunc`` taking ``nargs`` integers, or None."""
-    if nargs > MAX_ARGS or not _config().fast_calls or platform.machine() not in _ABI_CHECKED:
+    if nargs > MAX_ARGS or not config.fast_calls or platform.machine() not in _ABI_CHECKED:
         return None
     mod = module()
     if mod is None:

@@ -30,13 +30,13 @@ the same answers, said once in the perf log. ``tempa.config.native_autograd`` of
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import sys
 import sysconfig
 
 import torch
 
+from ...configuration import config
 from . import extension
 from .nativeguards import _torch_paths   # the same torch include and lib folders
 
@@ -512,7 +512,7 @@ def _key_parts() -> tuple:
     from .build import compiler_id
     include, _ = _torch_paths()
     return (sys.version, torch.__version__, torch.version.git_version, include,
-            sysconfig.get_paths()["include"], compiler_id(_config().cxx))
+            sysconfig.get_paths()["include"], compiler_id(config.cxx))
 
 
 def _build():
@@ -540,10 +540,6 @@ _extension = extension.BuiltOnce(
     "tempa-nativeautograd-build")
 
 
-def _config():
-    return importlib.import_module("tempa.config").config
-
-
 def module():
     """The loaded extension, building it first if need be (blocks); None where it cannot be
     built or loaded (said once, in the perf log)."""
@@ -554,7 +550,7 @@ def module_if_ready(start_build: bool = True):
     """The extension when it is loaded or in the disk cache (then loaded now), else None;
     ``start_build``: then its build starts in the background, for the graphs compiled after
     it is done."""
-    if not _config().native_autograd:
+    if not config.native_autograd:
         return None
     if _extension.settled():
         return _extension.get()

@@ -63,7 +63,7 @@ class Config:
     # tensor-core kernels want; the ops between convolutions follow), "eager" (the layouts
     # eager gives them) or "inference" (channels-last in inference graphs only: measured
     # faster there and slower in training, backend/entry.py CONV_LAYOUT_OPTIONS). What the
-    # caller sees keeps eager's layouts either way (lower/trace.py CONV_LAYOUTS).
+    # caller sees keeps eager's layouts either way (lower/layout.py CONV_LAYOUTS).
     # TEMPA_GPU_CONV_LAYOUT=eager for an A/B measurement.
     gpu_conv_layout: str = "inference"
     # The same choice for the C++ backend: "eager" until channels-last is measured faster
