@@ -443,6 +443,7 @@ class CompileContext:
         cache.captures += 1
         cache.last_shapes = captured.input_shapes
         cache.last_ints = captured.input_ints
+        cache.replaced_buffers |= captured.replaced_buffers
         counters.bump("captures")
         if why is not None:
             counters.bump("recompiles")
@@ -471,9 +472,11 @@ class CompileContext:
     def _capture(self, cache, fn, args, kwargs):
         dynamic = self._dynamic_for(cache, fn, args, kwargs)
         ints = self._symbolic_ints(cache, fn, args, kwargs)
+        replaced = frozenset(cache.replaced_buffers)
         try:
             return capture(fn, args, kwargs, runtime=self, allow_breaks=not self.fullgraph,
-                           dynamic=dynamic, symbolic_ints=ints, module_call=cache.module_call)
+                           dynamic=dynamic, symbolic_ints=ints, module_call=cache.module_call,
+                           replaced_buffers=replaced)
         except UserError as e:
             if ints:
                 # An int that cannot be a symbol where the code uses it (a dict key: a SymInt
@@ -490,7 +493,8 @@ class CompileContext:
             # call with its real sizes; if that fails too, it is the user's error. This function
             # then compiles per shape (it had been silently eager, recapturing on every call).
             captured = capture(fn, args, kwargs, runtime=self, allow_breaks=not self.fullgraph,
-                               dynamic=False, module_call=cache.module_call)
+                               dynamic=False, module_call=cache.module_call,
+                               replaced_buffers=replaced)
             first_line = (str(e.exc).splitlines() or [""])[0][:160]
             cache.static_only = f"symbolic sizes failed ({type(e.exc).__name__}: {first_line})"
             _fallback_log.warning("tempa: %s: %s; compiling it per shape instead", where(fn),

@@ -29,6 +29,8 @@ def explain(fn_or_module):
             target = target._orig_mod
         if isinstance(target, torch.nn.Module):
             OptimizedModule(target, context)(*args, **kwargs)
+        elif isinstance(target, types.MethodType):   # as tempa.compile: the function, bound
+            context.dispatcher(target.__func__, target.__func__)(target.__self__, *args, **kwargs)
         else:
             compile_target = target.__wrapped__ if hasattr(target, "__tempa_context__") else target
             if isinstance(compile_target, types.MethodType):

@@ -57,6 +57,9 @@ class CodeCache:
         self.last_ints: dict = {}         # expression -> a Python int the last capture read
         self.dynamic_ints: set = set()    # expressions whose ints are symbols (automatic dynamic)
         self.static_ints = None           # why symbolic ints failed here (then: by value)
+        # (id(module), name) of buffers a capture of this code assigned anew (`self.ema =
+        # ...`): later captures read them by source, not by identity
+        self.replaced_buffers: set = set()
         self.static_only = None           # why symbolic sizes failed here (then: per shape)
         self.module_call = False          # the code is a module's forward, called as the module
 
@@ -81,6 +84,7 @@ class CodeCache:
             self.last_ints = {}
             self.dynamic_ints = set()
             self.static_ints = None
+            self.replaced_buffers = set()
 
 
 _NAMED_TWINS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # code -> twin code
@@ -276,16 +280,29 @@ def _on_registration(module, name, value):
     # Captured code reaches this through torch's registration hooks (a module built in
     # forward registers its buffers): calls_inline.py models it, never traces it, so no guard
     # reads the registry (its lists change with every entry added).
+    # An entry that reads this buffer by source (one assigned anew on every call, the
+    # entry's own replayed write included) guards the tensor found there: it stays.
     watchers = _watchers.get(id(module))
     if not watchers:
         return None
     with _watch_lock:
         watchers = _watchers.pop(id(module), [])
-    for cache_ref, entry_ref, mod_ref in watchers:
+        kept, dropped = [], []
+        for w in watchers:
+            (kept if _reads_by_source(w[1](), module, name) else dropped).append(w)
+        if kept:   # the same list: weakref.finalize forgets it with the module
+            watchers[:] = kept
+            _watchers[id(module)] = watchers
+    for cache_ref, entry_ref, mod_ref in dropped:
         cache, entry = cache_ref(), entry_ref()
         if cache is not None and entry is not None and mod_ref() is module:
             cache.remove(entry)
     return None
+
+
+def _reads_by_source(entry, module, name: str) -> bool:
+    return entry is not None and name in module.__dict__.get("_buffers", {}) and \
+        (id(module), name) in entry.captured.buffers_by_source
 
 
 _hooks_installed = False

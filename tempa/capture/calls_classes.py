@@ -39,7 +39,7 @@ def call_class(tracer, frame, cls: type, args, kwargs):
     if mod == "torch.return_types":
         return stdlib.structseq(tracer, frame, cls, args, kwargs)
     if mod.startswith("torch") and not hasattr(cls, "__dataclass_fields__") and \
-            not mod.startswith("torch.distributions"):
+            not mod.startswith("torch.distributions") and not _python_init(cls):
         if _stores_items(cls, args, kwargs):   # torch.fx's immutable_list(...), immutable_dict
             return tracer.mark_internal(cls(*args))
         if contains_tensor(args) or contains_tensor(kwargs):
@@ -65,6 +65,15 @@ def call_class(tracer, frame, cls: type, args, kwargs):
             raise Unsupported("unsupported call", f"{cls.__qualname__}(tensor)")
         return tracer.mark_internal(cls(*args, **kwargs))
     return _instantiate(tracer, frame, cls, args, kwargs)
+
+
+def _python_init(cls: type) -> bool:
+    """A class whose ``__init__`` is Python code of its own (not ``object``'s or C's): an
+    object of it holds state its code changes (torch.func.functional_call's
+    NamedMemberAccessor memoises submodules). Built for real at capture, it was one object
+    shared by every call, its state guarded as the caller's: each call's writes into it
+    made the next call recapture. Traced, it is made anew on every call, as in eager."""
+    return isinstance(cls.__init__, types.FunctionType)
 
 
 def _stores_items(cls: type, args, kwargs) -> bool:

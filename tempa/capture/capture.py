@@ -40,11 +40,15 @@ class Captured:
     op_count: int = 0
     empty: bool = False                  # no operation recorded, no output: nothing to compile
     notes: list[str] = field(default_factory=list)
+    # (id(module), name) of the outside modules' buffers the replayed writes assign anew,
+    # and of those the graph reads by source (a new tensor there is no reason to drop it)
+    replaced_buffers: set = field(default_factory=set)
+    buffers_by_source: set = field(default_factory=set)
 
 
 def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool = False,
             dynamic=None, symbolic_ints=frozenset(), module_call: bool = False,
-            _stop: Unsupported | None = None) -> Captured:
+            replaced_buffers=frozenset(), _stop: Unsupported | None = None) -> Captured:
     """Interpret ``fn(*args, **kwargs)`` symbolically. Raises Unsupported or UserError.
 
     With ``allow_breaks``, an unsupported instruction of ``fn`` itself (or a call whose
@@ -54,7 +58,9 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
     ``module_call``: ``fn`` is ``type(args[0]).forward`` called as the module is called
     (hooks, an overridden ``forward`` or ``__call__`` then make capture give up).
     ``symbolic_ints``: the expressions whose Python ints become symbols (automatic dynamic),
-    or True: every int read from the arguments (``dynamic=True``)."""
+    or True: every int read from the arguments (``dynamic=True``).
+    ``replaced_buffers``: (id(module), name) of buffers an earlier capture (or pass) assigned
+    anew: read by source (``Tracer.module_attr``)."""
     if dynamic is False:
         symbolic_ints = frozenset()
     symbolic = dynamic is True or bool(dynamic) or bool(symbolic_ints) or \
@@ -62,7 +68,7 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
     builder = GraphBuilder(symbolic=symbolic and dynamic is not False,
                            keep_value_sized_ops=not allow_breaks)
     tracer = Tracer(builder, fullgraph=not allow_breaks, dynamic=dynamic,
-                    symbolic_ints=symbolic_ints)
+                    symbolic_ints=symbolic_ints, replaced_buffers=replaced_buffers)
     guards = builder.guards
     arguments = bind_arguments(fn, args, kwargs)
     for name, value in arguments.items():
@@ -151,7 +157,15 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
 
     if retry:
         return capture(fn, args, kwargs, runtime=runtime, allow_breaks=True, dynamic=dynamic,
-                       symbolic_ints=symbolic_ints, module_call=module_call, _stop=first_break)
+                       symbolic_ints=symbolic_ints, module_call=module_call,
+                       replaced_buffers=replaced_buffers, _stop=first_break)
+    replaced = tracer.side_effects.replaced_buffers()
+    if not replaced <= replaced_buffers:
+        # The code assigns buffers anew (`self.ema = ...`) that this pass read by identity:
+        # the next call finds new tensors there, so capture once more reading them by source
+        return capture(fn, args, kwargs, runtime=runtime, allow_breaks=allow_breaks,
+                       dynamic=dynamic, symbolic_ints=symbolic_ints, module_call=module_call,
+                       replaced_buffers=frozenset(replaced_buffers | replaced), _stop=_stop)
     _guard_input_aliasing(builder, guards)
     tracer.guard_distinct_objects()
     for node in reversed(entered):
@@ -190,6 +204,8 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         instructions=tracer.instructions_run,
         op_count=op_count,
         empty=empty,
+        replaced_buffers=tracer.side_effects.replaced_buffers(),
+        buffers_by_source=tracer.buffers_by_source,
     )
 
 

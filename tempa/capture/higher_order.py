@@ -1,8 +1,9 @@
 """Higher-order constructs user code applies to its functions: torch.compiler.disable,
 user autograd Functions (recognised here, captured by ``autograd_function.py``),
 torch.utils.checkpoint (``checkpoint.py``), torch.vmap of a torch operation (of Python
-functions: ``func_transforms.py``), torch.func.functional_call and torch.autograd.functional's
-transforms (breaks).
+functions: ``func_transforms.py``), torch.autograd.functional's transforms (breaks).
+torch.func.functional_call is traced as the Python it is: its writes into the module's
+``_parameters``/``_buffers`` are side effects the module's forward then reads.
 
 Each is recognised by the object the user calls (an attribute the decorator sets, the
 class's base), never by importing the compiler it rebuilds.
@@ -56,17 +57,6 @@ def is_autograd_function_apply(fn) -> bool:
         getattr(fn, "__func__", None) is torch.autograd.Function.apply.__func__
 
 
-# Calls that swap a module's parameters for the call's duration (``_parameters`` written,
-# then read by the module's forward). Capture does not yet see such writes when forward
-# reads the parameters, so these run eagerly, whole, as a break that names them.
-_SWAPS_PARAMETERS = (torch.func.functional_call, torch.nn.utils.stateless.functional_call)
-
-
-def _functional_call(tracer, frame, args, kwargs):
-    raise Unsupported("unsupported call", "torch.func.functional_call swaps the module's "
-                      "parameters for the call: it runs eagerly")
-
-
 # torch.autograd.functional's transforms: each marks its inputs requires_grad and calls the
 # autograd engine on the function's outputs, which a graph cannot do inside itself (as under
 # torch.compile, a break: the call runs eagerly, whole); torch.func's are captured.
@@ -89,8 +79,7 @@ def _autograd_functional(fn):
 
 def runs_as_is(fn) -> bool:
     """Whether a break runner calls ``fn`` as it is rather than compiling its frame."""
-    return is_disabled(fn) or is_autograd_function_apply(fn) or fn in _SWAPS_PARAMETERS or \
-        fn in _AUTOGRAD_FUNCTIONAL
+    return is_disabled(fn) or is_autograd_function_apply(fn) or fn in _AUTOGRAD_FUNCTIONAL
 
 
 # checkpoint's options that change neither a value nor a gradient (what it checks, logs, or
@@ -167,5 +156,4 @@ def vmap_model(is_torch_op):
 
 
 MODELS = {checkpoint_module.checkpoint: _checkpoint,
-          **{fn: _functional_call for fn in _SWAPS_PARAMETERS},
           **{fn: _autograd_functional(fn) for fn in _AUTOGRAD_FUNCTIONAL}}

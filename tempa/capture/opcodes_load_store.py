@@ -189,12 +189,19 @@ class LoadStoreOpcodes:
     def _guard_instance_attribute(self, obj, name: str):
         """``del obj.name`` deletes an instance attribute (one of a class raises): guard
         that ``name`` is one, where the deletion finds it."""
-        g = self.tracer.guards
+        tracer = self.tracer
+        g = tracer.guards
         tables = ("_parameters", "_buffers", "_modules") if isinstance(obj, torch.nn.Module) else ()
         for table in ("__dict__",) + tables:
             entries = obj.__dict__ if table == "__dict__" else obj.__dict__.get(table, {})
             if name in entries:
-                g.add("constant", f"{name!r} in {g.const(entries, 'ID')}",
+                # an object reached by a source (an argument: a new one each call) is
+                # guarded in its own __dict__, not in the first call's (which the replayed
+                # deletion empties: every later call would miss)
+                sourced = id(obj) in tracer.sourced or id(obj) in tracer.external_copies
+                where = f"{tracer.expr_of(obj)}.__dict__" if sourced and table == "__dict__" \
+                    else g.const(entries, 'ID')
+                g.add("constant", f"{name!r} in {where}",
                       f"{type(obj).__name__}.{name} is an instance attribute")
                 return
         raise Unsupported("mutation of outside state", f"deleting {name!r}, which is not an "

@@ -64,6 +64,12 @@ class SideEffects:
             return
         self.writes[("attr", id(obj), name)] = ("attr", obj, name, value)
 
+    def replaced_buffers(self) -> set:
+        """(id(module), name) of each outside module's buffer a write assigns anew."""
+        return {(id(obj), name) for kind, obj, name, _ in self.writes.values()
+                if kind == "attr" and isinstance(obj, torch.nn.Module) and
+                name in obj.__dict__.get("_buffers", {})}
+
     def store_global(self, namespace: dict, name: str, value) -> None:
         self.writes[("global", id(namespace), name)] = ("global", namespace, name, value)
 

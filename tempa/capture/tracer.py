@@ -34,8 +34,12 @@ TENSOR_METADATA_ATTRS = {
 
 class Tracer(OutsideValues):
     def __init__(self, builder: GraphBuilder, *, fullgraph: bool = False, dynamic=None,
-                 symbolic_ints=frozenset()):
+                 symbolic_ints=frozenset(), replaced_buffers=frozenset()):
         self.builder = builder
+        # buffers an earlier capture of this code assigned anew (context.py keeps them), and
+        # those of them this capture read by source: (id(module), name)
+        self.replaced_buffers = replaced_buffers
+        self.buffers_by_source: set = set()
         # Which input dims are symbolic: True (all), or {expression: dims}; plus any dims the
         # user marked with tempa.mark_dynamic.
         self.dynamic = dynamic
@@ -329,6 +333,13 @@ class Tracer(OutsideValues):
             if value is None:
                 g.add("module", f"{src} is None", f"{where} is None")
                 return None
+            if table == "_buffers" and (id(mod), name) in self.replaced_buffers:
+                # a new tensor on every call (an EMA by assignment, a KV cache grown by
+                # torch.cat): read at its source like an argument, guarded by its metadata;
+                # by identity, every call would recapture
+                self.buffers_by_source.add((id(mod), name))
+                g.name(src, where)
+                return self.builder.user_input(value, src, self.dynamic_dims(value, src))
             const = g.const(value, 'P' if table != '_modules' else 'O')
             g.name(const, where)
             g.add("module", f"{src} is {const}", f"{where} is the same {table[1:-1]}")

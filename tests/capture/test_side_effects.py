@@ -82,8 +82,44 @@ def test_ema_buffer_assignment_and_in_place_update():
         assert torch.allclose(fast(x), ref(x))
         assert torch.allclose(m.avg, ref.avg) and torch.allclose(m.avg2, ref.avg2)
     assert "avg2" in m._buffers
-    assert _counts()[1:] == (0, 0)
+    # avg2, assigned anew, is read by source: one graph (torch.compile: 1 graph too)
+    assert _counts() == (1, 0, 0)
+
+
+@pytest.mark.parametrize("backend", ["eager", "tempa"])
+def test_a_buffer_assigned_anew_on_every_call_is_read_by_source(backend):
+    """``self.avg = ...`` and ``self.k = torch.cat([self.k, x])`` on a module's buffers:
+    each call leaves a new tensor there. Bound by identity (and the entry dropped by the
+    replayed write's registration hook), every call recaptured, and after 8 the module ran
+    eagerly. Capture sees the assignment and reads both by source (a second pass of the
+    first capture). torch.compile (a counting backend, torch 2.13): 8 graphs in 12 calls,
+    its recompile limit."""
+    class Running(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("avg", torch.zeros(3))
+            self.register_buffer("k", torch.zeros(0, 3))
+
+        def forward(self, x):
+            self.avg = self.avg * 0.9 + x * 0.1
+            self.k = torch.cat([self.k, x[None]])
+            return self.avg + self.k.sum(0)
+
+    m, ref = Running(), Running()
+    fast = tempa.compile(m, backend=backend)
+    for _ in range(12):
+        x = torch.randn(3)
+        torch.testing.assert_close(fast(x), ref(x))
+        torch.testing.assert_close((m.avg, m.k), (ref.avg, ref.k))
+    # k of size 0, of size 1 (both specialised, as in torch.compile), then k's size symbolic
     assert _counts() == (3, 0, 0)
+    assert tempa.stats().recompiles == 2
+    assert any("self.k is a Tensor" in g for e in tempa.entries(fast) for g in e.guards)
+    m.avg = torch.zeros(3, dtype=torch.float64)    # another kind of tensor: guarded
+    ref.avg = torch.zeros(3, dtype=torch.float64)
+    # (fused kernels compute x * 0.1 of a float32 x in double, eager in float)
+    torch.testing.assert_close(fast(x), ref(x), rtol=1e-6, atol=1e-7)
+    assert m.avg.dtype == torch.float64
 
 
 def test_cache_dict_item_assignment_on_module():
@@ -393,3 +429,26 @@ def test_a_parameter_written_into_the_modules_table_is_what_the_module_then_read
     with pytest.raises(AttributeError):
         tempa.compile(removed_then_read)(m)
     assert "running" not in m._buffers
+
+
+def test_deleting_an_attribute_of_a_new_argument_each_call_reuses_the_graph():
+    """``del box.old`` guards that ``old`` is an instance attribute of the object the
+    argument names on each call; it was guarded in the first call's own ``__dict__``, which
+    the replayed deletion emptied, so every later call recaptured (8 calls, then eager).
+    torch.compile on the same code: 1 graph, 0 breaks."""
+    def f(x, box):
+        box.t = x * 2
+        del box.old
+        return box.t + 1
+
+    fast = tempa.compile(f, fullgraph=True, backend="eager")
+    for _ in range(3):
+        box = Box()
+        box.old = 1
+        x = torch.randn(3)
+        assert torch.equal(fast(x, box), x * 2 + 1)
+        assert vars(box) == {"t": box.t} and torch.equal(box.t, x * 2)
+    assert _counts() == (1, 0, 0)
+    box = Box()                       # no attribute to delete: eager's AttributeError
+    with pytest.raises(AttributeError):
+        fast(torch.randn(3), box)
