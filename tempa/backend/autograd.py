@@ -57,7 +57,9 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
     saved_inputs = tuple(joint.saved_inputs)
     diff = tuple(joint.diff_outputs)
     grad_inputs = tuple(joint.grad_inputs)
-    non_diff = tuple(i for i in range(n_out) if i not in diff)
+    # outputs with history: those with a tangent, and those eager records without one
+    history = tuple(joint.history_outputs if joint.history_outputs is not None else diff)
+    non_diff = tuple(i for i in range(n_out) if i not in history)
     n_saved = joint.num_saved
     # saved values that are also user outputs (same node): keep them via save_for_backward
     out_node = next(n for n in joint.fw.graph.nodes if n.op == "output")
@@ -96,7 +98,7 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
         return backward_from(held[:n_in], [held[i] for i in held_order], grads)
 
     if native_node and not all_saved_variables:
-        native = nativeautograd.function(fw_call, backward_of_held, n_in, n_out, diff,
+        native = nativeautograd.function(fw_call, backward_of_held, n_in, n_out, history,
                                          saved_inputs, alias, single)
         if native is not None:
             fw_info.autograd = "native"

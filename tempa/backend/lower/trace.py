@@ -632,6 +632,9 @@ class Joint:
     recompute: object = None
     graph: fx.Graph = None  # the recorded joint graph fw and bw were partitioned from
     aliases: list = None    # the forward trace's OutputAlias per user output (Traced.aliases)
+    # the user outputs that get autograd history: diff_outputs, and those eager gives history
+    # although no input's value reaches them in the ATen trace (``_outputs_with_history``)
+    history_outputs: list = None
 
     def __str__(self):
         """The joint graph, what the partition saved, and the two graphs (tempa_info.trace())."""
@@ -670,7 +673,24 @@ def trace_training(gm: fx.GraphModule, inputs: list, decomps: dict, conv_layout:
     joint = trace_joint(traced, inputs, decomps, conv_layout)
     joint.single = traced.single
     joint.aliases = traced.aliases
+    joint.history_outputs = _outputs_with_history(gm, joint)
     return joint
+
+
+def _outputs_with_history(gm: fx.GraphModule, joint: Joint) -> list:
+    """The user outputs that get autograd history: those with a tangent, and those whose
+    torch-level value requires grad although no input's value reaches them in the ATen
+    trace. Eager's history follows the torch ops: ``torch.func.jvp`` of a linear function
+    returns a tangent that autograd recorded (requires_grad, a grad_fn), which the decomposed
+    graph computes from constants alone (``jacfwd``, ``hessian`` of a quadratic likewise).
+    Their gradient is zero: the backward gives them no tangent. The torch-level answer is
+    the example value capture recorded for each output (the torch ops run on fake tensors);
+    a graph without them (torch.fx tracing) keeps the ATen trace's answer."""
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    nodes = list(out) if isinstance(out, (tuple, list)) else [out]
+    eager = {i for i, n in enumerate(nodes[:joint.num_outputs]) if isinstance(n, fx.Node) and
+             getattr(n.meta.get("example_value"), "requires_grad", False)}
+    return sorted(set(joint.diff_outputs) | eager)
 
 
 class _Restride(torch.autograd.Function):
