@@ -230,7 +230,7 @@ class Tracer:
             return self._external_object(value, expr)   # (not also reached as a constant)
         guards.identity(expr, value, expr)
         self.identity_used(value)   # reached here as a constant, before by its source
-        if isinstance(value, (dict, list, set, tuple)):
+        if isinstance(value, (dict, list, set, tuple, collections.deque)):
             # a container capture holds no copy of (a subclass, a set of objects): its
             # writes would reach the caller's object at capture (refused), so its
             # contents are guarded here
@@ -315,7 +315,28 @@ class Tracer:
               f"{expr} has the keys {keys}")
         get = g.const(dict.__getitem__, "F")   # not a subclass's own __getitem__
         for k, v in dict.items(obj):
-            g.constant(f"{get}({expr}, {g.const(k, 'K')})", v)
+            item = f"{get}({expr}, {g.const(k, 'K')})"
+            g.constant(item, v)
+            if _is_container(v):
+                # handed to the code as the caller's own container (``out["extras"]``), not
+                # a copy: what is in it, nested containers too, is guarded, its writes refused
+                self._guard_outside_contents(v, item)
+
+    def contents_copied_by_c(self, obj) -> None:
+        """``copy.copy(obj)`` of an object of the caller's: C code reads its attributes (and
+        an output record's items) into the new object, which capture then holds as they
+        were, unguarded (its reads are of an object of this capture). So they are guarded
+        as a container read as itself is (``_guard_outside_contents``: by identity or value,
+        nested containers too, whose writes are then refused). Our copies of the caller's
+        containers hold this call's values already."""
+        if self.is_internal(obj) or id(obj) in self.external_copies or is_constant_type(obj) or \
+                isinstance(obj, (type, types.ModuleType, TensorVar)):
+            return
+        if isinstance(obj, dict):
+            self.contents_read_by_c(obj)
+        attrs = getattr(obj, "__dict__", None)
+        if type(attrs) is dict and attrs:
+            self._guard_outside_contents(attrs, f"{self.expr_of(obj)}.__dict__")
 
     def is_outside_container(self, obj) -> bool:
         """``obj`` is the caller's own list, dict or set (a subclass reached by identity, an
@@ -341,7 +362,7 @@ class Tracer:
         if budget[0] < 0:
             raise Unsupported("unguardable container", f"{expr}: a {type(value).__name__} "
                               f"holding more than {_MAX_GUARDED_CONTENTS} items, nested "
-                              "ones included, or a deque")
+                              "ones included")
         g = self.guards
         for node in _nodes(seen):   # (the guard below keeps each one the same object)
             self.outside_containers.setdefault(id(node[0]), (node[0], g.const(node[0], "O")))
@@ -566,6 +587,9 @@ class Tracer:
         getter = object.__getattribute__ if generic and hook is not None else getattr
         if self.is_internal(obj) or obj.__class__ in (list, tuple, dict) or \
                 id(obj) in self.external_copies or _method_of_copy(self, obj):
+            hook = self._class_hook_of_copy(obj, name) if frame is not None else None
+            if hook is not None:
+                return self._class_getattr_of_copy(obj, name, frame, hook)
             return self._static_or_concrete(obj, name, frame,
                                             guard=self._class_attr_of_copy(obj, name), getter=getter)
         if isinstance(obj, torch.nn.Module):
@@ -599,6 +623,47 @@ class Tracer:
         except AttributeError:
             return True   # (its absence, guarded)
         return isinstance(static, types.FunctionType) or not hasattr(type(static), "__get__")
+
+    def _class_hook_of_copy(self, obj, name: str):
+        """``obj.name`` on our copy of a caller's list or tuple subclass that the class
+        answers with code of its own: a descriptor that is no plain function (a classmethod,
+        staticmethod, property) or, the name being nowhere on the class, its Python
+        ``__getattr__``. Guarded as the class holds it (a patched ``Seq.scale`` or
+        ``Seq.__getattr__`` is seen; their values are read from the copy, never in a
+        guard). Returns the ``__getattr__`` to run traced, ``False`` for a descriptor (read
+        as usual), None where neither applies."""
+        if self._subclass_copy_source(obj) is None or name in getattr(obj, "__dict__", {}) or \
+                name.startswith("__") and name.endswith("__"):
+            return None
+        cls, g = type(obj), self.guards
+        static = inspect.getattr_static(cls, name, _ABSENT)
+        if static is _ABSENT:
+            fallback = inspect.getattr_static(cls, "__getattr__", _ABSENT)
+            if not isinstance(fallback, types.FunctionType):
+                return None
+            g.add("module", f"{g.const(class_attribute, 'F')}({g.const(cls, 'T')}, "
+                  f"'__getattr__') is {g.const(fallback, 'F')}",
+                  f"{cls.__name__}.__getattr__ is the same function")
+            g.add("module", f"{g.const(class_attribute, 'F')}({g.const(cls, 'T')}, {name!r}) "
+                  f"is {g.const(_ABSENT)}", f"{cls.__name__}.{name} does not exist")
+            return fallback
+        if isinstance(static, types.FunctionType) or not hasattr(type(static), "__get__"):
+            return None
+        g.add("module", f"{g.const(class_attribute, 'F')}({g.const(cls, 'T')}, {name!r}) is "
+              f"{g.const(static)}", f"{cls.__name__}.{name} is the same {type(static).__name__}")
+        return False
+
+    def _class_getattr_of_copy(self, obj, name: str, frame, fallback):
+        """``obj.name`` as the class's descriptor or ``__getattr__`` answers it on our copy
+        (``_class_hook_of_copy`` guarded which): the ``__getattr__`` runs traced, so what it
+        reads is this call's and what it does happens on every call; an AttributeError it
+        raises is the read's, which ``getattr(obj, name, default)`` and hasattr catch."""
+        if fallback is False:
+            return self._static_or_concrete(obj, name, frame, guard=False)
+        try:
+            return frame.call(fallback, [obj, name], {})
+        except _PyException as e:
+            raise _as_attribute_error(e) from None
 
     def _subclass_copy_source(self, obj):
         """The caller's expression our copy ``obj`` of a list or tuple subclass stands for."""
@@ -947,19 +1012,20 @@ def _items(value) -> tuple:
     """A container's items through its base type's own methods (no code of a subclass)."""
     if isinstance(value, dict):
         return (*dict.keys(value), *dict.values(value))
-    for base in (list, tuple, set, frozenset):
+    for base in (list, tuple, set, frozenset, collections.deque):
         if isinstance(value, base):
             return tuple(base.__iter__(value))
     raise TypeError(type(value).__name__)
 
 
 def _is_container(v) -> bool:
-    return isinstance(v, (list, tuple, dict, set, frozenset)) and not is_constant_type(v)
+    return isinstance(v, (list, tuple, dict, set, frozenset, collections.deque)) and \
+        not is_constant_type(v)
 
 
 def _contents(value, budget: list, within=()) -> _Contents:
     """``value``'s ``_Contents``, counting the items against ``budget[0]`` (below 0: too
-    many, a deque, whose items this does not read, or a container inside itself)."""
+    many, or a container inside itself)."""
     items = _items(value)
     budget[0] -= len(items)
     if budget[0] < 0 or any(v is value for v in within):
@@ -967,8 +1033,6 @@ def _contents(value, budget: list, within=()) -> _Contents:
         return _Contents((value,))
     out = [value]
     for v in items:
-        if isinstance(v, collections.deque):
-            budget[0] = -1
         out.append(_contents(v, budget, (*within, value)) if _is_container(v) else v)
     return _Contents(out)
 
@@ -1022,6 +1086,15 @@ def builtin(name: str):
 
 def _as_attribute_error(e: _PyException) -> Exception:
     return e.exc if isinstance(e.exc, AttributeError) else e
+
+
+_ABSENT = object()
+
+
+def class_attribute(cls: type, name: str):
+    """Guard helper: what ``cls`` holds at ``name`` (its own or a base's), without running
+    a descriptor; ``_ABSENT`` where it holds nothing."""
+    return inspect.getattr_static(cls, name, _ABSENT)
 
 
 def has_object_attribute(obj, name: str) -> bool:
