@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dis
 import os
+import re
+import sys
 import types
 
 _MAX_INSTRUCTIONS = 5_000_000
@@ -26,6 +28,9 @@ _NAME_LOOKUPS = frozenset({
 # ... and a fixed attribute name written in its code (AttributeError, on its own objects).
 _ATTRIBUTE_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR", "STORE_ATTR",
                             "DELETE_ATTR"})
+# ... and a call whose arguments do not fit a function of its own (TypeError).
+_SIGNATURE_ERROR = re.compile(r"([\w.]+)\(\) (takes \d+|missing \d+ required|got an unexpected "
+                              r"keyword|got multiple values)")
 
 
 class _PyException(Exception):
@@ -48,9 +53,11 @@ def raised_by_tempa(exc: BaseException, handler_code: types.CodeType | None = No
     C function or of the user's code they called). It is tempa's when it was raised in a
     frame of tempa's code (or of the handler itself, ``handler_code``) by an instruction that
     can fail there only through a bug: a name tempa's code looks up, a fixed attribute of one
-    of tempa's objects or modules, an ``assert`` of tempa's. An exception tempa raises on
-    purpose for the program (``raise NameError(...)`` for a missing global) is raised by a
-    ``raise`` statement, which none of these is."""
+    of tempa's objects or modules, an ``assert`` of tempa's, a call of one of its functions
+    with arguments that do not fit it. An exception tempa raises on purpose for the program
+    (``raise NameError(...)`` for a missing global) is raised by a ``raise`` statement, which
+    none of these is. (Taking a program's exception for tempa's costs an eager run of the
+    call, which raises it again; the other way round is a wrong answer.)"""
     tb = exc.__traceback__
     if tb is None:
         return False
@@ -67,6 +74,27 @@ def raised_by_tempa(exc: BaseException, handler_code: types.CodeType | None = No
         return op in _ATTRIBUTE_OPS and _is_tempas(getattr(exc, "obj", None))
     if isinstance(exc, AssertionError):
         return _asserts_on_line(code, tb.tb_lineno)
+    if isinstance(exc, TypeError):
+        return op.startswith("CALL") and _calls_tempas_function_wrongly(str(exc))
+    return False
+
+
+def _calls_tempas_function_wrongly(message: str) -> bool:
+    """The TypeError of a call whose arguments do not fit the signature of a function of
+    tempa's (``Tracer.call() takes 5 positional arguments but 6 were given``: a caller
+    left behind by a changed signature), named by its qualified name."""
+    match = _SIGNATURE_ERROR.match(message)
+    if match is None:
+        return False
+    head, *rest = match.group(1).split(".")
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] != "tempa" or head not in getattr(module, "__dict__", {}):
+            continue
+        obj = module.__dict__[head]
+        for part in rest:
+            obj = getattr(obj, part, None)
+        if getattr(obj, "__qualname__", None) == match.group(1):
+            return True
     return False
 
 

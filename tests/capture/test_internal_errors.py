@@ -152,3 +152,48 @@ def test_the_programs_own_name_attribute_and_assertion_errors_are_still_caught()
     for _ in range(2):
         torch.testing.assert_close(fast(x), f(x))
     assert counts() == (1, 0, 0, 0)
+
+
+def test_a_call_of_tempas_function_with_wrong_arguments_is_not_the_users_type_error(monkeypatch):
+    """A caller left behind by a changed signature of tempa's: its TypeError names tempa's
+    function, and the program's ``except TypeError`` must not take it."""
+    monkeypatch.setattr(Frame, "get_iter", _as_tempas("""
+        def get_iter(self, v):
+            return self.tracer.external(v)   # (external takes an expression too)
+        """, "get_iter"))
+
+    def f(x, items):
+        try:
+            for i in items:
+                x = x + i
+        except TypeError:
+            return x - 1
+        return x
+
+    x = torch.ones(3)
+    fast = tempa.compile(f, backend="eager")
+    for _ in range(2):
+        torch.testing.assert_close(fast(x, [1, 2]), f(x, [1, 2]))
+    assert counts() == (0, 0, 0, 1)
+
+
+def test_the_programs_own_type_errors_are_still_caught():
+    def takes_one(a):
+        return a
+
+    def f(x):
+        try:
+            y = takes_one(1, 2)
+        except TypeError:
+            y = 3
+        try:
+            y = y + "a"
+        except TypeError:
+            y = y * 2
+        return x * y
+
+    x = torch.ones(3)
+    fast = tempa.compile(f, backend="eager")
+    for _ in range(2):
+        torch.testing.assert_close(fast(x), f(x))
+    assert counts() == (1, 0, 0, 0)
