@@ -101,13 +101,19 @@ def _hessian_of_a_quadratic(x):
                                          _hessian_of_a_quadratic], ids=lambda f: f.__name__)
 def test_func_transform_outputs_have_eager_history(fn, backend, native_autograd, monkeypatch):
     """Every output requires grad and has a grad_fn exactly where eager's does, also where
-    the ATen trace computes it from constants alone."""
+    the ATen trace computes it from constants alone; and the gradients through them are
+    eager's (zeros there, not none)."""
     monkeypatch.setattr(tempa.config, "native_autograd", native_autograd)
     inputs = _inputs(fn, requires_grad=True)
     got = tempa.compile(fn, backend=backend, fullgraph=True)(*inputs)
     want = fn(*inputs)
     torch.testing.assert_close(got, want)
-    assert _history(pytree.tree_leaves(got)) == _history(pytree.tree_leaves(want))
+    got, want = pytree.tree_leaves(got), pytree.tree_leaves(want)
+    assert _history(got) == _history(want)
+    weights = [torch.randn_like(t) for t in want]
+    got_grads = torch.autograd.grad(sum((t * w).sum() for t, w in zip(got, weights)), inputs)
+    want_grads = torch.autograd.grad(sum((t * w).sum() for t, w in zip(want, weights)), inputs)
+    torch.testing.assert_close(got_grads, want_grads)
     assert _counts() == (1, 0, 0)
 
 
