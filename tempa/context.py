@@ -13,6 +13,7 @@ import functools
 import inspect
 import sys
 import threading
+import traceback
 import types
 import weakref
 
@@ -26,7 +27,8 @@ from .configuration import config
 from .backend.runtime import nativeguards
 from .capture import calls, calls_inline, higher_order
 from .capture import runtime as capture_runtime
-from .capture.breaks import BreakReason, GraphBreakError, Unsupported, UserError, fullgraph_error
+from .capture.breaks import BreakReason, GraphBreakError, InternalError, Unsupported, UserError, \
+    fullgraph_error
 from .capture.cache import MISS, CodeCache, build_entry, install_invalidation_hooks, \
     with_identifier_names
 from .capture.capture import capture
@@ -379,6 +381,20 @@ class CompileContext:
         self.fallback_log.append((fn, cache.eager_reason))
         _fallback_log.warning("tempa: running %s eagerly: %s", where(fn), cache.eager_reason)
 
+    def _internal_error(self, cache: CodeCache, fn, error: Exception) -> None:
+        """Capture failed in tempa's own code (a bug): this call and the later ones run
+        eagerly, counted, named in explain and logged with the internal traceback."""
+        where_ = f" at {error.where}" if isinstance(error, InternalError) else ""
+        cause = error.error if isinstance(error, InternalError) else error
+        frame = traceback.extract_tb(cause.__traceback__)[-1:]
+        inside = f" ({frame[0].filename}:{frame[0].lineno} in {frame[0].name})" if frame else ""
+        cache.eager_reason = (f"tempa's capture failed{where_}: {type(cause).__name__}: {cause}"
+                              f"{inside} (a tempa bug; please report it)")
+        _stats.bump("eager_fallbacks")
+        self.fallback_log.append((fn, cache.eager_reason))
+        _fallback_log.warning("tempa: running %s eagerly: %s\n%s", where(fn), cache.eager_reason,
+                              "".join(traceback.format_exception(cause)).rstrip())
+
     def _capture_and_compile(self, cache: CodeCache, fn, args, kwargs):
         if not config.capture:
             # this call runs eagerly; a later one captures if capture is switched back on
@@ -435,6 +451,11 @@ class CompileContext:
             return None
         except UserError as e:
             return _CaptureRaised(e.exc)   # the user's code raises: eager raises it too
+        except Exception as e:   # tempa's own code failed (InternalError, or outside any handler)
+            if config.raise_on_failure:
+                raise e.error if isinstance(e, InternalError) else e
+            self._internal_error(cache, fn, e)
+            return None
         try:
             compiled = _restoring_global_state(self._compile_graph(captured, fn), captured.gm)
         except UserError:

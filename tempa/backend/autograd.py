@@ -57,7 +57,11 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
     saved_inputs = tuple(joint.saved_inputs)
     diff = tuple(joint.diff_outputs)
     grad_inputs = tuple(joint.grad_inputs)
-    non_diff = tuple(i for i in range(n_out) if i not in diff)
+    # outputs with history: those with a tangent, and those eager records without one
+    history = tuple(joint.history_outputs if joint.history_outputs is not None else diff)
+    non_diff = tuple(i for i in range(n_out) if i not in history)
+    history_only = tuple(i for i in history if i not in diff)
+    zero_grad_inputs = tuple(joint.zero_grad_inputs or ())
     n_saved = joint.num_saved
     # saved values that are also user outputs (same node): keep them via save_for_backward
     out_node = next(n for n in joint.fw.graph.nodes if n.op == "output")
@@ -88,15 +92,19 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
 
     def backward_from(inputs, saved, grads):
         if is_grad():
-            return _differentiable_backward(inputs, saved, grads, compiled_backward, recompute,
-                                            diff, grad_inputs, joint.mutated)
-        return compiled_backward(saved, grads)
+            result = _differentiable_backward(inputs, saved, grads, compiled_backward, recompute,
+                                              diff, grad_inputs, joint.mutated)
+        else:
+            result = compiled_backward(saved, grads)
+        if zero_grad_inputs and any(grads[i] is not None for i in history_only):
+            result = _zero_where_none(result, inputs, zero_grad_inputs)
+        return result
 
     def backward_of_held(held, grads):
         return backward_from(held[:n_in], [held[i] for i in held_order], grads)
 
     if native_node and not all_saved_variables:
-        native = nativeautograd.function(fw_call, backward_of_held, n_in, n_out, diff,
+        native = nativeautograd.function(fw_call, backward_of_held, n_in, n_out, history,
                                          saved_inputs, alias, single)
         if native is not None:
             fw_info.autograd = "native"
@@ -126,6 +134,17 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
             setattr(Fn, name, owner.__dict__[name])
     # single output: forward returns the tensor itself, so apply returns it unwrapped
     return _C_APPLY.__get__(None, Fn), fw_info, bw_info
+
+
+def _zero_where_none(result, inputs, reached) -> tuple:
+    """The gradients ``result`` with a zero tensor for each input of ``reached`` that has
+    none: eager's backward reaches them from an output the ATen graph computes from
+    constants (``Joint.zero_grad_inputs``), and gives them zeros."""
+    result = list(result)
+    for i in reached:
+        if result[i] is None:
+            result[i] = torch.zeros_like(inputs[i])
+    return tuple(result)
 
 
 def _differentiable_backward(inputs, saved, grads, compiled_backward, recompute, diff,

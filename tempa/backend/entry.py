@@ -474,6 +474,20 @@ def _eager(gm, info, reason):
     return compiled
 
 
+def _bumping_versions(call, bumps: tuple):
+    """``call`` bumping the version counter of its argument ``j`` once per ``j`` in
+    ``bumps`` (``GraphVariants._version_bumps``), after the graph wrote them."""
+    if not bumps:
+        return call
+    bump = torch._C._increment_version
+
+    def with_version_bumps(*args):
+        outs = call(*args)
+        bump(tuple(args[j] for j in bumps))
+        return outs
+    return with_version_bumps
+
+
 class GraphVariants:
     """Both variants of one graph, built lazily (a lock keeps two threads from racing)."""
 
@@ -558,7 +572,7 @@ class GraphVariants:
         a shape-generic target makes the views itself, per shape: ``_views_per_shape``)."""
         if not views_by_target:
             call = with_output_views(call, tr.aliases)
-        mutated = tuple(dict.fromkeys(tr.mutated))
+        mutated = self._version_bumps(tr.mutated)
         same = [(i, a.index) for i, a in enumerate(tr.aliases or ()) if a is not None and a.same]
         if not mutated and not same:
             return call
@@ -567,7 +581,9 @@ class GraphVariants:
         def with_eager_results(*args):
             outs = call(*args)
             if mutated:
-                bump(tuple(args[j] for j in mutated))     # (a tensor itself: bumped per element)
+                # (one bump per item, an input repeated per write; a tensor itself would be
+                # bumped per element)
+                bump(tuple(args[j] for j in mutated))
             if not same:
                 return outs
             outs = list(outs)
@@ -575,6 +591,34 @@ class GraphVariants:
                 outs[i] = args[j]
             return tuple(outs)
         return with_eager_results
+
+    def _version_bumps(self, mutated) -> tuple:
+        """Each mutated input once per time eager bumps its version counter in one call: once
+        per in-place op that writes it or a view of it (``x.add_(1); x[0] = 5`` bumps twice),
+        which the functional trace folds into one write. Counted by running the torch-level
+        graph once on fake copies of the inputs (a view's copy shares its base's counter),
+        only for a graph that writes its inputs; once each where fake tensors cannot run it."""
+        mutated = tuple(dict.fromkeys(mutated))
+        if not mutated:
+            return mutated
+        # The captured graph itself where it can run on the inputs alone: prepare() swaps
+        # F.batch_norm for an overload that declares (and so bumps) its running-stat writes,
+        # which eager's does not
+        exact = not any(n.op == "get_attr" for n in self.orig.graph.nodes)
+        graph = self.orig if exact else self.pgm
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        try:
+            copies = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t
+                      for t in self.examples]
+            before = [copies[j]._version for j in mutated]
+            with mode, torch.no_grad():
+                graph(*copies)
+        except Exception:  # noqa: BLE001 - ops fake tensors cannot run: one bump each
+            return mutated
+        return tuple(j for j, v in zip(mutated, before)
+                     for _ in range(copies[j]._version - v if exact else
+                                    max(1, copies[j]._version - v)))
 
     def _views_per_shape(self, aliases, variant) -> bool:
         """Does the target make the output views itself? A shape-generic target does: the
@@ -611,7 +655,7 @@ class GraphVariants:
             self.info._adopt(bw_info)
             if not views_by_target:
                 fn = with_output_views(fn, joint.aliases, joint.single)
-            self.train_fn = fn
+            self.train_fn = _bumping_versions(fn, self._version_bumps(joint.mutated))
             return fn
 
     def _writes_grad_inputs_outside_autograd(self) -> bool:

@@ -199,3 +199,16 @@ class UserError(Exception):
     def __init__(self, exc: BaseException):
         super().__init__(repr(exc))
         self.exc = exc
+
+
+class InternalError(Exception):
+    """tempa's own code failed while capturing (a bug in tempa: a NameError in a handler, an
+    attribute typo on one of its objects). Never handed to the interpreted code as its
+    exception, which an ``except`` there could catch and take another path on: the call
+    runs eagerly, counted and logged with this traceback (``context.py``), or it is raised
+    under ``config.raise_on_failure``. ``where`` is the user's line capture was at."""
+
+    def __init__(self, error: BaseException, where: str = "?"):
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.error = error
+        self.where = where

@@ -410,6 +410,8 @@ def _builtin_type(tracer, frame, cls, args, kwargs):
     if cls is dict:
         if args and isinstance(args[0], TensorVar):
             raise Unsupported("unsupported call", "dict(tensor)")
+        if args:
+            tracer.contents_read_by_c(args[0])   # dict(out): an output record's items, read by C
         return dict(*args, **kwargs)
     if cls in (int, float, bool) and len(args) == 1 and not kwargs and \
             isinstance(args[0], TensorVar):

@@ -63,6 +63,8 @@ def call_class(tracer, frame, cls: type, args, kwargs):
         if (contains_tensor(args) or contains_tensor(kwargs)) and not issubclass(
                 cls, (functools.partial, dict, list, tuple, set, *stdlib.STORING_CLASSES)):
             raise Unsupported("unsupported call", f"{cls.__qualname__}(tensor)")
+        for arg in (*args, *kwargs.values()):
+            tracer.contents_read_by_c(arg)   # OrderedDict(out): an output record's items
         return tracer.mark_internal(cls(*args, **kwargs))
     return _instantiate(tracer, frame, cls, args, kwargs)
 
@@ -99,6 +101,8 @@ def _instantiate(tracer, frame, cls: type, args, kwargs):
         inline(tracer, frame, init, [obj, *args], kwargs)
     elif init is not object.__init__:
         # a C __init__ (an OrderedDict subclass filled from tensors): it just stores them
+        for arg in (*args, *kwargs.values()):
+            tracer.contents_read_by_c(arg)   # (an output record's items, read by C)
         init(obj, *args, **kwargs)
     return obj
 

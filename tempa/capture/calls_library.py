@@ -103,7 +103,10 @@ def call_c(tracer, frame, fn, args, kwargs):
                 tracer.is_internal(owner) and name in ("__setattr__", "__setitem__", "__init__")):
             raise Unsupported("unsupported call", f"{getattr(fn, '__qualname__', fn)} with "
                               "tensor arguments")
-    tracer.identity_used(*_identity_arguments(fn, args, kwargs))
+    given = _identity_arguments(fn, args, kwargs)
+    tracer.identity_used(*given)
+    for arg in given:
+        tracer.contents_read_by_c(arg)   # dict(out), OrderedDict(out): its items, read by C
     if owner is not None and not isinstance(owner, types.ModuleType):
         tracer.identity_used(owner)   # a C method of the caller's object reads it unguarded
         if getattr(fn, "__name__", "") not in _MUTATING_METHODS:
@@ -149,6 +152,8 @@ def _copy(tracer, fn, args, kwargs):
     A shallow copy may hold tensors (it only copies references); a deep one may not."""
     if fn is copy.deepcopy and (contains_tensor(args) or _has_tensor_attrs(args[0])):
         raise Unsupported("unsupported call", "copy.deepcopy of tensors inside a graph")
+    if args:
+        tracer.contents_copied_by_c(args[0])
     result = fn(*args, **kwargs)
     if not isinstance(result, (int, float, str, bool, tuple, type(None))):
         tracer.mark_internal(result)

@@ -23,11 +23,11 @@ import types
 import torch
 
 from . import operators
-from .breaks import Unsupported, UserError
+from .breaks import InternalError, Unsupported, UserError
 from .graph import is_data_dependent_guard
 from .instructions import NULL_BEFORE_CALLABLE, decode
 from . import numpy_values, scalars
-from .frame_exits import _MAX_INSTRUCTIONS, _PyException, _Suspend
+from .frame_exits import _MAX_INSTRUCTIONS, _PyException, _Suspend, raised_by_tempa
 from .opcodes_calls import CallOpcodes
 from .opcodes_control import ControlOpcodes
 from .opcodes_data import DataOpcodes
@@ -155,16 +155,29 @@ class Frame(LoadStoreOpcodes, CallOpcodes, ControlOpcodes, DataOpcodes):
                 if self.parent is None and u.root_count is None:
                     u.root_count, u.root_offset = self.executed - 1, ins.offset
                 raise u.at(self.code.co_filename, ins.lineno, self.name)
+            except InternalError:
+                raise
             except UserError as e:
-                nxt = self._raise(e.exc, ins)
+                nxt = self._raise(self._program_exception(e.exc, handler, ins), ins)
             except _PyException as e:
                 nxt = self._raise(e.exc, ins)
             except Exception as e:  # an exception of the interpreted code (AttributeError...)
-                nxt = self._raise(e, ins)
+                nxt = self._raise(self._program_exception(e, handler, ins), ins)
             i = ins.index + 1 if nxt is None else nxt
         if tracer.instructions_run > _MAX_INSTRUCTIONS:
             raise Unsupported("instruction limit", "too many instructions (endless loop?)")
         return self.result
+
+    def _program_exception(self, exc: BaseException, handler, ins) -> BaseException:
+        """``exc``, which a handler raised, as the interpreted code's own exception; an
+        InternalError where tempa's code raised it by mistake (``raised_by_tempa``), so
+        that the code's ``except`` never takes another path on a bug of tempa's."""
+        if isinstance(exc, InternalError):   # wrapped as UserError on its way out of a model
+            raise exc
+        if raised_by_tempa(exc, getattr(getattr(handler, "__func__", None), "__code__", None)):
+            raise InternalError(exc, f"{self.code.co_filename}:{ins.lineno} in {self.name}") \
+                from exc
+        return exc
 
     def _raise(self, exc: BaseException, ins) -> int:
         entry = self.decoded.handler_for(ins.offset)

@@ -105,6 +105,7 @@ class DataOpcodes:
 
     def _as_mapping(self, d):
         if isinstance(d, dict):
+            self.tracer.contents_read_by_c(d)   # {**out}, f(**out): an output record's items
             return d
         if hasattr(d, "keys"):
             return {k: self.subscr(d, k) for k in self.call(self.tracer.load_attr(d, "keys", self), [], {})}

@@ -21,7 +21,7 @@ import torch
 from . import calls_inline, numpy_values
 from .breaks import Unsupported
 from .guards import is_constant_type
-from .values import CapturedIter, bound_self
+from .values import CapturedIter, TensorVar, bound_self
 
 _BUILTIN_METHOD = type([].append)
 # Library packages whose module objects (only the real ones, found in sys.modules under
@@ -158,7 +158,7 @@ class OutsideValues:
             return self._external_object(value, expr)   # (not also reached as a constant)
         guards.identity(expr, value, expr)
         self.identity_used(value)   # reached here as a constant, before by its source
-        if isinstance(value, (dict, list, set, tuple)):
+        if isinstance(value, (dict, list, set, tuple, collections.deque)):
             # a container capture holds no copy of (a subclass, a set of objects): its
             # writes would reach the caller's object at capture (refused), so its
             # contents are guarded here
@@ -243,7 +243,28 @@ class OutsideValues:
               f"{expr} has the keys {keys}")
         get = g.const(dict.__getitem__, "F")   # not a subclass's own __getitem__
         for k, v in dict.items(obj):
-            g.constant(f"{get}({expr}, {g.const(k, 'K')})", v)
+            item = f"{get}({expr}, {g.const(k, 'K')})"
+            g.constant(item, v)
+            if _is_container(v):
+                # handed to the code as the caller's own container (``out["extras"]``), not
+                # a copy: what is in it, nested containers too, is guarded, its writes refused
+                self._guard_outside_contents(v, item)
+
+    def contents_copied_by_c(self, obj) -> None:
+        """``copy.copy(obj)`` of an object of the caller's: C code reads its attributes (and
+        an output record's items) into the new object, which capture then holds as they
+        were, unguarded (its reads are of an object of this capture). So they are guarded
+        as a container read as itself is (``_guard_outside_contents``: by identity or value,
+        nested containers too, whose writes are then refused). Our copies of the caller's
+        containers hold this call's values already."""
+        if self.is_internal(obj) or id(obj) in self.external_copies or is_constant_type(obj) or \
+                isinstance(obj, (type, types.ModuleType, TensorVar)):
+            return
+        if isinstance(obj, dict):
+            self.contents_read_by_c(obj)
+        attrs = getattr(obj, "__dict__", None)
+        if type(attrs) is dict and attrs:
+            self._guard_outside_contents(attrs, f"{self.expr_of(obj)}.__dict__")
 
     def is_outside_container(self, obj) -> bool:
         """``obj`` is the caller's own list, dict or set (a subclass reached by identity, an
@@ -269,7 +290,7 @@ class OutsideValues:
         if budget[0] < 0:
             raise Unsupported("unguardable container", f"{expr}: a {type(value).__name__} "
                               f"holding more than {_MAX_GUARDED_CONTENTS} items, nested "
-                              "ones included, or a deque")
+                              "ones included")
         g = self.guards
         for node in _nodes(seen):   # (the guard below keeps each one the same object)
             self.outside_containers.setdefault(id(node[0]), (node[0], g.const(node[0], "O")))
@@ -521,19 +542,20 @@ def _items(value) -> tuple:
     """A container's items through its base type's own methods (no code of a subclass)."""
     if isinstance(value, dict):
         return (*dict.keys(value), *dict.values(value))
-    for base in (list, tuple, set, frozenset):
+    for base in (list, tuple, set, frozenset, collections.deque):
         if isinstance(value, base):
             return tuple(base.__iter__(value))
     raise TypeError(type(value).__name__)
 
 
 def _is_container(v) -> bool:
-    return isinstance(v, (list, tuple, dict, set, frozenset)) and not is_constant_type(v)
+    return isinstance(v, (list, tuple, dict, set, frozenset, collections.deque)) and \
+        not is_constant_type(v)
 
 
 def _contents(value, budget: list, within=()) -> _Contents:
     """``value``'s ``_Contents``, counting the items against ``budget[0]`` (below 0: too
-    many, a deque, whose items this does not read, or a container inside itself)."""
+    many, or a container inside itself)."""
     items = _items(value)
     budget[0] -= len(items)
     if budget[0] < 0 or any(v is value for v in within):
@@ -541,8 +563,6 @@ def _contents(value, budget: list, within=()) -> _Contents:
         return _Contents((value,))
     out = [value]
     for v in items:
-        if isinstance(v, collections.deque):
-            budget[0] = -1
         out.append(_contents(v, budget, (*within, value)) if _is_container(v) else v)
     return _Contents(out)
 

@@ -35,7 +35,7 @@ import operator
 import types
 import warnings
 
-from .breaks import Unsupported, UserError
+from .breaks import InternalError, Unsupported, UserError
 from .context import CapturedContext
 from .values import GeneratorContext, GeneratorContextExit, LazyIter, TensorVar, \
     contains_tensor, has_pending_calls
@@ -350,6 +350,8 @@ def exit_generator_context(frame, exit_fn: GeneratorContextExit, typ, value, tra
         if exc is value or isinstance(value, StopIteration) and exc.__cause__ is value:
             return False
         raise UserError(exc) from None
+    except (Unsupported, InternalError):   # capture's own exits, not the generator's
+        raise
     except BaseException as exc:
         if exc is not value:
             raise UserError(exc) from None

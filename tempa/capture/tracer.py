@@ -171,6 +171,9 @@ class Tracer(OutsideValues):
         getter = object.__getattribute__ if generic and hook is not None else getattr
         if self.is_internal(obj) or obj.__class__ in (list, tuple, dict) or \
                 id(obj) in self.external_copies or _method_of_copy(self, obj):
+            hook = self._class_hook_of_copy(obj, name) if frame is not None else None
+            if hook is not None:
+                return self._class_getattr_of_copy(obj, name, frame, hook)
             return self._static_or_concrete(obj, name, frame,
                                             guard=self._class_attr_of_copy(obj, name), getter=getter)
         if isinstance(obj, torch.nn.Module):
@@ -204,6 +207,47 @@ class Tracer(OutsideValues):
         except AttributeError:
             return True   # (its absence, guarded)
         return isinstance(static, types.FunctionType) or not hasattr(type(static), "__get__")
+
+    def _class_hook_of_copy(self, obj, name: str):
+        """``obj.name`` on our copy of a caller's list or tuple subclass that the class
+        answers with code of its own: a descriptor that is no plain function (a classmethod,
+        staticmethod, property) or, the name being nowhere on the class, its Python
+        ``__getattr__``. Guarded as the class holds it (a patched ``Seq.scale`` or
+        ``Seq.__getattr__`` is seen; their values are read from the copy, never in a
+        guard). Returns the ``__getattr__`` to run traced, ``False`` for a descriptor (read
+        as usual), None where neither applies."""
+        if self._subclass_copy_source(obj) is None or name in getattr(obj, "__dict__", {}) or \
+                name.startswith("__") and name.endswith("__"):
+            return None
+        cls, g = type(obj), self.guards
+        static = inspect.getattr_static(cls, name, _ABSENT)
+        if static is _ABSENT:
+            fallback = inspect.getattr_static(cls, "__getattr__", _ABSENT)
+            if not isinstance(fallback, types.FunctionType):
+                return None
+            g.add("module", f"{g.const(class_attribute, 'F')}({g.const(cls, 'T')}, "
+                  f"'__getattr__') is {g.const(fallback, 'F')}",
+                  f"{cls.__name__}.__getattr__ is the same function")
+            g.add("module", f"{g.const(class_attribute, 'F')}({g.const(cls, 'T')}, {name!r}) "
+                  f"is {g.const(_ABSENT)}", f"{cls.__name__}.{name} does not exist")
+            return fallback
+        if isinstance(static, types.FunctionType) or not hasattr(type(static), "__get__"):
+            return None
+        g.add("module", f"{g.const(class_attribute, 'F')}({g.const(cls, 'T')}, {name!r}) is "
+              f"{g.const(static)}", f"{cls.__name__}.{name} is the same {type(static).__name__}")
+        return False
+
+    def _class_getattr_of_copy(self, obj, name: str, frame, fallback):
+        """``obj.name`` as the class's descriptor or ``__getattr__`` answers it on our copy
+        (``_class_hook_of_copy`` guarded which): the ``__getattr__`` runs traced, so what it
+        reads is this call's and what it does happens on every call; an AttributeError it
+        raises is the read's, which ``getattr(obj, name, default)`` and hasattr catch."""
+        if fallback is False:
+            return self._static_or_concrete(obj, name, frame, guard=False)
+        try:
+            return frame.call(fallback, [obj, name], {})
+        except _PyException as e:
+            raise _as_attribute_error(e) from None
 
     def _subclass_copy_source(self, obj):
         """The caller's expression our copy ``obj`` of a list or tuple subclass stands for."""
@@ -475,6 +519,15 @@ def _method_of_copy(tracer, obj) -> bool:
 
 def _as_attribute_error(e: _PyException) -> Exception:
     return e.exc if isinstance(e.exc, AttributeError) else e
+
+
+_ABSENT = object()
+
+
+def class_attribute(cls: type, name: str):
+    """Guard helper: what ``cls`` holds at ``name`` (its own or a base's), without running
+    a descriptor; ``_ABSENT`` where it holds nothing."""
+    return inspect.getattr_static(cls, name, _ABSENT)
 
 
 def has_object_attribute(obj, name: str) -> bool:

@@ -144,6 +144,55 @@ def test_inplace_result_is_the_input_and_bumps_its_version():
     assert x._version == v0 + 1
 
 
+def _bumps_per_call(fn, make_inputs, mutated):
+    """(eager, compiled) version bumps of the inputs ``mutated`` over one call each."""
+    tempa.reset()
+    fast = tempa.compile(fn)
+    fast(*make_inputs())                      # compiles
+    counts = []
+    for call in (fn, fast):
+        inputs = make_inputs()
+        before = [inputs[i]._version for i in mutated]
+        call(*inputs)
+        counts.append([inputs[i]._version - v for i, v in zip(mutated, before)])
+    return counts
+
+
+def _several_writes(x, buf):
+    x.add_(1)
+    x[0] = 5.0
+    x.view(2, 2).mul_(2)      # through a view: the view shares x's counter
+    buf.relu_()
+    return x * 2
+
+
+def test_an_input_written_by_several_in_place_ops_is_bumped_once_per_write():
+    eager, compiled_ = _bumps_per_call(_several_writes, lambda: (torch.randn(4), torch.randn(4)),
+                                       mutated=(0, 1))
+    assert eager == compiled_ == [3, 1]
+    assert tempa.stats().captures == 1 and tempa.stats().eager_fallbacks == 0
+
+
+def test_a_buffer_written_in_a_training_graph_is_bumped_as_eager():
+    """The training variant bumped no version at all; batch norm's running mean, whose
+    eager kernel does not declare its write, is not bumped by it either."""
+    def f(x, w, buf):
+        buf.add_(1)
+        buf.mul_(2)
+        return x * w
+
+    make = lambda: (torch.randn(3), torch.randn(3, requires_grad=True), torch.zeros(3))  # noqa: E731
+    assert _bumps_per_call(f, make, mutated=(2,)) == [[2], [2]]
+    bn = torch.nn.BatchNorm1d(3)
+    stats = (bn.running_mean, bn.num_batches_tracked)
+    before = [t._version for t in stats]
+    tempa.compile(bn)(torch.randn(4, 3, requires_grad=True))
+    fast = [t._version - v for t, v in zip(stats, before)]
+    before = [t._version for t in stats]
+    bn(torch.randn(4, 3, requires_grad=True))
+    assert fast == [t._version - v for t, v in zip(stats, before)]
+
+
 def test_views_of_mutated_inputs_and_of_outputs_are_views():
     def f(x, y):
         x.add_(1)

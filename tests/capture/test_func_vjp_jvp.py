@@ -69,8 +69,47 @@ def test_func_vjp_and_jvp_get_eager_gradients(fn, backend):
     want = fn(*inputs)
     torch.testing.assert_close(got, want)
     got, want = pytree.tree_leaves(got), pytree.tree_leaves(want)
-    if backend == "eager":
-        assert [t.requires_grad for t in got] == [t.requires_grad for t in want]
+    assert _history(got) == _history(want)
+    weights = [torch.randn_like(t) for t in want]
+    got_grads = torch.autograd.grad(sum((t * w).sum() for t, w in zip(got, weights)), inputs)
+    want_grads = torch.autograd.grad(sum((t * w).sum() for t, w in zip(want, weights)), inputs)
+    torch.testing.assert_close(got_grads, want_grads)
+    assert _counts() == (1, 0, 0)
+
+
+def _history(tensors):
+    return [(t.requires_grad, t.grad_fn is None) for t in tensors]
+
+
+# Derivatives that no input's value reaches once decomposed to ATen ops (constants), which
+# eager's outputs still record: requires_grad, a grad_fn.
+def _jvp_of_a_linear_function(x):
+    return torch.func.jvp(lambda a: a * 2, (x,), (torch.ones_like(x),))
+
+
+def _jacfwd_of_a_linear_function(x, y):
+    return torch.func.jacfwd(lambda a: a * 2)(x), y.sin()
+
+
+def _hessian_of_a_quadratic(x):
+    return torch.func.hessian(lambda a: (a * a).sum())(x)
+
+
+@pytest.mark.parametrize("native_autograd", [True, False])
+@pytest.mark.parametrize("backend", ["eager", "tempa"])
+@pytest.mark.parametrize("fn", _CASES + [_jvp_of_a_linear_function, _jacfwd_of_a_linear_function,
+                                         _hessian_of_a_quadratic], ids=lambda f: f.__name__)
+def test_func_transform_outputs_have_eager_history(fn, backend, native_autograd, monkeypatch):
+    """Every output requires grad and has a grad_fn exactly where eager's does, also where
+    the ATen trace computes it from constants alone; and the gradients through them are
+    eager's (zeros there, not none)."""
+    monkeypatch.setattr(tempa.config, "native_autograd", native_autograd)
+    inputs = _inputs(fn, requires_grad=True)
+    got = tempa.compile(fn, backend=backend, fullgraph=True)(*inputs)
+    want = fn(*inputs)
+    torch.testing.assert_close(got, want)
+    got, want = pytree.tree_leaves(got), pytree.tree_leaves(want)
+    assert _history(got) == _history(want)
     weights = [torch.randn_like(t) for t in want]
     got_grads = torch.autograd.grad(sum((t * w).sum() for t, w in zip(got, weights)), inputs)
     want_grads = torch.autograd.grad(sum((t * w).sum() for t, w in zip(want, weights)), inputs)

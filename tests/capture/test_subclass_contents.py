@@ -380,3 +380,176 @@ def test_a_write_inside_a_global_dict_subclass_breaks_the_graph():
         assert tempa.stats().graph_breaks >= 1
     finally:
         REGISTRY["a"] = {"scale": 2.0}
+
+
+# -- what the class answers on a copied list subclass: guarded as the class holds it ------
+
+class Scaled(list):
+    @classmethod
+    def by_class(cls):
+        return 2.0
+
+    @staticmethod
+    def by_static():
+        return 2.0
+
+    @property
+    def by_property(self):
+        return 2.0 * len(self)
+
+
+_CLASS_READS = {
+    "classmethod": (lambda seq: seq.by_class(), "by_class", classmethod(lambda cls: 10.0)),
+    "staticmethod": (lambda seq: seq.by_static(), "by_static", staticmethod(lambda: 10.0)),
+    "property": (lambda seq: seq.by_property, "by_property", property(lambda self: 10.0)),
+}
+
+
+@pytest.mark.parametrize("read", list(_CLASS_READS))
+def test_a_patched_descriptor_of_a_copied_list_subclass_is_seen(read, monkeypatch):
+    reader, name, patched = _CLASS_READS[read]
+
+    def f(x, seq):
+        return x * reader(seq) * len(seq)
+
+    fast = tempa.compile(f, backend="eager")
+    seq = Scaled([1.0])
+    assert torch.equal(fast(torch.ones(1), seq), f(torch.ones(1), seq))
+    monkeypatch.setattr(Scaled, name, patched)
+    assert torch.equal(fast(torch.ones(1), seq), torch.tensor([10.0]))
+    assert tempa.stats().captures == 2 and tempa.stats().graph_breaks == 0
+
+
+def test_a_copied_list_subclass_getattr_runs_traced_on_every_call():
+    """A class ``__getattr__`` answering a missing name ran natively at capture and again in
+    the guard that checked its value; it now runs traced on the copy: its value is this
+    call's, its side effect happens once per call as in eager, and a patched one is seen."""
+    calls = []
+
+    class Lazy(list):
+        def __getattr__(self, name):
+            calls.append(name)
+            return self[0] * 2
+
+    def f(x, seq):
+        return x * seq.doubled
+
+    fast = tempa.compile(f, backend="eager")
+    seq = Lazy([torch.ones(1)])
+    assert torch.equal(fast(torch.ones(1), seq), torch.full((1,), 2.0))
+    seq[0] = torch.full((1,), 3.0)
+    assert torch.equal(fast(torch.ones(1), seq), torch.full((1,), 6.0))
+    assert calls == ["doubled", "doubled"]   # once per call, as eager (not in guards)
+    Lazy.__getattr__ = lambda self, name: self[0] * 5
+    assert torch.equal(fast(torch.ones(1), seq), torch.full((1,), 15.0))
+    assert tempa.stats().captures >= 2 and tempa.stats().graph_breaks == 0
+
+
+# -- an output record (a ModelOutput: an OrderedDict subclass) read by C code -------------
+
+def _output_record():
+    import dataclasses
+    from transformers.utils import ModelOutput
+
+    @dataclasses.dataclass
+    class Out(ModelOutput):
+        logits: torch.Tensor = None
+        extras: list = None
+
+    return Out
+
+
+_RECORD_READS = {
+    "to_tuple": lambda out: out.to_tuple()[1][0],
+    "key": lambda out: out["extras"][0],
+    "index": lambda out: out[1][0],
+    "items": lambda out: dict(out.items())["extras"][0],
+    "values": lambda out: list(out.values())[1][0],
+    "dict()": lambda out: dict(out)["extras"][0],
+    "OrderedDict()": lambda out: collections.OrderedDict(out)["extras"][0],
+    "unpacked": lambda out: {**out}["extras"][0],
+    "copy.copy": lambda out: __import__("copy").copy(out)["extras"][0],
+    "sum of the list": lambda out: sum(out.to_tuple()[1]),
+}
+
+
+@pytest.mark.parametrize("read", list(_RECORD_READS))
+def test_a_list_inside_an_output_record_read_by_c_code_is_this_calls(read):
+    """C code reading a ModelOutput's items (``dict(self.items())`` in its ``__getitem__``,
+    ``dict(out)``, ``{**out}``, ``copy.copy``) hands the code the caller's own list: only
+    the record's own items were guarded, so a change inside the list was missed."""
+    pytest.importorskip("transformers")
+    reader = _RECORD_READS[read]
+
+    def f(x, out):
+        return x * reader(out)
+
+    fast = tempa.compile(f, backend="eager")
+    out = _output_record()(logits=torch.ones(1), extras=[1.0, 2.0])
+    assert torch.equal(fast(torch.ones(1), out), f(torch.ones(1), out))
+    out["extras"][0] = 5.0
+    assert torch.equal(fast(torch.ones(1), out), f(torch.ones(1), out))
+    out["extras"].append(4.0)
+    assert torch.equal(fast(torch.ones(1), out), f(torch.ones(1), out))
+    assert tempa.stats().captures >= 2
+
+
+@pytest.mark.parametrize("read", ["dict()", "unpacked", "copy.copy"])
+def test_a_tensor_of_an_output_record_copied_by_c_code_is_this_calls(read):
+    pytest.importorskip("transformers")
+    reader = {"dict()": lambda out: dict(out)["logits"], "unpacked": lambda out: {**out}["logits"],
+              "copy.copy": lambda out: __import__("copy").copy(out)["logits"]}[read]
+
+    def f(x, out):
+        return x * reader(out)
+
+    fast = tempa.compile(f, backend="eager")
+    out = _output_record()(logits=torch.ones(1), extras=[])
+    assert torch.equal(fast(torch.ones(1), out), torch.ones(1))
+    dict.__setitem__(out, "logits", torch.full((1,), 3.0))
+    assert torch.equal(fast(torch.ones(1), out), torch.full((1,), 3.0))
+
+
+class _Settings:
+    pass
+
+
+@pytest.mark.parametrize("change", ["nested", "number", "tensor"])
+def test_copy_copy_of_a_callers_plain_object_is_this_calls(change):
+    """``copy.copy(obj)`` reads the object's attributes in C into an object of the capture,
+    whose reads were not guarded."""
+    import copy
+
+    def f(x, s):
+        c = copy.copy(s)
+        return x * c.table["a"][0] * c.scale * c.weight
+
+    def make():
+        s = _Settings()
+        s.table, s.scale, s.weight = {"a": [1.0]}, 2.0, torch.ones(1)
+        return s
+
+    fast = tempa.compile(f, backend="eager")
+    s = make()
+    assert torch.equal(fast(torch.ones(1), s), f(torch.ones(1), s))
+    if change == "nested":
+        s.table["a"][0] = 5.0
+    elif change == "number":
+        s.scale = 7.0
+    else:
+        s.weight = torch.full((1,), 3.0)
+    assert torch.equal(fast(torch.ones(1), s), f(torch.ones(1), s))
+
+
+def test_a_callers_deque_read_as_itself_is_this_calls():
+    def f(x, d):
+        return x * d[0][0] * len(d)
+
+    fast = tempa.compile(f, backend="eager")
+    d = collections.deque([[1.0]])
+    assert torch.equal(fast(torch.ones(1), d), f(torch.ones(1), d))
+    d[0][0] = 5.0
+    assert torch.equal(fast(torch.ones(1), d), f(torch.ones(1), d))
+    d.append([2.0])
+    assert torch.equal(fast(torch.ones(1), d), f(torch.ones(1), d))
+    assert tempa.stats().captures == 3 and tempa.stats().graph_breaks == 0

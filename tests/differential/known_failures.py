@@ -10,9 +10,5 @@ KNOWN_FAILURES: dict = {
     "bug27_warnings_only_at_capture": "bug 27 (left): warnings.warn now runs every call, but at "
                                       "a break the warning is attributed to tempa/context.py, "
                                       "not the user's line",
-    "sound_write_through_returned_views": "left (h4-sound): an input written by several in-place "
-                                          "ops has its _version bumped once per call, eager once "
-                                          "per write (3 here)",
-    "sound_explicit_setitem": "left (h4-sound): two writes to one input bump its _version once",
     # ---- found by the forced-break mode (not in the bug list)
 }

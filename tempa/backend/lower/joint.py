@@ -37,6 +37,12 @@ class Joint:
     recompute: object = None
     graph: fx.Graph = None  # the recorded joint graph fw and bw were partitioned from
     aliases: list = None    # the forward trace's OutputAlias per user output (Traced.aliases)
+    # the user outputs that get autograd history: diff_outputs, and those eager gives history
+    # although no input's value reaches them in the ATen trace (``_outputs_with_history``)
+    history_outputs: list = None
+    # the inputs eager's backward reaches from those outputs with history but no tangent,
+    # where it gives a zero gradient and the compiled backward none (``_reached_without_tangent``)
+    zero_grad_inputs: list = None
 
     def __str__(self):
         """The joint graph, what the partition saved, and the two graphs (tempa_info.trace())."""
@@ -75,7 +81,51 @@ def trace_training(gm: fx.GraphModule, inputs: list, decomps: dict, conv_layout:
     joint = trace_joint(traced, inputs, decomps, conv_layout)
     joint.single = traced.single
     joint.aliases = traced.aliases
+    joint.history_outputs = _outputs_with_history(gm, joint)
+    joint.zero_grad_inputs = _reached_without_tangent(gm, inputs, joint)
     return joint
+
+
+def _reached_without_tangent(gm: fx.GraphModule, inputs: list, joint: Joint) -> list:
+    """The inputs that eager's backward reaches from the outputs with history but no tangent
+    (``_outputs_with_history``): their gradient through those is zero, a zero tensor in
+    eager, where the compiled backward computes none. Found by differentiating the
+    torch-level graph on fake copies of the inputs, only where such outputs exist; none
+    where that cannot run."""
+    extra = [i for i in joint.history_outputs if i not in joint.diff_outputs]
+    if not extra or not joint.grad_inputs:
+        return []
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        with mode, torch.enable_grad(), rng_untouched():
+            copies = [mode.from_tensor(t.detach()).requires_grad_(t.requires_grad)
+                      if isinstance(t, torch.Tensor) else t for t in inputs]
+            out = gm(*copies)
+            outs = list(out) if isinstance(out, (tuple, list)) else [out]
+            targets = [outs[i] for i in extra if outs[i].requires_grad]
+            grads = torch.autograd.grad(targets, [copies[i] for i in joint.grad_inputs],
+                                        [torch.ones_like(t) for t in targets], allow_unused=True)
+    except Exception:  # noqa: BLE001 - fake tensors cannot run it: the compiled answer stands
+        return []
+    return [i for i, g in zip(joint.grad_inputs, grads) if g is not None]
+
+
+def _outputs_with_history(gm: fx.GraphModule, joint: Joint) -> list:
+    """The user outputs that get autograd history: those with a tangent, and those whose
+    torch-level value requires grad although no input's value reaches them in the ATen
+    trace. Eager's history follows the torch ops: ``torch.func.jvp`` of a linear function
+    returns a tangent that autograd recorded (requires_grad, a grad_fn), which the decomposed
+    graph computes from constants alone (``jacfwd``, ``hessian`` of a quadratic likewise).
+    Their gradient is zero: the backward gives them no tangent. The torch-level answer is
+    the example value capture recorded for each output (the torch ops run on fake tensors);
+    a graph without them (torch.fx tracing) keeps the ATen trace's answer."""
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    nodes = list(out) if isinstance(out, (tuple, list)) else [out]
+    eager = {i for i, n in enumerate(nodes[:joint.num_outputs]) if isinstance(n, fx.Node) and
+             getattr(n.meta.get("example_value"), "requires_grad", False)}
+    return sorted(set(joint.diff_outputs) | eager)
+
 
 
 def trace_joint(traced: Traced, inputs: list, decomps: dict, conv_layout: str = "eager") -> Joint:
