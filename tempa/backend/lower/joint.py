@@ -127,7 +127,6 @@ def _outputs_with_history(gm: fx.GraphModule, joint: Joint) -> list:
     return sorted(set(joint.diff_outputs) | eager)
 
 
-
 def trace_joint(traced: Traced, inputs: list, decomps: dict, conv_layout: str = "eager") -> Joint:
     """Replay the functional forward with grad, then record the backward. ``conv_layout``
     "channels_last": the replay converts convolution arguments (``relayout``), the backward
