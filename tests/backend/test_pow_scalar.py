@@ -57,7 +57,8 @@ def test_other_exponents_and_integer_tensors_keep_pow():
 
 def test_tanh_gelu_training_step_matches_float64():
     """GPT-2's GELU (``x ** 3``) in a compiled training step: the forward's cube and the
-    backward's ``3 * x ** 2`` without pow, values and gradients against float64."""
+    backward's ``3 * x ** 2`` without pow, values and gradients against float64; and no ATen
+    fallback (tanh's backward calls conj_physical on its real gradient, which ran as one)."""
     class Mlp(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -80,7 +81,8 @@ def test_tanh_gelu_training_step_matches_float64():
     loss.backward()
     ref = m64(x.double()).square().mean()
     ref.backward()
-    assert tempa.stats().graphs_compiled == 1 and tempa.stats().eager_fallbacks == 0
+    s = tempa.stats()
+    assert s.graphs_compiled == 1 and s.eager_fallbacks == 0 and s.aten_fallbacks == 0, s
     torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-6)
     for (name, p), p64 in zip(m.named_parameters(), m64.parameters()):
         scale = p64.grad.abs().max().item()
@@ -89,3 +91,4 @@ def test_tanh_gelu_training_step_matches_float64():
     info = entry.compiled.tempa_info
     assert info.fallback_reason is None
     assert "tanh" in info.cpp_source and "t_pow(" not in info.cpp_source.split('extern "C"', 1)[1]
+

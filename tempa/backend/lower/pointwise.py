@@ -136,6 +136,15 @@ def _pow(ctx, node, a, e):
     return pointwise(node, "pow", [a, e])
 
 
+@register(aten.conj_physical.default)
+def _conj_physical(ctx, node, x):
+    """A real tensor's conjugate is its values (tanh's and other formulas' backward call it
+    on real gradients; it ran as an ATen fallback call)."""
+    if x.dtype.is_complex:
+        raise Unlowerable("conj_physical of a complex tensor")
+    return pointwise(node, identity, [x])
+
+
 @register(aten.pow.Scalar)
 def _pow_s(ctx, node, a, e):
     return pointwise(node, "pow", [a, e])
