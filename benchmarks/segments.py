@@ -115,4 +115,4 @@ def profile(run, calls: int = 50) -> str:
         run()
         totals.append(clock() - t0)
         rec.end_call()
-    return rec.report(statistics.median(totals) * 1e6)
+    return rec.report(statistics.median(totals) * 1e6, top=int(__import__("os").environ.get("SEG_TOP", 15)))

@@ -59,6 +59,7 @@ class Plan:
 class CppTarget(Target):
     """The C++ renderer's passes of pipeline.GRAPH_PASSES, and its finish."""
     name = "cpp"
+    memory_order_stores = True
 
     def plan_memory(self, job):
         plan_memory(job.sched, job.lowered.inputs, job.lowered.outputs, job.lowered.steps)

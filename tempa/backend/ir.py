@@ -96,6 +96,10 @@ class ComputedBuffer(Buffer):
     # for copy-backs: the buffer they copy element for element (the pass write_in_place may
     # then compute it straight into the input, or have its extern write the input), else None
     source: "Buffer" = None
+    # (sizes, strides): a value stored in a permuted layout, computed over its dims in memory
+    # order (``sizes``/``strides`` above: that order, contiguous) and read through this view
+    # of the same memory, which is also how the wrapper allocates it (LowerCtx.store)
+    view_layout: tuple = None
 
     @property
     def cname(self):
@@ -158,6 +162,17 @@ class LoopValue:
         if tuple(b.sizes) == self.sizes and tuple(b.strides) == st and b.offset == off:
             return b
         return None
+
+    @property
+    def storage_buffer(self):
+        """The buffer when this value is all of its memory in the layout it is allocated in:
+        the buffer itself, or the view a buffer computed in memory order is read through."""
+        b = self.buffer
+        if b is None and self.strided is not None:
+            b, st, off = self.strided
+            if getattr(b, "view_layout", None) != (tuple(self.sizes), tuple(st)) or off != 0:
+                return None
+        return b
 
 
 class ScalarExpr:

@@ -269,6 +269,7 @@ class Target:
     extra_dtypes: frozenset = frozenset()   # dtypes lowered beyond the C++ ones (LowerOptions)
     in_place_within_kernel = True   # write_in_place: a kernel's other members may read the input
     channels_last_stores = False    # LowerOptions.channels_last_stores
+    memory_order_stores = False     # LowerOptions.memory_order_stores (at fixed sizes)
 
     def lower(self, job: GraphJob):
         job.lowered = lower_graph(job.gm, job.num_outputs, job.mutated, self.shared_reads, job.options)
@@ -302,7 +303,8 @@ def plan_graph(target: Target, gm, num_outputs: int, mutated: list, num_inputs: 
     taking that many size symbols; ``choices``: a lower.core.SizeChoices log that records or
     replays size-driven choices; ``extra``: the target's own settings for this graph."""
     options = LowerOptions(DYNAMIC_SIZE_SCALE if nsizes else 1, choices, target.addmm_as_mm_macs,
-                           frozenset(target.extra_dtypes), target.channels_last_stores)
+                           frozenset(target.extra_dtypes), target.channels_last_stores,
+                           target.memory_order_stores and not nsizes)
     job = GraphJob(gm, num_outputs, mutated, num_inputs, label, prefix, nsizes, options, settings=extra)
     job.kept["aten"] = gm
     for name in GRAPH_PASSES:

@@ -57,7 +57,7 @@ class WrapperGen:
             return self.const(tv)
         b, st, off = tv.strided
         name = self.bufname(b)
-        if tv.buffer is not None or (b in self.reshaped and tuple(tv.sizes) == tuple(self.reshaped[b])
+        if tv.storage_buffer is not None or (b in self.reshaped and tuple(tv.sizes) == tuple(self.reshaped[b])
                                      and st == _contig(tv.sizes) and off == 0):
             return name
         if b.base_offset or b.kind == "input":   # as_strided takes an absolute storage offset
@@ -75,6 +75,8 @@ class WrapperGen:
 def alloc_layout(b, alloc_shape: dict):
     """(shape, strides) a wrapper allocates buffer ``b`` with: its own layout, or for a
     contiguous buffer the shape ``reshape_outputs_at_allocation`` chose."""
+    if getattr(b, "view_layout", None) is not None:
+        return b.view_layout
     if tuple(b.strides) != _contig(b.sizes):
         return tuple(b.sizes), tuple(b.strides)
     shape = tuple(alloc_shape.get(b, b.sizes))
@@ -90,6 +92,7 @@ def reshape_outputs_at_allocation(lowered, w) -> dict:
         if isinstance(v, LoopValue) and v.strided is not None and v.buffer is None:
             b, st, off = v.strided
             if isinstance(b, ComputedBuffer) and off == 0 and v.numel == b.numel and b not in alloc_shape \
+                    and b.view_layout is None \
                     and st == _contig(v.sizes) and b.strides == _contig(b.sizes):
                 alloc_shape[b] = v.sizes
                 lowered.outputs[i] = LoopValue.view_of(b, v.sizes, st, 0)

@@ -153,10 +153,7 @@ def _as_traced(ctx, v, tm):
     # data_ptr(), which includes the offset, and indexes it with the traced strides. (It
     # was realized contiguous, which a backward then read with the traced strides: wrong
     # values once a computed value's piece was saved.)
-    buf = ComputedBuffer(ctx.name(), v.sizes, tuple(tm.stride), 0, v.dtype,
-                         body=Pointwise(v.load), origin="output")
-    ctx.g.steps.append(buf)
-    return LoopValue.of_buffer(buf)
+    return ctx.store(v, tm.stride, "output")
 
 
 def _new_memory(ctx, v, tm):

@@ -168,7 +168,7 @@ def _select(ctx, node, x, dim, index):
 
 @register(aten.as_strided.default)
 def _as_strided(ctx, node, x, size, stride, storage_offset=None):
-    if x.buffer is None:
+    if x.storage_buffer is None:
         # A computed value (decompositions such as group_norm's use as_strided on results):
         # its storage is its contiguous layout when it was traced contiguous at offset 0, so
         # the view is an index remap, as long as it reads only the value's own elements.
@@ -179,7 +179,7 @@ def _as_strided(ctx, node, x, size, stride, storage_offset=None):
                 or any(st < 0 for st in stride) or off < 0 or span >= max(x.numel, 1):
             raise Unlowerable("as_strided of a computed value")
         return _view_of(x, size, lambda idx: unflatten(flat_index(idx, stride, off), x.sizes))
-    b = x.buffer
+    b = x.storage_buffer
     off = b.offset if storage_offset is None else storage_offset
     return LoopValue.view_of(b, tuple(size), tuple(stride), off)
 
