@@ -390,7 +390,7 @@ class CompileContext:
         inside = f" ({frame[0].filename}:{frame[0].lineno} in {frame[0].name})" if frame else ""
         cache.eager_reason = (f"tempa's capture failed{where_}: {type(cause).__name__}: {cause}"
                               f"{inside} (a tempa bug; please report it)")
-        _stats.bump("eager_fallbacks")
+        counters.bump("eager_fallbacks")
         self.fallback_log.append((fn, cache.eager_reason))
         _fallback_log.warning("tempa: running %s eagerly: %s\n%s", where(fn), cache.eager_reason,
                               "".join(traceback.format_exception(cause)).rstrip())
