@@ -508,6 +508,7 @@ def test_a_tensor_of_an_output_record_copied_by_c_code_is_this_calls(read):
     assert torch.equal(fast(torch.ones(1), out), torch.ones(1))
     dict.__setitem__(out, "logits", torch.full((1,), 3.0))
     assert torch.equal(fast(torch.ones(1), out), torch.full((1,), 3.0))
+    assert tempa.stats().captures >= 1 and tempa.stats().eager_fallbacks == 0, tempa.stats()
 
 
 class _Settings:
@@ -539,6 +540,7 @@ def test_copy_copy_of_a_callers_plain_object_is_this_calls(change):
     else:
         s.weight = torch.full((1,), 3.0)
     assert torch.equal(fast(torch.ones(1), s), f(torch.ones(1), s))
+    assert tempa.stats().captures >= 1 and tempa.stats().eager_fallbacks == 0, tempa.stats()
 
 
 def test_a_callers_deque_read_as_itself_is_this_calls():
