@@ -23,6 +23,7 @@ from .core import (INLINE_COST, LOWERINGS, SMALL_MATMUL_MACS, LowerCtx, LowerOpt
                    literal, probe, register)
 from .matmul import EXTERN_OPS, lower_extern
 from .layout import is_channels_last
+from .trace import HANDED_OUT_AS_INPUT
 
 # what other packages use from here (the lowerings themselves live in the modules above)
 __all__ = ["lower_graph", "LOWERINGS", "register", "literal", "LowerOptions", "SizeChoices",
@@ -90,8 +91,8 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
             vals = [env[o] if isinstance(o, fx.Node) else o for o in outs]
             # Outputs must be memory the wrapper can hand out, in the layout seen at trace
             # time: a backward graph indexes its saved inputs with the traced strides.
-            vals = [_as_traced(ctx, v, o.meta.get("traced_meta") if isinstance(o, fx.Node) else None)
-                    for v, o in zip(vals, outs)]
+            vals = [_as_traced(ctx, v, o.meta.get("traced_meta"), o.meta.get(HANDED_OUT_AS_INPUT, False))
+                    if isinstance(o, fx.Node) else _as_traced(ctx, v, None) for v, o in zip(vals, outs)]
             g.outputs = vals[:num_outputs] + vals[num_outputs + len(mutated):]
             for inp, v in zip(mutated, vals[num_outputs:num_outputs + len(mutated)]):
                 dst = g.inputs[inp]
@@ -121,13 +122,16 @@ def _stored_strides(ctx, n):
     return tuple(tm.stride)
 
 
-def _as_traced(ctx, v, tm):
+def _as_traced(ctx, v, tm, handed_out_as_input=False):
     if not isinstance(v, LoopValue):
         return v
-    if v.strided is not None and any(v.strided[0] is b for b in ctx.g.inputs if b is not None):
+    if not handed_out_as_input and v.strided is not None and \
+            any(v.strided[0] is b for b in ctx.g.inputs if b is not None):
         # An input's own memory (x.clone() lowers to x): eager's output is new memory, and
-        # handing the input out would make the result an alias of it. (An output eager
-        # returns as an input or a view of one is an OutputAlias: the caller hands that out.)
+        # handing the input out would make the result an alias of it. An output eager
+        # returns as an input or a view of one (an OutputAlias, ``handed_out_as_input``) is
+        # what the caller hands out instead: computing a copy of it would be a wasted
+        # kernel per call (Dropout in eval mode returns its input).
         return _new_memory(ctx, v, tm)
     if tm is not None and v.strided is not None and v.strided[2] == tm.offset:
         buf, strides, offset = v.strided

@@ -337,6 +337,11 @@ def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict) -> Traced:
             raise UntraceableGraph(f"mutation left after functionalization: {n.target}")
     tensor_of = {node: t for t in rec.keep if (node := rec.env.get(id(t))) is not None}
     aliases = output_aliases(outs, clones, mutated, [tensor_of.get(n) for n in new_vals])
+    for node, alias in zip(out_nodes, aliases):
+        if alias is not None and alias.base == "input" and isinstance(node, fx.Node):
+            # the caller hands out the input (or its view) itself: lowering need not make
+            # this output's value new memory (lowerings._as_traced)
+            node.meta[HANDED_OUT_AS_INPUT] = True
     graph.output(tuple(out_nodes) + tuple(new_vals))
     graph.eliminate_dead_code()
     root = torch.nn.Module()
@@ -345,6 +350,10 @@ def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict) -> Traced:
     res = Traced(graph_module(root, graph), len(outs), mutated, dict(rec.constants), aliases)
     res.single = single
     return res
+
+
+# meta key of an output node whose value eager returns as an input or a view of one
+HANDED_OUT_AS_INPUT = "handed_out_as_input"
 
 
 @dataclass(frozen=True)
