@@ -17,7 +17,7 @@ from torch.autograd.graph import get_gradient_edge
 from torch.nn.modules import module as _nn_module
 
 from ..sourcefiles import source_file
-from .guards import GuardSet
+from .guards import GuardSet, storage_groups
 
 
 class _Miss:
@@ -232,12 +232,11 @@ def _native_storage_check(guards: GuardSet, ordered, native_checks) -> dict:
     native = native_checks.storage_groups() if native_checks is not None and exprs else None
     if native is None:
         return {}
+    fallback = guards.const(storage_groups, "F")    # the Python function: the guard's own name
     out = {}
     for expr in exprs:
-        python_call, groups = expr.split(" == ", 1)
-        fallback = python_call[:python_call.index("(")]
-        args = ", ".join(guards.storage_checks[expr])
-        out[expr] = f"{guards.const(native, 'F')}({fallback}, {args}) == {groups}"
+        args, groups = guards.storage_checks[expr]
+        out[expr] = f"{guards.const(native, 'F')}({fallback}, {', '.join(args)}) == {groups}"
     return out
 
 

@@ -39,8 +39,9 @@ class GuardSet:
         self.tensor_specs: dict[str, tuple[str, TensorSpec]] = {}
         # emptiness guard expression -> the constant names it tests
         self.empty_checks: dict[str, list[str]] = {}
-        # the storage-sharing guard (at most one): expression -> its arguments' expressions
-        self.storage_checks: dict[str, list[str]] = {}
+        # the storage-sharing guard (at most one): expression -> (its arguments' expressions,
+        # the groups it compares with)
+        self.storage_checks: dict[str, tuple[list[str], tuple]] = {}
         self.names: dict[str, str] = {}   # "___O13" -> "self.drop": how the user's code says it
 
     # -- constants --------------------------------------------------------------------
@@ -186,7 +187,7 @@ class GuardSet:
         """Which of the tensors ``exprs`` share storage is ``groups`` (``storage_groups``)."""
         expr = f"{self.const(storage_groups, 'F')}({', '.join(exprs)}) == {groups}"
         self.add("global", expr, description)
-        self.storage_checks.setdefault(expr, list(exprs))
+        self.storage_checks.setdefault(expr, (list(exprs), groups))
 
     def global_state(self, expr: str, value, description: str) -> None:
         self.add("global", f"{expr} is {value!r}", description)

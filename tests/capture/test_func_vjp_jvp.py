@@ -64,6 +64,15 @@ def test_func_vjp_and_jvp_are_one_graph_with_eager_values(fn, backend):
 @pytest.mark.parametrize("fn", _CASES, ids=lambda f: f.__name__)
 def test_func_vjp_and_jvp_get_eager_gradients(fn, backend):
     """The transforms' results keep their history for outer autograd, as in eager."""
+    _compiled_matches_eager_with_gradients(fn, backend)
+
+
+def _history(tensors):
+    return [(t.requires_grad, t.grad_fn is None) for t in tensors]
+
+
+def _compiled_matches_eager_with_gradients(fn, backend):
+    """Values, autograd history and gradients through every output as eager's, in one graph."""
     inputs = _inputs(fn, requires_grad=True)
     got = tempa.compile(fn, backend=backend, fullgraph=True)(*inputs)
     want = fn(*inputs)
@@ -75,10 +84,6 @@ def test_func_vjp_and_jvp_get_eager_gradients(fn, backend):
     want_grads = torch.autograd.grad(sum((t * w).sum() for t, w in zip(want, weights)), inputs)
     torch.testing.assert_close(got_grads, want_grads)
     assert _counts() == (1, 0, 0)
-
-
-def _history(tensors):
-    return [(t.requires_grad, t.grad_fn is None) for t in tensors]
 
 
 # Derivatives that no input's value reaches once decomposed to ATen ops (constants), which
@@ -104,17 +109,7 @@ def test_func_transform_outputs_have_eager_history(fn, backend, native_autograd,
     the ATen trace computes it from constants alone; and the gradients through them are
     eager's (zeros there, not none)."""
     monkeypatch.setattr(tempa.config, "native_autograd", native_autograd)
-    inputs = _inputs(fn, requires_grad=True)
-    got = tempa.compile(fn, backend=backend, fullgraph=True)(*inputs)
-    want = fn(*inputs)
-    torch.testing.assert_close(got, want)
-    got, want = pytree.tree_leaves(got), pytree.tree_leaves(want)
-    assert _history(got) == _history(want)
-    weights = [torch.randn_like(t) for t in want]
-    got_grads = torch.autograd.grad(sum((t * w).sum() for t, w in zip(got, weights)), inputs)
-    want_grads = torch.autograd.grad(sum((t * w).sum() for t, w in zip(want, weights)), inputs)
-    torch.testing.assert_close(got_grads, want_grads)
-    assert _counts() == (1, 0, 0)
+    _compiled_matches_eager_with_gradients(fn, backend)
 
 
 def test_vjp_function_called_after_an_in_place_write_breaks_by_name():
