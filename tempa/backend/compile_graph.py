@@ -11,6 +11,7 @@ import torch
 
 from .. import counters, logs
 from .codegen import cpp, wrapper
+from .ir import failed_check
 from ..sourcefiles import source_file
 from .pipeline import Target, memory_summary, plan_graph as run_passes, show
 from .runtime import build as _build, fastcall, nativeautograd
@@ -142,11 +143,11 @@ def compile_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: s
 _INDEX_ERRORS = {"IndexError": IndexError, "RuntimeError": RuntimeError}
 
 
-def _index_error(code: int, checks: tuple):
+def _index_error(err: int, checks: tuple):
     """A kernel found an index out of range: raise the error eager raises for that op
-    (``checks``: the segment's (error, message) pairs, code 1 the first; ir.IndexCheck)."""
-    error, message = checks[code - 1] if 0 < code <= len(checks) else \
-        ("IndexError", "index out of range in a tempa kernel")
+    (``err``: the segment's bits of failed checks; ``checks``: its (error, message) pairs in
+    emission order; ir.failed_check)."""
+    error, message = failed_check(err, checks) or ("IndexError", "index out of range in a tempa kernel")
     raise _INDEX_ERRORS[error](message)
 
 

@@ -36,6 +36,22 @@ class IndexCheck:
     message: str
 
 
+# A C++ segment returns its failed checks as bits of an ``int``: bit n for its n-th check,
+# the 31st and later sharing the last bit.
+ERR_BITS = 31
+
+
+def failed_check(err: int, checks: tuple):
+    """The check a segment's returned ``err`` names: the lowest bit set, i.e. the one emitted
+    first, as eager raises the first failing op's error. ``checks``: (error, message) pairs.
+    None where the bit is shared by checks that raise different errors."""
+    bit = (err & -err).bit_length() - 1
+    if bit < ERR_BITS - 1:
+        return checks[bit] if bit < len(checks) else None
+    errors = {error for error, _ in checks[bit:]}
+    return checks[bit] if len(errors) == 1 else None
+
+
 class Unlowerable(Exception):
     """This op cannot become loop IR here; the caller runs it as an ATen call instead."""
 

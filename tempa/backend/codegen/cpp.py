@@ -233,10 +233,10 @@ def _render_group(k: Emitter, g: Group, local: set, need, kernel_no, generic=Fal
                  ["  " + l for l in nest[1:]]
         k.lines[start:] = ([f"{pad}if ({work} >= {PARALLEL_WORK}) {{"] + ["  " + l for l in nest] +
                            [f"{pad}}} else {{"] + serial + [f"{pad}}}"])
-    if any(l.lstrip().startswith("err = ") for l in k.lines[start:]):
-        # bounds-check codes (emit.flag_out_of_range) are max-ed into ``err`` in every
+    if any(l.lstrip().startswith("err |= ") for l in k.lines[start:]):
+        # bounds-check bits (emit.flag_out_of_range) are ORed into ``err`` in every
         # iteration: a reduction, so that neither SIMD lanes nor threads lose another's flag
-        k.lines[start:] = [l + " reduction(max:err)" if l.lstrip().startswith("#pragma omp") else l
+        k.lines[start:] = [l + " reduction(|:err)" if l.lstrip().startswith("#pragma omp") else l
                            for l in k.lines[start:]]
     k.pop()
     k.line("}")
