@@ -157,3 +157,19 @@ def test_triton_float_spellings_compute_what_torch_computes(name):
         want = 1 / (1 + torch.exp(-args[0]))
     torch.testing.assert_close(got.to(want.dtype), want, equal_nan=True, rtol=1e-6, atol=1e-6,
                                msg=lambda m: f"{name}: {k.lines}\n{m}")
+
+
+def test_triton_fp64_literals_are_fp64_constants():
+    # Triton makes a Python float literal fp32: an Adam step's libdevice.pow(0.999, t) with t
+    # fp64 failed to compile, and fp64 arithmetic with 0.1 lost the literal's low bits
+    def text(name, dt, const_first):
+        k = TritonEmitter(two_d=False)
+        c, t = k.const(0.1, dt), ScalarExpr("t", dt)
+        k.op(name, [c, t] if const_first else [t, c], dt)
+        return k.lines[0].split(" = ", 1)[1]
+    assert text("pow", torch.float64, True) == "libdevice.pow(tl.full([1], 0.1, tl.float64), t)"
+    assert text("mul", torch.float64, False) == "t * tl.full([1], 0.1, tl.float64)"
+    assert text("mul", torch.float32, False) == "t * 0.1"        # fp32 keeps its literal
+    k = TritonEmitter(two_d=False)
+    folded = k.op("add", [k.const(0.1, torch.float64), k.const(0.2, torch.float64)], torch.float64)
+    assert folded.expr in k.consts and not k.lines                # constants still fold

@@ -340,6 +340,14 @@ class TritonEmitter:
                 return self.const(value, rdt)
             except Exception:  # noqa: BLE001 - not a plain Python expression: emit it
                 pass
+        if dtype == torch.float64:
+            # Triton makes a Python float literal an fp32 constant: 0.1 would lose its low
+            # bits in fp64 arithmetic, and libdevice.pow(0.999, t) has no fp32/fp64 overload
+            # (an Adam step's bias correction failed to compile). fp64 operands as fp64.
+            exprs = [f"tl.full([1], {v.expr}, tl.float64)"
+                     if v.expr in self.consts and isinstance(self.consts[v.expr], float) else v.expr
+                     for v in vals]
+            expr = tpl.format(*exprs)
         return ScalarExpr(self._cse(expr, any(self.is_r(e) for e in exprs)), rdt)
 
     def cast(self, v: ScalarExpr, dt) -> ScalarExpr:
