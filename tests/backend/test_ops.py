@@ -18,7 +18,7 @@ from tempa.backend.codegen.triton_emit import TritonEmitter
 from tempa.backend.ir import ScalarExpr, Unlowerable
 from tempa.backend.lower import pointwise as pw
 
-DTYPES = [torch.float32, torch.int64, torch.bool]
+DTYPES = [torch.float32, torch.float64, torch.int64, torch.bool]
 
 
 def test_every_op_has_both_spellings_and_nothing_else():
@@ -170,6 +170,10 @@ def test_triton_fp64_literals_are_fp64_constants():
     assert text("pow", torch.float64, True) == "libdevice.pow(tl.full([1], 0.1, tl.float64), t)"
     assert text("mul", torch.float64, False) == "t * tl.full([1], 0.1, tl.float64)"
     assert text("mul", torch.float32, False) == "t * 0.1"        # fp32 keeps its literal
+    k = TritonEmitter(two_d=False)
+    k.op("sqrt", [ScalarExpr("t", torch.float64)], torch.float64)
+    k.op("sqrt", [ScalarExpr("u", torch.float32)], torch.float32)
+    assert [line.split(" = ", 1)[1] for line in k.lines] == ["libdevice.sqrt(t)", "tl.sqrt_rn(u)"]
     k = TritonEmitter(two_d=False)
     folded = k.op("add", [k.const(0.1, torch.float64), k.const(0.2, torch.float64)], torch.float64)
     assert folded.expr in k.consts and not k.lines                # constants still fold

@@ -179,9 +179,17 @@ def _kind(dt) -> str:
     return "bool" if dt == torch.bool else ("float" if dt.is_floating_point else "int")
 
 
+# Where fp64 needs another spelling: tl.sqrt_rn takes fp32 only ("Expected dtype ['fp32']
+# but got fp64": an Adam step's bias correction ran as ATen); libdevice's sqrt is the
+# correctly rounded fp64 one.
+FP64_OPS = {"sqrt": "libdevice.sqrt({0})", "rsqrt": "{one} / libdevice.sqrt({0})"}
+
+
 def spell(name: str, nargs: int, dtype) -> str:
     """The Triton expression template of op ``name`` computed in ``dtype``."""
     spelled = spelling(TRITON_OPS, name, nargs, "Triton")
+    if dtype == torch.float64 and name in FP64_OPS:
+        spelled = FP64_OPS[name]
     kind = _kind(dtype)
     if isinstance(spelled, dict):
         spelled = spelled[kind]
