@@ -21,6 +21,7 @@ from ..codegen import triton as tr
 from ..codegen.triton_emit import EXTRA_DTYPES
 from ..compile_graph import CompiledGraphInfo
 from ..ir import ExternCall, Reduction, LoopValue
+from ..lower.trace import UntraceableGraph
 from ..pipeline import Target, memory_summary, plan_graph as run_passes
 from ..schedule import _extern_buffers, _reads, nonunit, probe_loads
 from ..index import Var
@@ -169,6 +170,7 @@ class TritonTarget(Target):
     channels_last_stores = True
 
     def lower(self, job):
+        _refuse_host_tensors(job.gm)
         out = super().lower(job)
         for cb in job.lowered.copy_backs:
             cb.target._mutated = True      # written in place: no alignment assumption
@@ -238,6 +240,32 @@ class _Kernels:
 
     def __str__(self):
         return "\n\n".join(it[1].body for it in self.items if isinstance(it, tuple))
+
+
+def _refuse_host_tensors(gm):
+    """A CUDA graph that also reads a CPU tensor (eager lets a 0-d one take part as a scalar:
+    the step counters of a non-capturable Adam) runs as ATen calls. Why: a Triton kernel
+    cannot read host memory ("Pointer argument cannot be accessed from Triton"), nor write
+    a CPU input back. (A graph of CPU tensors only is Triton's interpreter at work.) To do:
+    pass such 0-d values as scalar kernel arguments."""
+    host, cuda = [], False
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            t = n.meta.get("traced_meta")
+        elif n.op == "get_attr":
+            t = getattr(gm, n.target, None)
+        else:
+            continue
+        device = getattr(t, "device", None)
+        if device is None or not isinstance(device, torch.device):
+            continue
+        cuda = cuda or device.type == "cuda"
+        if device.type == "cpu" and n.users:
+            host.append(f"{n.name}, shape {tuple(t.shape)}")
+    if cuda and host:
+        raise UntraceableGraph(f"this CUDA graph reads {len(host)} CPU tensor(s) ({host[0]}"
+                               f"{', ...' if len(host) > 1 else ''}): Triton kernels cannot read "
+                               "host memory")
 
 
 def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str = "graph",
