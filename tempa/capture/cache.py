@@ -7,6 +7,10 @@ the guard expressions plus one call.
 """
 from __future__ import annotations
 
+import ast
+import collections
+import inspect
+import re
 import threading
 import types
 import weakref
@@ -139,14 +143,25 @@ def build_entry(fn, captured, compiled, native_checks=None) -> Entry:
     ordered = guards.ordered()
     sig = signature_source(fn.__code__, fn)
     call_args = list(captured.user_input_exprs) + [guards.const(t, "P") for t in captured.attr_tensors]
-    fused = {**_fused_tensor_check(guards, ordered, native_checks),
-             **_fused_empty_check(guards, ordered, native_checks),
-             **_native_storage_check(guards, ordered, native_checks)}
+    versioned = _versioned_groups(guards, ordered, native_checks)
+    rest = [(e, d) for e, d in ordered if not versioned or e not in versioned.group_of]
+    fused = {**_fused_tensor_check(guards, rest, native_checks),
+             **_fused_empty_check(guards, rest, native_checks),
+             **_native_storage_check(guards, rest, native_checks)}
     # A guard that cannot be evaluated (a shorter list, a missing key, a deleted attribute)
     # is a miss, never the user's exception: the checks run inside one try (free in CPython
     # 3.11+ until something raises); the compiled call runs outside it.
     lines = [f"def ___entry({sig}):", "    try:"]
-    for expr, _ in ordered:
+    if versioned:
+        # the guards only dicts' and classes' contents decide, checked only where one of
+        # those changed since the guards last held (the first call, or a write since)
+        lines.append(f"        ___ch = {versioned.call}")
+        lines.append("        if ___ch:")
+        for exprs, mask in zip(versioned.members, versioned.masks):
+            lines.append(f"            if ___ch & {mask}:")
+            lines.extend(f"                if not ({e}): return ___MISS" for e in exprs)
+        lines.append(f"            {versioned.seen}[:] = (___ch >> {versioned.mask_bits}).to_bytes(len({versioned.seen}), 'little')")
+    for expr, _ in rest:
         expr = fused.get(expr, expr)
         if expr:
             lines.append(f"        if not ({expr}): return ___MISS")
@@ -238,6 +253,141 @@ def _native_storage_check(guards: GuardSet, ordered, native_checks) -> dict:
         args, groups = guards.storage_checks[expr]
         out[expr] = f"{guards.const(native, 'F')}({fallback}, {', '.join(args)}) == {groups}"
     return out
+
+
+# Guards whose answer only some dicts' and classes' contents decide (versioned_roots).
+_C = r"___(?:O|ID|MD)\d+"                       # a bound object, instance dict or table
+_KEY = r"'(?:[^'\\]|\\.)*'"                     # a string key
+_IS = r" is (?:___[A-Za-z]+\d+|None|True|False)"
+_DICT_ITEM = re.compile(rf"({_C})\[({_KEY})\](?:\[({_KEY})\])?{_IS}")
+_DICT_ABSENT = re.compile(rf"{_KEY} not in ({_C})")
+_TYPE_ATTR = re.compile(rf"(___T\d+)\.([A-Za-z_]\w*){_IS}")
+_OBJECT_ATTR = re.compile(rf"(___O\d+)\.([A-Za-z_]\w*){_IS}")
+_OBJECT_VALUE = re.compile(r"\((___O\d+)\.([A-Za-z_]\w*)\)\.__class__ is (___T\d+) and \1\.\2 == ___V\d+")
+_OBJECT_TYPE = re.compile(r"type\((___O\d+)\) is ___T\d+")
+_DICTS = (dict, collections.OrderedDict)
+# values compared with ``==`` whose answer an unchanged object decides (no mutable contents)
+_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device)
+
+
+@dataclass
+class _Versioned:
+    call: str                       # the versions_changed(...) call, in the entry's names
+    seen: str                       # the bytearray of the tags the groups last held at
+    group_of: dict                  # guard expression -> its group number
+    members: list                   # per group, its guard expressions in order
+    masks: list                     # per group, the bits of the roots it reads
+    mask_bits: int                  # where the tags start in versions_changed's answer
+
+
+def _plain_class_attr(cls, attr: str) -> bool:
+    """``cls.attr`` is read from the MRO's dicts without running code: the metaclass is
+    ``type``, ``type``/``object`` have no data descriptor of that name (``__name__``,
+    ``__class__``), and what is found is a plain function or no descriptor at all."""
+    if type(cls) is not type or any(hasattr(type(meta.__dict__.get(attr)), "__set__") for meta in (type, object)):
+        return False
+    try:
+        found = inspect.getattr_static(cls, attr)
+    except AttributeError:
+        return False
+    return isinstance(found, types.FunctionType) or not hasattr(type(found), "__get__")
+
+
+def _instance_attr(obj, attr: str) -> bool:
+    """``obj.attr`` is its instance dict's entry, read without running code: the class's
+    ``__getattribute__`` is object's, and no data descriptor of the class shadows the entry."""
+    cls = type(obj)
+    if cls.__getattribute__ is not object.__getattribute__:
+        return False
+    d = getattr(obj, "__dict__", None)
+    if type(d) is not dict or attr not in d:
+        return False
+    found = inspect.getattr_static(cls, attr, None)
+    return not (hasattr(type(found), "__set__") or hasattr(type(found), "__delete__"))
+
+
+def versioned_roots(guards: GuardSet, expr: str):
+    """The ``(object, kind)`` roots whose version tags decide ``expr``'s answer (kinds as
+    nativeguards' ``version_of``: ``d`` a dict, ``t`` a class, ``o`` an object's instance
+    dict, ``c`` an object's class, ``i`` the dict at a key of a dict), read without running
+    any of the user's code; None for any other guard."""
+    consts = guards.consts
+    if expr in guards.empty_checks:         # hook dicts all empty
+        ds = [consts.get(name) for name in guards.empty_checks[expr]]
+        return [(d, "d") for d in ds] if ds and all(type(d) in _DICTS for d in ds) else None
+    m = _DICT_ITEM.fullmatch(expr)
+    if m:
+        outer = consts.get(m.group(1))
+        if type(outer) not in _DICTS:
+            return None
+        if m.group(3) is None:
+            return [(outer, "d")]
+        # the inner dict as found through the outer one at each call: a Sequential's
+        # deletion puts a new ``_modules`` dict in its place
+        key = ast.literal_eval(m.group(2))
+        return [(outer, "d"), ((outer, key), "i")] if type(outer.get(key)) in _DICTS else None
+    m = _DICT_ABSENT.fullmatch(expr)
+    if m:
+        d = consts.get(m.group(1))
+        return [(d, "d")] if type(d) in _DICTS else None
+    m = _TYPE_ATTR.fullmatch(expr)
+    if m:
+        cls = consts.get(m.group(1))
+        return [(cls, "t")] if _plain_class_attr(cls, m.group(2)) else None
+    m = _OBJECT_ATTR.fullmatch(expr) or _OBJECT_VALUE.fullmatch(expr)
+    if m and m.re is _OBJECT_VALUE and consts.get(m.group(3)) not in _IMMUTABLE:
+        return None
+    if m:
+        obj = consts.get(m.group(1))
+        return [(obj, "o"), (obj, "c")] if obj is not None and _instance_attr(obj, m.group(2)) else None
+    m = _OBJECT_TYPE.fullmatch(expr)
+    if m:
+        return [(consts.get(m.group(1)), "c")]
+    return None
+
+
+def _versioned_groups(guards: GuardSet, ordered, native_checks) -> _Versioned | None:
+    """The guards that one native call of ``versions_changed`` lets the entry skip while
+    nothing they read changed, grouped by the first dict, class or object each reads
+    (module instance dicts, globals and class methods are most of a real model's guards).
+
+    Why sound: a dict's version tag changes on every write to it, a class's when it or a
+    base is modified, and no other dict or class ever has a tag once seen; the entry stores
+    the tags read *before* it checked the group's guards, and only once they all held, so
+    tags that are unchanged mean the same contents as when the guards held. The guards read
+    no code of the user's, so running them before the entry's other guards changes nothing
+    but the time a miss takes."""
+    changed = native_checks.versions_changed() if native_checks is not None else None
+    if changed is None:
+        return None
+    slots: dict = {}                 # (id, kind) -> slot number
+    objs, kinds = [], []
+    by_first: dict = {}              # first root's slot -> ([exprs], mask)
+    for expr, _ in ordered:
+        roots = versioned_roots(guards, expr)
+        if not roots:
+            continue
+        bits, first = 0, None
+        for obj, kind in roots:
+            # a (dict, key) pair is made per guard: the same pair is one root
+            key = (id(obj[0]), obj[1], kind) if kind == "i" else (id(obj), kind)
+            if key not in slots:
+                slots[key] = len(objs)
+                objs.append(obj)
+                kinds.append(kind)
+            bits |= 1 << slots[key]
+            first = slots[key] if first is None else first
+        exprs, mask = by_first.get(first, ([], 0))
+        by_first[first] = (exprs + [expr], mask | bits)
+    groups = list(by_first.values())
+    if not groups:
+        return None
+    seen = guards.const(bytearray(8 * len(objs)), "VS")
+    call = (f"{guards.const(changed, 'F')}({guards.const(tuple(objs), 'VR')}, "
+            f"{guards.const(''.join(kinds).encode(), 'VK')}, {seen})")
+    group_of = {e: i for i, (exprs, _) in enumerate(groups) for e in exprs}
+    return _Versioned(call, seen, group_of, [exprs for exprs, _ in groups], [mask for _, mask in groups],
+                      64 * ((len(objs) + 63) // 64))
 
 
 def _first_becomes(call: str, exprs: list) -> dict:

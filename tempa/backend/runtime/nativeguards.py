@@ -322,7 +322,85 @@ PyObject* all_empty(PyObject*, PyObject* const* args, Py_ssize_t n) {
     Py_RETURN_TRUE;
 }
 
+// The version tag a guard group depends on, by kind: 'd' a dict's (changes on every write
+// to it), 't' a class's (reset, then assigned anew, when it or a base class is modified),
+// 'o' the current instance dict's of an object, 'c' its current class's, 'i' (for a pair
+// (dict, key)) the current one's of the dict at that key; 0 where there is none. Tags are unique in the process: another dict or class never has the tag recorded.
+// Read from CPython's own structs: 3.11 to 3.13 keep both tags (3.14 dropped the dict's).
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000
+uint64_t dict_version(PyObject* d) {
+    return PyDict_Check(d) ? reinterpret_cast<PyDictObject*>(d)->ma_version_tag : 0;
+}
+
+uint64_t type_version(PyTypeObject* t) {
+#ifdef Py_TPFLAGS_VALID_VERSION_TAG
+    if (!(t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
+#endif
+    return t->tp_version_tag;
+}
+
+uint64_t version_of(PyObject* o, char kind) {
+    switch (kind) {
+    case 'd': return dict_version(o);
+    case 't': return PyType_Check(o) ? type_version(reinterpret_cast<PyTypeObject*>(o)) : 0;
+    case 'c': return type_version(Py_TYPE(o));
+    case 'i': {    // (dict, key): the dict found at that key now
+        if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 2 || !PyDict_Check(PyTuple_GET_ITEM(o, 0))) return 0;
+        PyObject* inner = PyDict_GetItemWithError(PyTuple_GET_ITEM(o, 0), PyTuple_GET_ITEM(o, 1));
+        if (inner == NULL) { PyErr_Clear(); return 0; }
+        return dict_version(inner);
+    }
+    case 'o': {
+        PyObject** slot = _PyObject_GetDictPtr(o);
+        if (slot == NULL) { PyErr_Clear(); return 0; }
+        return *slot == NULL ? 0 : dict_version(*slot);
+    }
+    }
+    return 0;
+}
+#endif
+
+// versions_changed(roots, kinds, seen): 0 where every root's version tag is the one in
+// ``seen`` (a bytearray, 8 bytes a root), else an int whose bit i says root i changed (or
+// has no tag), in ceil(n / 64) words of 64 bits, followed by the tags read now (8 bytes a
+// root, in order), for the entry to store into ``seen`` once the changed roots' guards held.
+PyObject* versions_changed(PyObject*, PyObject* const* args, Py_ssize_t n) {
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000
+    if (n != 3 || !PyTuple_Check(args[0]) || !PyBytes_Check(args[1]) || !PyByteArray_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "versions_changed(roots, kinds, seen)");
+        return NULL;
+    }
+    Py_ssize_t k = PyTuple_GET_SIZE(args[0]);
+    if (PyBytes_GET_SIZE(args[1]) != k || PyByteArray_GET_SIZE(args[2]) != 8 * k) {
+        PyErr_SetString(PyExc_ValueError, "versions_changed: one kind and 8 bytes of seen a root");
+        return NULL;
+    }
+    const char* kinds = PyBytes_AS_STRING(args[1]);
+    const char* seen = PyByteArray_AS_STRING(args[2]);
+    Py_ssize_t words = (k + 63) / 64;
+    std::vector<uint64_t> out(words + k, 0);
+    bool any = false;
+    for (Py_ssize_t i = 0; i < k; ++i) {
+        uint64_t v = version_of(PyTuple_GET_ITEM(args[0], i), kinds[i]);
+        uint64_t was;
+        std::memcpy(&was, seen + 8 * i, 8);
+        out[words + i] = v;
+        if (v == 0 || v != was) { out[i / 64] |= uint64_t(1) << (i % 64); any = true; }
+    }
+    if (!any) return PyLong_FromLong(0);
+    std::vector<unsigned char> bytes(8 * out.size());
+    for (size_t i = 0; i < out.size(); ++i)
+        for (int b = 0; b < 8; ++b) bytes[8 * i + b] = static_cast<unsigned char>(out[i] >> (8 * b));
+    return _PyLong_FromByteArray(bytes.data(), bytes.size(), 1, 0);
+#else
+    PyErr_SetString(PyExc_RuntimeError, "no version tags in this Python");
+    return NULL;
+#endif
+}
+
 PyMethodDef methods[] = {
+    {"versions_changed", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(versions_changed)),
+     METH_FASTCALL, "versions_changed(roots, kinds, seen): which roots changed, and their tags now"},
     {"configure", configure, METH_VARARGS,
      "configure(offset, Tensor, Parameter): where a tensor object holds its TensorImpl*, and the plain tensor types"},
     {"storage_groups", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(storage_groups)),
@@ -472,6 +550,16 @@ def storage_groups():
         return None
     mod = module()
     return None if mod is None else mod.storage_groups
+
+
+def versions_changed():
+    """``versions_changed(roots, kinds, seen)``, which of an entry's dicts and types (kinds
+    ``d``/``t``) changed since their guards last held (capture/cache.py _versioned_groups);
+    None where the extension cannot be used or this Python has no version tags (3.14)."""
+    if not config.fast_guards or not (0x030B0000 <= sys.hexversion < 0x030E0000):
+        return None
+    mod = module()
+    return None if mod is None else getattr(mod, "versions_changed", None)
 
 
 def _reference_tensor(dtype, device):
