@@ -60,7 +60,7 @@ def test_non_capturable_adam_on_cuda_steps_as_eager():
     for p, r in zip(params, ref):
         torch.testing.assert_close(r, p, rtol=1e-5, atol=1e-6)
     # the step counters are CPU tensors: the graph ran as ATen calls, and says so
-    assert tempa.stats()["captures"] >= 1
-    assert any("CPU tensor" in (e.compiled.tempa_info.fallback_reason or "")
-               for e in tempa.entries(step) if getattr(e, "compiled", None) is not None
-               and hasattr(e.compiled, "tempa_info"))
+    assert tempa.stats().captures >= 1 and tempa.stats().aten_fallbacks >= 1
+    reasons = [getattr(getattr(e.compiled, "tempa_info", None), "fallback_reason", None)
+               for e in tempa.entries(step)]
+    assert any("CPU tensor" in r for r in reasons if r), reasons
