@@ -1,5 +1,5 @@
-"""A CUDA graph that reads a CPU tensor runs as ATen calls (gpu/compile.py
-_refuse_host_tensors): a Triton kernel cannot read host memory. The case users hit: a
+"""A CUDA graph whose kernels would read or write a CPU tensor runs as ATen calls
+(gpu/compile.py _refuse_host_reads): a Triton kernel cannot touch host memory. The case users hit: a
 non-capturable Adam on CUDA keeps its step counters as CPU 0-d tensors; its compiled step
 raised "Pointer argument cannot be accessed from Triton" once its fp64 bias correction
 compiled."""
@@ -8,7 +8,10 @@ import torch
 import torch.fx as fx
 
 import tempa
-from tempa.backend.gpu.compile import _refuse_host_tensors
+from tempa.backend.codegen.triton_emit import EXTRA_DTYPES
+from tempa.backend.gpu.compile import _refuse_host_reads
+from tempa.backend.lower.core import LowerOptions
+from tempa.backend.lower.lowerings import lower_graph
 from tempa.backend.lower.trace import TracedMeta, UntraceableGraph
 
 try:
@@ -18,28 +21,33 @@ except ImportError:
     HAVE_TRITON = False
 
 
-def _graph(*devices):
+def _lowered(*devices, use_last=True):
+    """x0 * x1 * ... over 0-d float inputs on ``devices`` (the last one left unused unless
+    ``use_last``), lowered with the Triton target's options."""
     g = fx.Graph()
     phs = []
     for i, d in enumerate(devices):
         p = g.placeholder(f"x{i}")
-        p.meta["traced_meta"] = TracedMeta((), (), 0, torch.float32, device=torch.device(d))
+        p.meta["traced_meta"] = TracedMeta((4,), (1,), 0, torch.float32, device=torch.device(d))
         phs.append(p)
     out = phs[0]
-    for p in phs[1:]:
+    for p in phs[1:] if use_last else phs[1:-1]:
         out = g.call_function(torch.ops.aten.mul.Tensor, (out, p))
+        out.meta["traced_meta"] = phs[0].meta["traced_meta"]
     g.output((out,))
-    return fx.GraphModule(torch.nn.Module(), g)
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    return gm, lower_graph(gm, 1, [], 3, LowerOptions(extra_dtypes=EXTRA_DTYPES))
 
 
-def test_a_cuda_graph_reading_a_cpu_tensor_is_refused():
-    with pytest.raises(UntraceableGraph, match="reads 1 CPU tensor.*x1.*cannot read host memory"):
-        _refuse_host_tensors(_graph("cuda", "cpu"))
+def test_a_kernel_reading_a_cpu_tensor_in_a_cuda_graph_is_refused():
+    with pytest.raises(UntraceableGraph, match="CPU tensor x1: Triton kernels cannot touch host memory"):
+        _refuse_host_reads(*_lowered("cuda", "cpu"))
 
 
-def test_one_device_graphs_are_kept():
-    _refuse_host_tensors(_graph("cuda", "cuda"))
-    _refuse_host_tensors(_graph("cpu", "cpu"))        # Triton's interpreter runs on CPU tensors
+def test_cpu_tensors_no_kernel_touches_and_one_device_graphs_are_kept():
+    _refuse_host_reads(*_lowered("cuda", "cuda", "cpu", use_last=False))
+    _refuse_host_reads(*_lowered("cuda", "cuda"))
+    _refuse_host_reads(*_lowered("cpu", "cpu"))        # Triton's interpreter runs on CPU tensors
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and HAVE_TRITON), reason="needs CUDA and Triton")

@@ -170,8 +170,8 @@ class TritonTarget(Target):
     channels_last_stores = True
 
     def lower(self, job):
-        _refuse_host_tensors(job.gm)
         out = super().lower(job)
+        _refuse_host_reads(job.gm, job.lowered)
         for cb in job.lowered.copy_backs:
             cb.target._mutated = True      # written in place: no alignment assumption
         for st in job.lowered.steps:
@@ -242,30 +242,36 @@ class _Kernels:
         return "\n\n".join(it[1].body for it in self.items if isinstance(it, tuple))
 
 
-def _refuse_host_tensors(gm):
-    """A CUDA graph that also reads a CPU tensor (eager lets a 0-d one take part as a scalar:
-    the step counters of a non-capturable Adam) runs as ATen calls. Why: a Triton kernel
-    cannot read host memory ("Pointer argument cannot be accessed from Triton"), nor write
-    a CPU input back. (A graph of CPU tensors only is Triton's interpreter at work.) To do:
+def _refuse_host_reads(gm, lowered):
+    """A CUDA graph whose kernels would read or write a CPU tensor runs as ATen calls (eager
+    lets a CPU 0-d tensor take part as a scalar: the step counters of a non-capturable Adam,
+    which its step also increments). Why: a Triton kernel cannot touch host memory
+    ("Pointer argument cannot be accessed from Triton"). CPU tensors only ATen calls take
+    stay as they are; a graph of CPU tensors only is Triton's interpreter at work. To do:
     pass such 0-d values as scalar kernel arguments."""
-    host, cuda = [], False
-    for n in gm.graph.nodes:
-        if n.op == "placeholder":
-            t = n.meta.get("traced_meta")
-        elif n.op == "get_attr":
-            t = getattr(gm, n.target, None)
-        else:
+    devices = {}
+    for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        device = getattr(n.meta.get("traced_meta"), "device", None)
+        if i < len(lowered.inputs) and lowered.inputs[i] is not None and isinstance(device, torch.device):
+            devices[id(lowered.inputs[i])] = (device, n.name)
+    for name, t in lowered.constants.items():
+        devices[("const", name)] = (t.device, name)
+    if not any(d.type == "cuda" for d, _ in devices.values()):
+        return
+    host = {k: name for k, (d, name) in devices.items() if d.type == "cpu"}
+    if not host:
+        return
+
+    def host_name(b):
+        return host.get(id(b)) or (host.get(("const", b.name)) if getattr(b, "kind", "") == "const" else None)
+    for st in [*lowered.steps, *lowered.copy_backs]:
+        if isinstance(st, ExternCall):
             continue
-        device = getattr(t, "device", None)
-        if device is None or not isinstance(device, torch.device):
-            continue
-        cuda = cuda or device.type == "cuda"
-        if device.type == "cpu" and n.users:
-            host.append(f"{n.name}, shape {tuple(t.shape)}")
-    if cuda and host:
-        raise UntraceableGraph(f"this CUDA graph reads {len(host)} CPU tensor(s) ({host[0]}"
-                               f"{', ...' if len(host) > 1 else ''}): Triton kernels cannot read "
-                               "host memory")
+        touched = [host_name(b) for b in (*_reads(st), getattr(st, "target", None)) if b is not None]
+        touched = [t for t in touched if t]
+        if touched:
+            raise UntraceableGraph(f"a kernel of this CUDA graph would read or write the CPU tensor "
+                                   f"{touched[0]}: Triton kernels cannot touch host memory")
 
 
 def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str = "graph",
