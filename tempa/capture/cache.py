@@ -22,6 +22,7 @@ from torch.nn.modules import module as _nn_module
 
 from ..sourcefiles import source_file
 from .guards import GuardSet, storage_groups
+from .outside import container_nodes, same_contents
 
 
 class _Miss:
@@ -265,6 +266,8 @@ _TYPE_ATTR = re.compile(rf"(___T\d+)\.([A-Za-z_]\w*){_IS}")
 _OBJECT_ATTR = re.compile(rf"(___O\d+)\.([A-Za-z_]\w*){_IS}")
 _OBJECT_VALUE = re.compile(r"\((___O\d+)\.([A-Za-z_]\w*)\)\.__class__ is (___T\d+) and \1\.\2 == ___V\d+")
 _OBJECT_TYPE = re.compile(r"type\((___O\d+)\) is ___T\d+")
+_MODULE_TABLE = re.compile(rf"tuple\(({_C})\[({_KEY})\]\.items\(\)\) == ___K\d+")
+_SAME_CONTENTS = re.compile(rf"(___F\d+)\(({_C})(?:\[({_KEY})\])?, (___K\d+)\)")
 _DICTS = (dict, collections.OrderedDict)
 # values compared with ``==`` whose answer an unchanged object decides (no mutable contents)
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device)
@@ -343,7 +346,34 @@ def versioned_roots(guards: GuardSet, expr: str):
     m = _OBJECT_TYPE.fullmatch(expr)
     if m:
         return [(consts.get(m.group(1)), "c")]
+    m = _MODULE_TABLE.fullmatch(expr)
+    if m:      # a container module's children (compared with ==: modules by identity)
+        d, key = consts.get(m.group(1)), ast.literal_eval(m.group(2))
+        if type(d) is dict and type(d.get(key)) in _DICTS:
+            return [(d, "d"), ((d, key), "i")]
+        return None
+    m = _SAME_CONTENTS.fullmatch(expr)
+    if m and consts.get(m.group(1)) is same_contents:
+        return _contents_roots(consts.get(m.group(2)), m.group(3), consts.get(m.group(4)))
     return None
+
+
+def _contents_roots(holder, key, seen):
+    """The roots of ``same_contents(holder[key] or holder, seen)``: the holder dict, and
+    every dict of the container tree ``seen`` (tuples and frozensets cannot change); None
+    where the tree holds a container no version tag covers (a list, a set, a deque)."""
+    roots = []
+    if key is not None:
+        if type(holder) not in _DICTS:
+            return None
+        roots.append((holder, "d"))
+    for node in container_nodes(seen):
+        container = node[0]
+        if isinstance(container, dict):
+            roots.append((container, "d"))
+        elif not isinstance(container, (tuple, frozenset)):
+            return None
+    return roots
 
 
 def _versioned_groups(guards: GuardSet, ordered, native_checks) -> _Versioned | None:

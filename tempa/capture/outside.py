@@ -292,7 +292,7 @@ class OutsideValues:
                               f"holding more than {_MAX_GUARDED_CONTENTS} items, nested "
                               "ones included")
         g = self.guards
-        for node in _nodes(seen):   # (the guard below keeps each one the same object)
+        for node in container_nodes(seen):   # (the guard below keeps each one the same object)
             self.outside_containers.setdefault(id(node[0]), (node[0], g.const(node[0], "O")))
         g.add("length", f"{g.const(same_contents, 'F')}({expr}, {g.const(seen, 'K')})",
               f"{expr} holds the same {len(seen) - 1} items")
@@ -567,11 +567,11 @@ def _contents(value, budget: list, within=()) -> _Contents:
     return _Contents(out)
 
 
-def _nodes(seen: _Contents):
+def container_nodes(seen: _Contents):
     yield seen
     for v in seen[1:]:
         if type(v) is _Contents:
-            yield from _nodes(v)
+            yield from container_nodes(v)
 
 
 def same_contents(value, seen: _Contents) -> bool:

@@ -239,3 +239,51 @@ def test_a_mutable_attribute_value_is_checked_every_call():
     h.sizes[0] = 10
     torch.testing.assert_close(fast(x), h(x))
     assert counts()[0] >= 2
+
+
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.ReLU(), nn.Tanh()])
+
+    def forward(self, x):
+        for layer in self.layers:                # iterated: its children are guarded
+            x = layer(x) + 1
+        return x
+
+
+def test_a_module_list_grown_after_the_fast_path_is_seen():
+    s = Stack()
+    x = torch.randn(3)
+    fast = tempa.compile(s)
+    _fast_path_in_use(fast, x)
+    assert "['_modules'].items()) ==" in _entry(fast).source.split("if ___ch:")[1]
+    s.layers.append(nn.Sigmoid())
+    torch.testing.assert_close(fast(x), s(x))
+    assert counts()[0] == 2
+
+
+REGISTRY = {"scales": {"a": 2.0}, "order": ("a",)}
+
+
+def registry_forward(x):
+    # the library-registry pattern: a global dict of dicts read inside forward
+    return x * REGISTRY["scales"][REGISTRY["order"][0]]
+
+
+class RegistryUser(nn.Module):
+    def forward(self, x):
+        return registry_forward(x)
+
+
+def test_a_nested_registry_write_after_the_fast_path_is_seen():
+    m = RegistryUser()
+    x = torch.randn(3)
+    fast = tempa.compile(m)
+    _fast_path_in_use(fast, x)
+    try:
+        REGISTRY["scales"]["a"] = 5.0          # the nested dict only
+        torch.testing.assert_close(fast(x), m(x))
+        assert counts()[0] == 2
+    finally:
+        REGISTRY["scales"]["a"] = 2.0
