@@ -342,6 +342,9 @@ def versioned_roots(guards: GuardSet, expr: str):
         return None
     if m:
         obj = consts.get(m.group(1))
+        if type(obj) is types.ModuleType:   # ``torch.nn.functional.relu``: its dict's entry
+            d = obj.__dict__
+            return [(d, "d")] if m.group(2) in d else None
         return [(obj, "o"), (obj, "c")] if obj is not None and _instance_attr(obj, m.group(2)) else None
     m = _OBJECT_TYPE.fullmatch(expr)
     if m:

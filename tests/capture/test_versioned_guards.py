@@ -287,3 +287,18 @@ def test_a_nested_registry_write_after_the_fast_path_is_seen():
         assert counts()[0] == 2
     finally:
         REGISTRY["scales"]["a"] = 2.0
+
+
+def test_a_patched_library_function_is_seen(monkeypatch):
+    class UsesRelu(nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.relu(x) + 1
+
+    m = UsesRelu()
+    x = torch.randn(3)
+    fast = tempa.compile(m)
+    _fast_path_in_use(fast, x)
+    assert ".relu is " in _entry(fast).source.split("if ___ch:")[1]
+    monkeypatch.setattr(torch.nn.functional, "relu", torch.tanh)
+    torch.testing.assert_close(fast(x), m(x))
+    assert counts()[0] == 2
