@@ -9,7 +9,11 @@ import torch.fx as fx
 from ..index import contiguous_strides, flat_index, IndexExpr, unflatten
 from ..ir import LoopValue, Unlowerable
 from .core import aten, prims, register, square, _traced_meta
+from .trace import DECOMPOSED_FROM
 from .views import _view_of
+
+# decompositions whose var_mean eager computes in float (``_var``)
+_FLOAT_MOMENTS = (aten.native_layer_norm.default, aten.native_group_norm.default)
 
 
 # --- reductions -----------------------------------------------------------------------------
@@ -133,7 +137,9 @@ def _var(ctx, node, x, dims, correction, keepdim, want_mean):
     Why: with a large mean (1e5, spread 0.1) a float32 sum misses the mean by ~1e-2 and a
     float32 mean is rounded by ~4e-3; either error squared was a relative error of 1e-2 in
     the variance. The accumulators are eager's: float64 on the CPU (ATen's Welford
-    accumulates in double there), the input's float type on a GPU (float32 for halves)."""
+    accumulates in double there; a LayerNorm's or GroupNorm's moments in float, as ATen's
+    kernels for those, up to 4096 values a row), the input's float type on a GPU (float32
+    for halves)."""
     nd = len(x.sizes)
     dl = _norm_dims(dims, nd)
     n = math.prod(x.sizes[d] for d in dl) if nd else 1
@@ -143,6 +149,12 @@ def _var(ctx, node, x, dims, correction, keepdim, want_mean):
     src = node.args[0].meta.get("traced_meta") if node.args and isinstance(node.args[0], fx.Node) else None
     on_gpu = getattr(src, "device", None) is not None and src.device.type != "cpu"
     acc = torch.float64 if dt == torch.float64 or not on_gpu else torch.float32
+    if acc == torch.float64 and dt != torch.float64 and node.meta.get(DECOMPOSED_FROM) in _FLOAT_MOMENTS and \
+            not ctx.options.size_choice("f64 accumulator", n * ctx.options.dyn_scale > 4096):
+        # eager's LayerNorm and GroupNorm kernels accumulate their moments in float (ATen's
+        # RowwiseMoments); with the shift correction float is as accurate here, and twice
+        # as wide in a vector register
+        acc = torch.float32
     s = _reduce(ctx, node, x, dims, keepdim, "sum", acc, pre=lambda k, v, idx: k.cast(v, acc),
                 origin="var(mean)")
 

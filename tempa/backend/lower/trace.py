@@ -96,6 +96,7 @@ class _Recorder(TorchDispatchMode):
         self.constants: dict[str, torch.Tensor] = {}
         self.backward_started = False
         self.strict_functional = False
+        self.decomposing: list = []   # the ops being decomposed, outermost first
 
     def bind(self, t: torch.Tensor, node: fx.Node) -> None:
         self.env[id(t)] = node
@@ -130,8 +131,12 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in self.decomps:
-            with self:
-                r = self.decomps[func](*args, **kwargs)
+            self.decomposing.append(func)
+            try:
+                with self:
+                    r = self.decomps[func](*args, **kwargs)
+            finally:
+                self.decomposing.pop()
             if r is not NotImplemented:
                 return r
         if _DATA_DEPENDENT & set(func.tags) and not _static_index(func, args):
@@ -145,6 +150,8 @@ class _Recorder(TorchDispatchMode):
                                         self.lookup(kwargs))
         node.meta["bw"] = self.backward_started
         node.meta["grad"] = torch.is_grad_enabled()
+        if self.decomposing:
+            node.meta[DECOMPOSED_FROM] = self.decomposing[0]
         if isinstance(out, torch.Tensor):
             if func._schema.is_mutable and id(out) in self.env:
                 self.env[id(out)] = node   # in-place result aliases its input
@@ -354,6 +361,9 @@ def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict) -> Traced:
 
 # meta key of an output node whose value eager returns as an input or a view of one
 HANDED_OUT_AS_INPUT = "handed_out_as_input"
+# meta key of a node made by a decomposition: the outermost op decomposed (a var_mean of
+# aten.native_layer_norm accumulates as eager's LayerNorm does, reductions.py _var)
+DECOMPOSED_FROM = "decomposed_from"
 
 
 @dataclass(frozen=True)
