@@ -51,3 +51,22 @@ def test_a_long_row_keeps_the_double_accumulator():
     x = torch.randn(2, 8192)
     c = compile_fn(lambda x: F.layer_norm(x, (8192,)), x)
     assert "double acc_" in c.tempa_info.cpp_source
+
+
+def test_the_shift_and_square_sums_share_one_row_loop():
+    # codegen/cpp.py _sibling_reductions: the two sums read the mean, not each other
+    x, w, b = torch.randn(6, 64), torch.randn(64), torch.randn(64)
+    c = compile_fn(lambda x, w, b: F.layer_norm(x + 1, (64,), w, b), x, w, b)
+    src = c.tempa_info.cpp_source
+    fused = [l for l in src.splitlines() if "#pragma omp simd" in l and l.count("reduction(+:acc_") == 2]
+    assert len(fused) == 1, src
+    torch.testing.assert_close(c(x, w, b), F.layer_norm(x + 1, (64,), w, b))
+
+
+def test_a_sum_that_reads_another_keeps_its_own_loop():
+    # softmax: the sum of exp(x - max) reads the max, so the two stay apart
+    x = torch.randn(5, 33)
+    c = compile_fn(lambda x: torch.softmax(x, -1), x)
+    src = c.tempa_info.cpp_source
+    assert not any(l.count("reduction(") > 2 for l in src.splitlines() if "#pragma omp" in l)
+    torch.testing.assert_close(c(x), torch.softmax(x, -1))

@@ -12,7 +12,7 @@ import torch
 
 from ..index import IndexExpr, Var
 from ..ir import ComputedBuffer, ScalarExpr, Reduction
-from ..schedule import Group, member_index
+from ..schedule import Group, _reads, member_index
 from ..lower.core import LowerOptions
 from .emit import Emitter, ctype
 from .prelude import prelude, reduction_clause  # noqa: F401  (prelude: used by the build step)
@@ -213,8 +213,14 @@ def _render_group(k: Emitter, g: Group, local: set, need, kernel_no, generic=Fal
     k.load_hook = hook
     pairs = reuse_pairs(g.members, ov, locals_here)
     holds: dict = {}                   # pointwise member -> (canonical id, store line index)
-    for m in g.members:
-        _render_member(k, m, ov, locals_here, pairs.get(m), holds)
+    i = 0
+    while i < len(g.members):
+        mates = _sibling_reductions(g.members, i, ov, pairs)
+        if len(mates) > 1:
+            _render_siblings(k, mates, ov, locals_here)
+        else:
+            _render_member(k, g.members[i], ov, locals_here, pairs.get(g.members[i]), holds)
+        i += len(mates) or 1
     for _ in ov:
         k.close_loop()
     block = k.close_block()
@@ -240,6 +246,60 @@ def _render_group(k: Emitter, g: Group, local: set, need, kernel_no, generic=Fal
                            for l in k.lines[start:]]
     k.pop()
     k.line("}")
+
+
+def _sibling_reductions(members, i, ov, pairs) -> list:
+    """``members[i]`` and the reductions right after it that can share its row loop: row
+    reductions (no inner loop of their own) over the same sizes, none reading another of
+    them, none storing or reading back terms (codegen/reuse.py). Why: a LayerNorm's shift
+    and square sums both recompute the row's inlined input (a residual stream's sum of
+    buffers, an embedding's gathered rows); in one loop they load and compute it once."""
+    def fusable(m):
+        return (isinstance(m.body, Reduction) and m.body.rtype in ("sum", "prod", "max", "min")
+                and m.body.acc_dtype != torch.bool and not member_index(m, ov, "z")[1]
+                and m not in pairs and m not in pairs.values())
+    if not fusable(members[i]):
+        return []
+    mates = [members[i]]
+    for m in members[i + 1:]:
+        if not fusable(m) or m.body.rsizes != mates[0].body.rsizes or _reads(m) & set(mates):
+            break
+        mates.append(m)
+    return mates
+
+
+def _render_siblings(k: Emitter, mates: list, ov, locals_here):
+    """Row reductions ``mates`` (``_sibling_reductions``) in one loop, an accumulator each."""
+    red0 = mates[0].body
+    rv = [Var(f"r_{mates[0].name}_{d}", s) for d, s in enumerate(red0.rsizes)]
+    accs, clauses = [], []
+    for m in mates:
+        acc = f"acc_{m.name}"
+        k.line(f"{ctype(m.body.acc_dtype)} {acc} = {_init(m.body.rtype, m.body.acc_dtype)};")
+        accs.append(acc)
+        clauses.append(reduction_clause(m.body.rtype, acc, m.body.acc_dtype.is_floating_point))
+    _loops_open(k, rv, True, " ".join(clauses))
+    for m, acc in zip(mates, accs):
+        k.writing = m.cname
+        idx, _ = member_index(m, ov, f"i_{m.name}_")
+        v = k.cast(m.body.fn(k, idx, [IndexExpr.of(x) for x in rv]), m.body.acc_dtype)
+        if m.body.rtype == "sum":
+            k.line(f"{acc} += {v.expr};")
+        elif m.body.rtype == "prod":
+            k.line(f"{acc} *= {v.expr};")
+        else:
+            k.line(f"{acc} = t_{m.body.rtype}({acc}, {v.expr});")
+    _loops_close(k, rv)
+    for m, acc in zip(mates, accs):
+        k.writing = m.cname
+        t = ctype(m.dtype)
+        idx, _ = member_index(m, ov, f"i_{m.name}_")
+        res = f"static_cast<{t}>({acc})"
+        if m in locals_here:
+            k.line(f"const {t} {locals_here[m]} = {res};")
+            k.defined(locals_here[m])
+        else:
+            k.line(f"{m.cname}[{m.index(idx).c()}] = {res};")
 
 
 def _loops_open(k, vars_, simd_last, reduction_clause=None):
