@@ -124,8 +124,10 @@ def main():
             first = " / ".join(f"{ok[s][1]:.1f}" if s in ok else "—" for s in ("tempa", "torch.compile"))
             diff = " / ".join(f"{diffs[s]:.1e}" if s in diffs else "—" for s in ("tempa", "torch.compile"))
             st = ok["tempa"][2] if "tempa" in ok else None
-            counts = (f"{st.captures} captures, {st.graph_breaks} breaks, {st.eager_fallbacks} eager"
-                      if st is not None else "")
+            # a graph the backend ran as ATen calls (a Triton build that failed, CPU step
+            # counters) is no eager fallback of the frontend: said apart
+            counts = (f"{st.captures} captures, {st.graph_breaks} breaks, {st.eager_fallbacks} eager, "
+                      f"{st.aten_fallbacks} graphs as ATen" if st is not None else "")
             name = f"{kind} {'foreach' if foreach else 'for-loop'}"
             print(f"| {name} | {cell.get('eager')} | {cell.get('tempa')} | {cell.get('torch.compile')} "
                   f"| {ratio('eager', 'tempa')} | {ratio('torch.compile', 'tempa')} | {first} | {diff} "
