@@ -74,6 +74,16 @@ def _fast_path_in_use(fast, x):
     return e
 
 
+def _seen_after_fast_path(model, x, change, captures=2):
+    """Compile ``model``, bring its entry to the fast path, ``change`` something, and check
+    that the next call gives eager's answer through ``captures`` captures in all."""
+    fast = tempa.compile(model)
+    with torch.no_grad():
+        _fast_path_in_use(fast, x)
+    change()
+    _check(fast, model, x, captures)
+
+
 def _check(fast, model, x, captures):
     with torch.no_grad():
         torch.testing.assert_close(fast(x), model(x))
@@ -114,29 +124,17 @@ def test_a_rebound_global_function_is_seen(model_and_input):
 
 def test_a_patched_class_method_is_seen(model_and_input, monkeypatch):
     m, x = model_and_input
-    fast = tempa.compile(m)
-    with torch.no_grad():
-        _fast_path_in_use(fast, x)
-    monkeypatch.setattr(Inner, "helper", lambda self, t: t - 5)
-    _check(fast, m, x, 2)
+    _seen_after_fast_path(m, x, lambda: monkeypatch.setattr(Inner, "helper", lambda self, t: t - 5))
 
 
 def test_a_changed_instance_attribute_is_seen(model_and_input):
     m, x = model_and_input
-    fast = tempa.compile(m)
-    with torch.no_grad():
-        _fast_path_in_use(fast, x)
-    m.inner.alpha = 2.0
-    _check(fast, m, x, 2)
+    _seen_after_fast_path(m, x, lambda: setattr(m.inner, "alpha", 2.0))
 
 
 def test_a_submodule_replaced_in_modules_is_seen(model_and_input):
     m, x = model_and_input
-    fast = tempa.compile(m)
-    with torch.no_grad():
-        _fast_path_in_use(fast, x)
-    m._modules["act"] = nn.Tanh()
-    _check(fast, m, x, 2)
+    _seen_after_fast_path(m, x, lambda: m._modules.__setitem__("act", nn.Tanh()))
 
 
 def test_an_instance_forward_override_is_seen(model_and_input):
@@ -169,11 +167,7 @@ def test_a_class_swap_is_seen(model_and_input):
         def helper(self, t):
             return t * 100
 
-    fast = tempa.compile(m)
-    with torch.no_grad():
-        _fast_path_in_use(fast, x)
-    m.inner.__class__ = Doubled
-    _check(fast, m, x, 2)
+    _seen_after_fast_path(m, x, lambda: setattr(m.inner, "__class__", Doubled))
 
 
 def test_after_a_change_the_fast_path_comes_back(model_and_input):

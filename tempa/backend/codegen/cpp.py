@@ -255,7 +255,7 @@ def _sibling_reductions(members, i, ov, pairs) -> list:
     and square sums both recompute the row's inlined input (a residual stream's sum of
     buffers, an embedding's gathered rows); in one loop they load and compute it once."""
     def fusable(m):
-        return (isinstance(m.body, Reduction) and m.body.rtype in ("sum", "prod", "max", "min")
+        return (isinstance(m.body, Reduction) and m.body.rtype in _FOLDS
                 and m.body.acc_dtype != torch.bool and not member_index(m, ov, "z")[1]
                 and m not in pairs and m not in pairs.values())
     if not fusable(members[i]):
@@ -283,23 +283,12 @@ def _render_siblings(k: Emitter, mates: list, ov, locals_here):
         k.writing = m.cname
         idx, _ = member_index(m, ov, f"i_{m.name}_")
         v = k.cast(m.body.fn(k, idx, [IndexExpr.of(x) for x in rv]), m.body.acc_dtype)
-        if m.body.rtype == "sum":
-            k.line(f"{acc} += {v.expr};")
-        elif m.body.rtype == "prod":
-            k.line(f"{acc} *= {v.expr};")
-        else:
-            k.line(f"{acc} = t_{m.body.rtype}({acc}, {v.expr});")
+        k.line(_fold(m.body.rtype, acc, v.expr))
     _loops_close(k, rv)
     for m, acc in zip(mates, accs):
         k.writing = m.cname
-        t = ctype(m.dtype)
         idx, _ = member_index(m, ov, f"i_{m.name}_")
-        res = f"static_cast<{t}>({acc})"
-        if m in locals_here:
-            k.line(f"const {t} {locals_here[m]} = {res};")
-            k.defined(locals_here[m])
-        else:
-            k.line(f"{m.cname}[{m.index(idx).c()}] = {res};")
+        _keep_result(k, m, idx, locals_here, f"static_cast<{ctype(m.dtype)}>({acc})")
 
 
 def _loops_open(k, vars_, simd_last, reduction_clause=None):
@@ -364,15 +353,11 @@ def _render_member(k: Emitter, m: ComputedBuffer, ov, locals_here, keep_in=None,
         reduction_clause(red.rtype, acc, red.acc_dtype.is_floating_point)
     _loops_open(k, rv, clause is not None, clause)
     v = k.cast(red.fn(k, idx, [IndexExpr.of(x) for x in rv]), red.acc_dtype)
-    if red.rtype == "sum":
-        k.line(f"{acc} += {v.expr};")
-        if keep_in is not None and v.expr in k.canon:
+    if red.rtype in _FOLDS:
+        k.line(_fold(red.rtype, acc, v.expr))
+        if red.rtype == "sum" and keep_in is not None and v.expr in k.canon:
             holds[keep_in] = (k.canon[v.expr], len(k.lines))
             k.line(f"{keep_in.cname}[{keep_in.index(kidx).c()}] = {v.expr};")
-    elif red.rtype == "prod":
-        k.line(f"{acc} *= {v.expr};")
-    elif red.rtype in ("max", "min"):
-        k.line(f"{acc} = t_{red.rtype}({acc}, {v.expr});")
     else:
         cmp = ">" if red.rtype == "argmax" else "<"
         flat = IndexExpr()
@@ -386,10 +371,25 @@ def _render_member(k: Emitter, m: ComputedBuffer, ov, locals_here, keep_in=None,
         else:
             k.line(f"if ({v.expr} {cmp} {acc}) {{ {acc} = {v.expr}; {acc}_i = {flat.c()}; }}")
     _loops_close(k, rv)
-    res = f"{acc}_i" if arg else f"static_cast<{t}>({acc})"
+    _keep_result(k, m, idx, locals_here, f"{acc}_i" if arg else f"static_cast<{t}>({acc})")
+    _loops_close(k, inner)
+
+
+_FOLDS = ("sum", "prod", "max", "min")    # reductions folded by one line per element
+
+
+def _fold(rtype: str, acc: str, v: str) -> str:
+    if rtype == "sum":
+        return f"{acc} += {v};"
+    if rtype == "prod":
+        return f"{acc} *= {v};"
+    return f"{acc} = t_{rtype}({acc}, {v});"
+
+
+def _keep_result(k: Emitter, m: ComputedBuffer, idx, locals_here, res: str):
+    """A member's value at ``idx``: a local for the group's later members, else stored."""
     if m in locals_here:
-        k.line(f"const {t} {locals_here[m]} = {res};")
+        k.line(f"const {ctype(m.dtype)} {locals_here[m]} = {res};")
         k.defined(locals_here[m])
     else:
         k.line(f"{m.cname}[{m.index(idx).c()}] = {res};")
-    _loops_close(k, inner)

@@ -249,26 +249,26 @@ def _refuse_host_reads(gm, lowered):
     ("Pointer argument cannot be accessed from Triton"). CPU tensors only ATen calls take
     stay as they are; a graph of CPU tensors only is Triton's interpreter at work. To do:
     pass such 0-d values as scalar kernel arguments."""
-    devices = {}
-    for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
-        device = getattr(n.meta.get("traced_meta"), "device", None)
-        if i < len(lowered.inputs) and lowered.inputs[i] is not None and isinstance(device, torch.device):
-            devices[id(lowered.inputs[i])] = (device, n.name)
-    for name, t in lowered.constants.items():
-        devices[("const", name)] = (t.device, name)
-    if not any(d.type == "cuda" for d, _ in devices.values()):
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    devices = [getattr(n.meta.get("traced_meta"), "device", None) for n in phs]
+    const_devices = {name: t.device for name, t in lowered.constants.items()}
+    if not any(isinstance(d, torch.device) and d.type == "cuda" for d in [*devices, *const_devices.values()]):
         return
-    host = {k: name for k, (d, name) in devices.items() if d.type == "cpu"}
-    if not host:
+    host_inputs = {id(b): n.name for n, b, d in zip(phs, lowered.inputs, devices)
+                   if b is not None and isinstance(d, torch.device) and d.type == "cpu"}
+    host_consts = {name for name, d in const_devices.items() if d.type == "cpu"}
+    if not host_inputs and not host_consts:
         return
 
     def host_name(b):
-        return host.get(id(b)) or (host.get(("const", b.name)) if getattr(b, "kind", "") == "const" else None)
+        if getattr(b, "kind", "") == "const":
+            return b.name if b.name in host_consts else None
+        return host_inputs.get(id(b))
     for st in [*lowered.steps, *lowered.copy_backs]:
         if isinstance(st, ExternCall):
             continue
-        touched = [host_name(b) for b in (*_reads(st), getattr(st, "target", None)) if b is not None]
-        touched = [t for t in touched if t]
+        touched = [name for b in (*_reads(st), getattr(st, "target", None))
+                   if b is not None and (name := host_name(b))]
         if touched:
             raise UntraceableGraph(f"a kernel of this CUDA graph would read or write the CPU tensor "
                                    f"{touched[0]}: Triton kernels cannot touch host memory")
