@@ -106,7 +106,10 @@ def run_trees(trees: list, child: str, runs: int, argv=(), prime: str | None = N
 
 
 def _run_child(code: str, args: list, tree: str, cache: str) -> str:
-    env = dict(os.environ, PYTHONPATH=tree, TEMPA_CACHE_DIR=cache)
+    # the tree first; what PYTHONPATH held already stays after it (on a lent GPU machine,
+    # packages installed with --target, such as bytecode)
+    path = os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path, TEMPA_CACHE_DIR=cache)
     run = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True,
                          text=True, cwd=cache, timeout=3600)
     if run.returncode:
