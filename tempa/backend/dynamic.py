@@ -111,10 +111,28 @@ def per_shape(compile_one, reason: str = ""):
     return run
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Contiguous in some order of its dims (``nonzero``'s result is column-major)."""
+    expected = 1
+    for size, stride in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n != 1),
+                               key=lambda p: p[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _dim_order(t: torch.Tensor) -> list:
+    """``t``'s dims from the outermost in memory to the innermost (its strides' order; a
+    size-1 dim by its stride too, as eager lays one out)."""
+    return sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
+
+
 def _resize(t: torch.Tensor, dims: dict) -> torch.Tensor:
     """``t`` with sizes ``dims`` (dim -> size), built from its own values (so token ids stay
     valid ids): repeated along a dim to grow, narrowed to shrink; zeros where it is empty
-    (an empty ``x[mask]``: zeros are valid ids wherever one is)."""
+    (an empty ``x[mask]``: zeros are valid ids wherever one is). Its dims keep their order
+    in memory (dense)."""
     r = t.detach()
     for d, n in dims.items():
         cur = r.shape[d]
@@ -127,7 +145,12 @@ def _resize(t: torch.Tensor, dims: dict) -> torch.Tensor:
             reps[d] = -(-n // cur)
             r = r.repeat(*reps)
         r = r.narrow(d, 0, n)
-    r = r.contiguous()
+    order = _dim_order(t)
+    if order != list(range(t.dim())):
+        dense = torch.empty([r.shape[d] for d in order], dtype=r.dtype, device=r.device)
+        r = dense.permute([order.index(d) for d in range(t.dim())]).copy_(r)
+    else:
+        r = r.contiguous()
     if t.requires_grad:
         r.requires_grad_(True)
     return r
@@ -232,8 +255,8 @@ class DynamicTarget:
             if d is None:                      # a symbolic int input: its value is the size
                 value = int(t)
             else:
-                if not t.is_contiguous():
-                    raise NotGeneric(f"input {i} with a dynamic size is not contiguous")
+                if not _dense(t):
+                    raise NotGeneric(f"input {i} with a dynamic size is not dense")
                 value = int(t.shape[d])
             syms.setdefault(s, value)
             if syms[s] != value:
@@ -250,11 +273,12 @@ class DynamicTarget:
         used = {d for x in static for d in range(2, min(x, 4096) + 1) if x % d == 0}
         used |= set(self.example_point)
         self.axes = []
+        ints = {s for _, d, s in self.dims if d is None}
         for s, v in zip(self.syms, self.example_point):
-            win = _grid_near(v, used, self.ranges.get(s, (2, None)))
+            win = _grid_near(v, used, self.ranges.get(s, (None, None)), s in ints)
             if win is None:
                 raise NotGeneric(f"no grid of sizes near {v} within {s}'s range "
-                                 f"{self.ranges.get(s, (2, None))}")
+                                 f"{self.ranges.get(s, (None, None))}")
             used |= set(win)
             self.axes.append(win)
 
@@ -518,8 +542,9 @@ class DynamicTarget:
 
 
 def symbol_ranges(gm) -> dict:
-    """symbol -> (lowest, highest or None) its value may take, as the capture's ShapeEnv
-    knows it (``torch._check(n <= x.shape[0])`` bounds a captured ``n``); sizes at least 2."""
+    """symbol -> (lowest, highest), None where unbounded: the values it may take, as the
+    capture's ShapeEnv knows them (``torch._check(0 <= n <= x.shape[0])`` bounds a captured
+    ``n``; a size read from an input is at least 2)."""
     out = {}
     for n in gm.graph.nodes:
         ev = n.meta.get("example_value") if n.op == "placeholder" else None
@@ -534,35 +559,43 @@ def symbol_ranges(gm) -> dict:
                 hi = int(r.upper) if r.upper.is_finite else None
             except Exception:  # noqa: BLE001 - no range known: any size
                 lo, hi = None, None
-            out[str(v.node.expr)] = (max(2, lo if lo is not None else 2), hi)
+            out[str(v.node.expr)] = (lo, hi)
     return out
 
 
-def _grid_near(v: int, used: set, bounds) -> list | None:
-    """Three consecutive sizes near ``v``, none of them ``v`` itself (the example is a check
-    point of its own: the fit on the grid must hold there too), preferably none in ``used``
-    (other sizes of the graph: a coincidence can change a rendering), within ``bounds``
-    (lowest, highest or None) where the range has room, else from its lowest up: a size
-    computed from values (``x[mask]``) is bounded by its input's numel, which its pieces'
-    code need not be. A grid where the code fails or is not a polynomial only costs the
-    generic code, never a wrong one: every rendering is checked."""
+def _grid_near(v: int, used: set, bounds, index_like: bool = False) -> list | None:
+    """Three consecutive values near ``v``, none of them ``v`` itself (the example is a
+    check point of its own: the fit on the grid must hold there too), preferably none in
+    ``used`` (other sizes of the graph: a coincidence can change a rendering), from 2 up
+    (0 and 1 are special sizes) and within ``bounds`` (lowest, highest; None: unbounded).
+    Where the range has no room: an int input (``index_like``) may take 0 and 1 (a
+    captured index: ``a[i]`` of a 4-row ``a``), and a size, bounded by its input's numel
+    where it is computed from values (``x[mask]``), which its pieces' code need not be,
+    may pass the bound. A grid where the code
+    fails or is not a polynomial costs only the generic code, never a right one: every
+    rendering is checked."""
     lo, hi = bounds
+    low = max(2, lo) if lo is not None else 2
 
-    def fits(start, top):
-        return start >= lo and (top is None or start + 2 <= top)
+    def windows(first, top, avoid):
+        starts = sorted(range(first, (top if top is not None else max(v, first) + 64) - 1),
+                        key=lambda st: abs(st + 1 - v))
+        return next(([st, st + 1, st + 2] for st in starts
+                     if not avoid & {st, st + 1, st + 2}), None)
     for k in range(80):
         start = v - 3 - 4 * (k // 2) if k % 2 == 0 else v + 1 + 4 * (k // 2)
         win = [start, start + 1, start + 2]
-        if fits(start, hi) and not used & set(win):
+        if start >= low and (hi is None or start + 2 <= hi) and not used & set(win):
             return win
-    for top in ((hi, None) if hi is not None else (None,)):
-        starts = sorted(range(lo, (top if top is not None else v + 64) - 1),
-                        key=lambda st: abs(st + 1 - v))
-        for avoid in (used, {v}):
-            win = next(([st, st + 1, st + 2] for st in starts if fits(st, top)
-                        and not avoid & {st, st + 1, st + 2}), None)
-            if win is not None:
-                return win
+    tries = [(low, hi, used), (low, hi, {v})]
+    if index_like and lo is not None and lo < low:
+        tries.append((lo, hi, {v}))
+    if hi is not None:
+        tries.append((low, None, {v}))
+    for first, top, avoid in tries:
+        win = windows(first, top, avoid)
+        if win is not None:
+            return win
     return None
 
 

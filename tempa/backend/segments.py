@@ -149,8 +149,14 @@ def _kind(n, valued) -> str:
     return PIECE
 
 
+def _is_tensor(value) -> bool:
+    """A tensor's example value: a (fake) tensor, or capture's metadata-only stand-in."""
+    return isinstance(value, torch.Tensor) or (
+        hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "device"))
+
+
 def _has_tensor(value) -> bool:
-    if isinstance(value, torch.Tensor):
+    if _is_tensor(value):
         return True
     return isinstance(value, (tuple, list)) and any(_has_tensor(v) for v in value)
 
@@ -167,8 +173,8 @@ def _symbols(node) -> set:
 def _symbols_in(value) -> set:
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return {str(s) for s in value.node.expr.free_symbols if from_values(str(s))}
-    if isinstance(value, torch.Tensor):
-        return set().union(*(_symbols_in(s) for s in value.shape)) if value.dim() else set()
+    if _is_tensor(value):
+        return set().union(*(_symbols_in(s) for s in value.shape)) if len(value.shape) else set()
     if isinstance(value, (tuple, list)):
         return set().union(*(_symbols_in(v) for v in value)) if value else set()
     return set()
@@ -260,7 +266,7 @@ def _numbers_as_operands(graph, kinds) -> None:
                 continue
             kind = _number_kind(number)
             tensor = other.meta.get("example_value")
-            if kind is None or not isinstance(tensor, torch.Tensor):
+            if kind is None or not _is_tensor(tensor):
                 continue
             with graph.inserting_before(n):
                 t = graph.call_function(torch.scalar_tensor, (number,), {
@@ -297,10 +303,10 @@ def _operand_dtype(kind, tensor: torch.Tensor) -> torch.dtype:
     more than the number does, and holds its value exactly; elsewhere (a float beside an int
     tensor, anything beside a 0-d tensor) the dtype the number gives the result."""
     own = _OWN_DTYPES[kind]
-    if tensor.dim() > 0 and _category(own) <= _category(tensor.dtype):
+    dims = len(tensor.shape)
+    if dims > 0 and _category(own) <= _category(tensor.dtype):
         return own
-    return torch.result_type(torch.empty((1,) * max(1, tensor.dim()) if tensor.dim() else (),
-                                         dtype=tensor.dtype), _EXAMPLES[kind])
+    return torch.result_type(torch.empty((1,) * dims, dtype=tensor.dtype), _EXAMPLES[kind])
 
 
 def _steps(graph, kinds) -> list:
@@ -423,8 +429,9 @@ class Piece:
             return args
         values = {}
         for _, _, s in self.dims:
-            lo, hi = self.ranges.get(s, (2, None))
-            values[s] = lo + 2 if hi is None or lo + 2 <= hi else lo
+            lo, hi = self.ranges.get(s, (None, None))
+            low = max(2, lo) if lo is not None else 2
+            values[s] = low + 2 if hi is None or low + 2 <= hi else low
         per_input: dict = {}
         for i, d, s in self.dims:
             per_input.setdefault(i, {})[d] = values[s]
