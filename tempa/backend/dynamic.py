@@ -172,7 +172,7 @@ class DynamicTarget:
 
     def __init__(self, dims):
         self.dims = dims
-        # sizes computed from tensor values (a segmented graph's pieces, segments.py): one
+        # sizes computed from tensor values (a segmented graph's pieces, split_at_values.py): one
         # compile per shape would be one per value, so where no generic code can be made the
         # graph runs as ATen calls instead
         self.from_values = any(from_values(s) for _, _, s in dims)

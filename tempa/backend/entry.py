@@ -50,7 +50,7 @@ class BackendInfo:
     training_cudagraphs: tuple = ()
     # the graph-level passes' outputs (pipeline.PASSES): captured, segments, prepare, joint
     passes: dict = field(default_factory=dict)
-    # a graph cut at value-dependent ops (segments.py): each compiled piece's BackendInfo
+    # a graph cut at value-dependent ops (split_at_values.py): each compiled piece's BackendInfo
     pieces: list = field(default_factory=list)
 
     def trace(self) -> str:
@@ -150,12 +150,16 @@ def tempa_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None 
     if why:
         _say_eager_once(why)
         return _eager(gm, BackendInfo(), why)
-    from .segments import compile_in_segments, value_dependent_ops
+    from .split_at_values import compile_in_pieces, value_dependent_ops
     if value_dependent_ops(gm):
         # ops whose results only the run knows (.item(), nonzero, x[mask]): they run as
-        # ATen calls, the pieces between them compile as graphs of their own (segments.py)
-        return compile_in_segments(gm, example_inputs, lambda piece, inputs: tempa_backend(
-            piece, inputs, mode=mode, options=options))
+        # ATen calls, the pieces between them compile as graphs of their own
+        # (split_at_values.py); a piece whose sizes come from values gets neither CUDA
+        # graphs nor autotuning, both of which are made per shape, here per value
+        def compile_piece(piece, inputs, sizes_from_values):
+            return tempa_backend(piece, inputs, mode=None if sizes_from_values else mode,
+                                 options=options)
+        return compile_in_pieces(gm, example_inputs, compile_piece)
     if _on_cuda(example_inputs):
         # CUDA inputs: Triton kernels, CUDA graphs, autotuning (tempa/backend/gpu)
         # (symbolic sizes: shape-generic kernels, see gpu/dynamic.py)

@@ -32,7 +32,7 @@ from .schedule import _extern_buffers, _reads, _segments, member_index, probe_lo
 PASSES = (
     # -- once per graph (entry.py) -----------------------------------------------------------
     ("captured", "the torch-level FX graph the frontend (or any caller) hands to the backend"),
-    ("segments", "a graph holding value-dependent ops (.item(), nonzero, x[mask]) cut at them: "
+    ("split_at_values", "a graph holding value-dependent ops (.item(), nonzero, x[mask]) cut at them: "
                  "they run as ATen calls, each piece between compiles through the passes below, "
                  "shape-generic over the sizes they compute (segments.py)"),
     ("prepare", "lift get_attr tensors to inputs, so parameter values are never baked in"),

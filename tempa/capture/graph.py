@@ -77,7 +77,7 @@ class GraphBuilder:
         # capture made with its ShapeEnv on first need (unbacked_env)
         self.size_nodes = self.sizes
         # captured number -> its unbacked symbol; at finish, each node's meta["unbacked_symbol"]
-        # (the backend reads where a size computed from a number comes from: backend/segments.py)
+        # (the backend reads where a size computed from a number comes from: backend/split_at_values.py)
         self.scalar_symbols: dict[fx.Node, object] = {}
         self._asserts_seen = 0   # deferred runtime asserts of the ShapeEnv at the last op
         self.guards = GuardSet()
@@ -272,7 +272,7 @@ class GraphBuilder:
             # result's size does (unique_consecutive, nonzero, x[mask]): again, with unbacked
             # symbols for those. It stays in the graph (torch.compile's
             # capture_dynamic_output_shape_ops); the backend runs it as its ATen call between
-            # compiled pieces (backend/segments.py)
+            # compiled pieces (backend/split_at_values.py)
             self.unbacked_env()
             return self.call(kind, target, args, kwargs)
         return self._recorded(kind, target, (args, kwargs), result)

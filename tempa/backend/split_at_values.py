@@ -1,13 +1,14 @@
-"""A graph holding value-dependent operations, compiled in pieces around them.
+"""A graph holding value-dependent operations, compiled in pieces around them (the pass
+``split_at_values``).
 
 A value-dependent operation gives a result only the run knows: ``t.item()`` (a number),
 ``nonzero``, ``x[mask]``, ``masked_select``, ``unique_consecutive`` (a tensor whose size is
-computed from values). Capture keeps them in the graph, as torch.compile does with
-``capture_scalar_outputs`` and ``capture_dynamic_output_shape_ops``: their numbers and sizes
-are unbacked symbols of its ShapeEnv (capture/graph.py, capture/scalars.py). Generated
-kernels need every size before they run, so this step cuts the graph at those operations,
-as Inductor runs a fallback kernel between generated ones and reads the unbacked sizes from
-its results:
+computed from values), ``x[mask] = v``. Capture keeps them in the graph, as torch.compile
+does with ``capture_scalar_outputs`` and ``capture_dynamic_output_shape_ops``: their numbers
+and sizes are unbacked symbols of its ShapeEnv (capture/graph.py, capture/scalars.py).
+Generated kernels need every size before they run, so this pass cuts the graph at those
+operations, as Inductor runs a fallback kernel between generated ones and reads the
+unbacked sizes from its results:
 
 - the value-dependent operation runs as its ATen call (a *cut*);
 - each *piece* between cuts is compiled as any graph is (``tempa_backend``). A piece after
@@ -17,17 +18,17 @@ its results:
 - Python arithmetic on captured numbers, comparisons and ``torch._check`` run in Python
   between the pieces (the *glue*), and a number that is an operand of tensor arithmetic
   (``x * v``) enters a piece as a 0-d tensor of the dtype that keeps eager's type promotion
-  (``_operand_dtype``), so that no piece's code holds a value.
+  (``_operand_dtype``), so that no piece's code holds one call's value.
 
 The driver is an FX graph of its own: the cuts' and the glue's nodes as captured, one call
-per piece (``tempa_info.passes["segments"]`` shows its code). Pieces chain through
-autograd: a compiled piece whose inputs require grad is an autograd node of its own
-(its training variant), and a cut is an ATen op autograd records.
+per piece (``tempa_info.passes["split_at_values"]`` shows its code). Pieces chain through
+autograd: a compiled piece whose inputs require grad is an autograd node of its own (its
+training variant), and a cut is an ATen op autograd records.
 
 Sizes 0 and 1: a piece whose value-sized dims are 0 or 1 on a call (an empty mask, one
-match) runs as its torch-level graph, op by op, on that call, so a max over nothing raises
-and a size of 1 broadcasts as in eager; its generic code covers sizes from 2 up, as for
-sizes read from inputs (the capture's ShapeEnv specializes 0 and 1 there).
+match) runs as its torch-level graph, op by op, on that call, so that a max over nothing
+raises and a size of 1 broadcasts as in eager; its generic code covers sizes from 2 up, as
+for sizes read from inputs (the capture's ShapeEnv specializes 0 and 1 there).
 """
 from __future__ import annotations
 
@@ -57,8 +58,7 @@ _ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.truediv, opera
                torch.floor_divide, torch.remainder}
 _ARITHMETIC_METHODS = {"add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder",
                        "add_", "sub_", "mul_", "div_", "lt", "le", "gt", "ge", "eq", "ne"}
-# Nodes that change grad mode or autocast for the nodes after them: a cut between them
-# would run outside the mode (see value_dependent_ops)
+# Nodes that change grad mode or autocast for the nodes after them (see _refused)
 _STATE_TARGETS = (torch._C._set_grad_enabled, autocast_mode._enter_autocast,
                   autocast_mode._exit_autocast)
 _OWN_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64}
@@ -67,25 +67,27 @@ _EXAMPLES = {bool: True, int: 3, float: 1.5}
 
 def value_dependent_ops(gm: fx.GraphModule) -> list:
     """The nodes of ``gm`` whose results only the run knows (the cuts), in graph order."""
+    if not any(_maybe_cut(n) for n in gm.graph.nodes):   # the common case, cheaply
+        return []
     return [n for n, kind in _kinds(gm.graph).items() if kind == CUT]
 
 
-def compile_in_segments(gm: fx.GraphModule, example_inputs, compile_piece):
+def compile_in_pieces(gm: fx.GraphModule, example_inputs, compile_piece):
     """``gm`` as compiled pieces around its value-dependent ops. ``compile_piece(piece_gm,
-    inputs) -> callable`` compiles one piece (tempa_backend). Each piece is compiled on its
-    first call: the first one is made here, on private copies of ``example_inputs``."""
+    inputs, sizes_from_values) -> callable`` compiles one piece (tempa_backend). Each piece
+    compiles on its first call; that call is made here, on private copies of
+    ``example_inputs``."""
     info = BackendInfo()
     info.passes["captured"] = gm
     why = _refused(gm)
     if why:
         return _whole_graph_as_aten(gm, info, why)
     driver, pieces, cuts = split(gm)
-    info.passes["segments"] = (
+    info.passes["split_at_values"] = (
         f"{len(pieces)} compiled pieces around {len(cuts)} value-dependent ops "
         f"({', '.join(cuts)}); the driver:\n{driver.code.strip()}")
     for p in pieces:
         p.compile_piece, p.whole = compile_piece, info
-    # The first call, on copies: each piece compiles with the values it receives
     copies = [_private_copy(t) for t in example_inputs]
     with torch.random.fork_rng(devices=[]):
         driver.forward(*copies)
@@ -97,7 +99,7 @@ def compile_in_segments(gm: fx.GraphModule, example_inputs, compile_piece):
     info.aten_fallbacks = [f"{c} (value-dependent)" for c in cuts] + \
         [f for p in pieces for f in p.info.aten_fallbacks]
     info.compile_seconds = sum(p.info.compile_seconds for p in pieces)
-    info.notes.append(f"segments: {info.passes['segments'].splitlines()[0]}")
+    info.notes.append(info.passes["split_at_values"].splitlines()[0])
     for p in pieces:
         if p.info.fallback_reason:
             info.notes.append(f"{p.name} runs with ATen calls: {p.info.fallback_reason}")
@@ -105,48 +107,64 @@ def compile_in_segments(gm: fx.GraphModule, example_inputs, compile_piece):
             info.notes.append(f"{p.name}: {p.info.dynamic}")
     forward = driver.forward
 
-    def segmented(*args):
+    def in_pieces(*args):
         return forward(*args)
-    segmented.tempa_info = info
-    segmented.driver = driver
-    return segmented
+    in_pieces.tempa_info = info
+    in_pieces.driver = driver
+    return in_pieces
 
 
 # -- which node runs how -------------------------------------------------------------------
+
+def _maybe_cut(n) -> bool:
+    """Could ``n`` be a cut? Only an ``item`` or a node with an unbacked symbol can."""
+    if n.op == "call_method" and n.target == "item" or _writes_through_mask(n):
+        return True
+    return "unbacked_symbol" in n.meta or bool(_symbols_in(n.meta.get("example_value")))
+
 
 def _kinds(graph) -> dict:
     """node -> CUT | GLUE | PIECE | DRIVER, for every node but placeholders and the output."""
     kinds: dict = {}
     valued: set = set()            # cuts and glue: what only the run knows
+    symbols: dict = {}             # node -> the unbacked symbols of its value
     for n in graph.nodes:
+        symbols[n] = _symbols(n)
         if n.op in ("placeholder", "output"):
             continue
-        kind = _kind(n, valued)
+        kind = _kind(n, valued, symbols)
         kinds[n] = kind
         if kind in (CUT, GLUE):
             valued.add(n)
     return kinds
 
 
-def _kind(n, valued) -> str:
+def _kind(n, valued, symbols) -> str:
     if n.op == "get_attr":
         return DRIVER
     if n.op == "call_method" and n.target == "item":
         return CUT
     inputs = n.all_input_nodes
+    if _writes_through_mask(n):
+        return CUT                 # x[mask] = v: index_put_ with a boolean index
     if not _has_tensor(n.meta.get("example_value")):
         # a number, a flag or None (torch._check): Python's where it depends on a value
-        if _symbols(n) or any(a in valued for a in inputs):
-            return GLUE
-        return PIECE
+        return GLUE if symbols[n] or any(a in valued for a in inputs) else PIECE
     if n.target is operator.getitem and inputs and inputs[0] in valued:
         return GLUE                # an item of a cut's tuple (torch.unique(..., return_counts))
-    known = set().union(*(_symbols(a) for a in inputs)) if inputs else set()
-    if _symbols(n) - known:
+    if symbols[n] - set().union(*(symbols[a] for a in inputs)):
         return CUT                 # its result has a size no input has: computed from values
     if n.target is torch.scalar_tensor and any(a in valued for a in inputs):
         return GLUE
     return PIECE
+
+
+def _writes_through_mask(n) -> bool:
+    if n.op != "call_function" or n.target is not operator.setitem or len(n.args) < 2:
+        return False
+    index = n.args[1] if isinstance(n.args[1], (tuple, list)) else (n.args[1],)
+    return any(isinstance(i, fx.Node) and getattr(i.meta.get("example_value"), "dtype", None)
+               in (torch.bool, torch.uint8) for i in index)
 
 
 def _is_tensor(value) -> bool:
@@ -164,10 +182,8 @@ def _has_tensor(value) -> bool:
 def _symbols(node) -> set:
     """Names of the unbacked symbols in a node's example value (sizes of a tensor, a number)
     and in the symbol capture gave the number it computes (meta["unbacked_symbol"])."""
-    found = set()
-    for value in (node.meta.get("example_value"), node.meta.get("unbacked_symbol")):
-        found |= _symbols_in(value)
-    return found
+    return _symbols_in(node.meta.get("example_value")) | \
+        _symbols_in(node.meta.get("unbacked_symbol"))
 
 
 def _symbols_in(value) -> set:
@@ -183,8 +199,8 @@ def _symbols_in(value) -> set:
 def _refused(gm) -> str | None:
     """Why the graph runs whole as ATen calls instead of in pieces, if it must."""
     if any(n.op == "call_function" and n.target in _STATE_TARGETS for n in gm.graph.nodes):
-        return ("a value-dependent op inside a grad-mode or autocast region of the graph: "
-                "its pieces cannot each restore the mode")
+        return ("a value-dependent op in a graph that switches grad mode or autocast: its "
+                "pieces would each run in the caller's mode")
     return None
 
 
@@ -242,9 +258,7 @@ def _copy(graph: fx.Graph) -> fx.Graph:
     """A copy of ``graph`` without the 0-d tensors capture made of numbers that nothing reads
     (each captured number has one; they compute nothing)."""
     g = fx.Graph()
-    env: dict = {}
-    out = g.graph_copy(graph, env)
-    g.output(out)
+    g.output(g.graph_copy(graph, {}))
     for n in reversed(list(g.nodes)):
         if n.op == "call_function" and n.target is torch.scalar_tensor and not n.users:
             g.erase_node(n)
@@ -253,25 +267,26 @@ def _copy(graph: fx.Graph) -> fx.Graph:
 
 def _numbers_as_operands(graph, kinds) -> None:
     """A captured number that is an operand of tensor arithmetic (``x * v``) becomes a 0-d
-    tensor made in the glue (``torch.scalar_tensor(v, dtype)``): the piece's code then
-    reads it from memory instead of holding one call's value."""
+    tensor made in the glue (``torch.scalar_tensor(v, dtype=..., device=...)``): the
+    piece's code then reads it from memory instead of holding one call's value."""
     for n in list(graph.nodes):
         if kinds.get(n) != PIECE or not _is_arithmetic(n) or len(n.args) < 2:
             continue
         args = list(n.args)
         for pos in (0, 1):
             number, other = args[pos], args[1 - pos]
-            if not (isinstance(number, fx.Node) and kinds.get(number) in (CUT, GLUE)
-                    and isinstance(other, fx.Node)):
+            if not (isinstance(number, fx.Node) and number in kinds
+                    and kinds[number] in (CUT, GLUE) and isinstance(other, fx.Node)):
                 continue
             kind = _number_kind(number)
             tensor = other.meta.get("example_value")
             if kind is None or not _is_tensor(tensor):
                 continue
+            dtype = _operand_dtype(kind, tensor)
             with graph.inserting_before(n):
-                t = graph.call_function(torch.scalar_tensor, (number,), {
-                    "dtype": _operand_dtype(kind, tensor), "device": tensor.device})
-            t.meta["example_value"] = torch.empty((), dtype=_operand_dtype(kind, tensor))
+                t = graph.call_function(torch.scalar_tensor, (number,),
+                                        {"dtype": dtype, "device": tensor.device})
+            t.meta["example_value"] = torch.empty((), dtype=dtype)
             kinds[t] = GLUE
             args[pos] = t
         n.args = tuple(args)
@@ -296,9 +311,9 @@ def _category(dtype) -> int:
         2 if dtype.is_floating_point else 1
 
 
-def _operand_dtype(kind, tensor: torch.Tensor) -> torch.dtype:
+def _operand_dtype(kind, tensor) -> torch.dtype:
     """The dtype of a 0-d tensor that stands for a Python number of type ``kind`` beside
-    ``tensor`` with eager's result. Beside a tensor with dims of the number's category or a
+    ``tensor`` with eager's result. Beside a tensor with dims, of the number's category or a
     higher one, a 0-d tensor of the number's own dtype (bool, int64, float64) promotes it no
     more than the number does, and holds its value exactly; elsewhere (a float beside an int
     tensor, anything beside a 0-d tensor) the dtype the number gives the result."""
@@ -311,8 +326,8 @@ def _operand_dtype(kind, tensor: torch.Tensor) -> torch.dtype:
 
 def _steps(graph, kinds) -> list:
     """The driver's steps in order: a node (cut, glue, get_attr) or a list of PIECE nodes.
-    A cut or glue node that reads nothing of the open piece runs before it (the piece then
-    grows on past it), unless the piece writes in place: a value read then must be eager's."""
+    A cut or glue node that reads nothing of the open piece runs before it (the piece grows
+    on past it), unless one of the two writes in place: what either reads must be eager's."""
     steps, open_piece, members, writes = [], [], set(), False
     for n in graph.nodes:
         if n.op in ("placeholder", "output"):
@@ -322,7 +337,8 @@ def _steps(graph, kinds) -> list:
             members.add(n)
             writes = writes or _writes_in_place(n)
             continue
-        if open_piece and (writes or any(a in members for a in n.all_input_nodes)):
+        if open_piece and (writes or _writes_in_place(n)
+                           or any(a in members for a in n.all_input_nodes)):
             steps.append(open_piece)
             open_piece, members, writes = [], set(), False
         steps.append(n)
@@ -335,7 +351,7 @@ def _steps(graph, kinds) -> list:
 
 class Piece:
     """One run of PIECE nodes as a GraphModule, compiled on its first call for each pattern
-    of which inputs require grad (the variants a compiled graph has follow that pattern,
+    of which inputs require grad (the variants a compiled graph builds follow that pattern,
     which the frontend guards for the graph's own inputs, not for these); on a call where
     one of its value-sized dims is 0 or 1, the GraphModule runs op by op."""
 
@@ -347,21 +363,21 @@ class Piece:
             ph.meta = dict(a.meta)
             symbol = a.meta.get("unbacked_symbol")
             if isinstance(symbol, torch.SymInt):
-                ph.meta["example_value"] = symbol   # a size: a symbolic int input
+                ph.meta["example_value"] = symbol   # a number used as a size: a symbolic int
         for m in nodes:
             env[m] = graph.node_copy(m, lambda a: env[a])
         graph.output(tuple(env[m] for m in outputs))
         self.gm = fx.GraphModule(root, graph)
         self.name = name
         self.info = BackendInfo()
-        self.whole = None                   # the segmented graph's BackendInfo
+        self.whole = None                   # the split graph's BackendInfo
         self.compile_piece = None
         self.compiled: dict = {}            # requires_grad pattern -> callable
         self.dims = [(i, d, s) for i, d, s in dynamic_dims(self.gm) if from_values(s)]
         self.edges = [(i, d) for i, d, _ in self.dims]
         self.ranges = symbol_ranges(self.gm)
         # numbers computed from values that the piece's code would hold as constants (a
-        # float, a bool, an int without a size symbol): its code would be one call's
+        # float or a bool that is no operand of arithmetic, an int without a size symbol)
         self.held = [a.name for a in inputs if a in valued and not _has_tensor(
             a.meta.get("example_value")) and not isinstance(
             a.meta.get("unbacked_symbol", a.meta.get("example_value")), torch.SymInt)]
@@ -397,15 +413,15 @@ class Piece:
             return self._as_aten(f"the numbers {', '.join(self.held)}, computed from tensor "
                                  "values, are arguments that are neither sizes nor operands of "
                                  "arithmetic: its code would hold one call's values")
-        compiled = self.compile_piece(self.gm, self._generic_examples(list(args)))
+        compiled = self.compile_piece(self.gm, self._generic_examples(list(args)), bool(self.dims))
         info = getattr(compiled, "tempa_info", None)
         if info is not None and not self.compiled:        # the first build: its record
             self.info = info
-            info.notes.insert(0, f"{self.name} of a segmented graph")
+            info.notes.insert(0, f"{self.name} of a graph split at value-dependent ops")
         elif info is not None:                            # another requires_grad pattern
             self.info.kernel_count += info.kernel_count
-            self.info.notes.append(f"{self.name}, built again for a new requires_grad "
-                                   f"pattern: {info.kernel_count} kernels")
+            self.info.notes.append(f"built again for a new requires_grad pattern: "
+                                   f"{info.kernel_count} kernels")
             if self.whole is not None:
                 self.whole.kernel_count += info.kernel_count
         return compiled
@@ -413,8 +429,9 @@ class Piece:
     def _as_aten(self, why):
         self.info.fallback_reason = why
         self.info.aten_fallbacks = ["<whole piece>"]
-        logs.get("fallbacks").warning("tempa backend: running %s of a segmented graph with "
-                                      "eager ATen calls: %s", self.name, why)
+        logs.get("fallbacks").warning("tempa backend: running %s of a graph split at "
+                                      "value-dependent ops with eager ATen calls: %s",
+                                      self.name, why)
         gm = self.gm
 
         def aten(*args):
