@@ -568,10 +568,10 @@ def _grid_near(v: int, used: set, bounds, index_like: bool = False) -> list | No
     check point of its own: the fit on the grid must hold there too), preferably none in
     ``used`` (other sizes of the graph: a coincidence can change a rendering), from 2 up
     (0 and 1 are special sizes) and within ``bounds`` (lowest, highest; None: unbounded).
-    Where the range has no room: an int input (``index_like``) may take 0 and 1 (a
-    captured index: ``a[i]`` of a 4-row ``a``), and a size, bounded by its input's numel
-    where it is computed from values (``x[mask]``), which its pieces' code need not be,
-    may pass the bound. A grid where the code
+    Where the range has no room: an int input (``index_like``) stays in it, at other sizes
+    or at 0 and 1 (a captured index: ``a[i]`` of a 4-row ``a``); a size may pass the bound
+    (one computed from values, ``x[mask]``, is bounded by its input's numel, which its
+    pieces' code need not be) rather than coincide with another size. A grid where the code
     fails or is not a polynomial costs only the generic code, never a right one: every
     rendering is checked."""
     lo, hi = bounds
@@ -587,11 +587,11 @@ def _grid_near(v: int, used: set, bounds, index_like: bool = False) -> list | No
         win = [start, start + 1, start + 2]
         if start >= low and (hi is None or start + 2 <= hi) and not used & set(win):
             return win
-    tries = [(low, hi, used), (low, hi, {v})]
-    if index_like and lo is not None and lo < low:
-        tries.append((lo, hi, {v}))
-    if hi is not None:
-        tries.append((low, None, {v}))
+    if index_like:        # an int input: within its range, whatever it coincides with
+        tries = [(low, hi, {v})] + ([(lo, hi, {v})] if lo is not None and lo < low else [])
+        tries.append((low, None, used))
+    else:                 # a size: past the bound rather than at another size
+        tries = [(low, None, used), (low, hi, {v}), (low, None, {v})]
     for first, top, avoid in tries:
         win = windows(first, top, avoid)
         if win is not None:
