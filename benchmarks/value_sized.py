@@ -8,7 +8,7 @@ pointwise work and reductions on both. Each tree's tempa is timed against eager 
 process, interleaved, on one thread, by CPU time (``common.interleaved_us``); ``--runs``
 fresh processes per tree alternate BEFORE, AFTER, BEFORE, ... (``common.run_trees``), so load
 on a shared machine moves both alike. The table gives per tree the median µs per call of
-eager and tempa, tempa's speedup and its graph counts (captures, breaks).
+eager and tempa, tempa's speedup and its graph counts (captures, breaks, recaptures).
 
 Before issue 16 item 7, tempa broke the graph at the mask (the backend ran a graph holding
 one as ATen calls): two graphs around the eager ``y[mask]``, and one recapture when the code
@@ -58,7 +58,7 @@ for n in sizes:
     cpu, _ = interleaved_us({"eager": (f, (x,)), "tempa": (fast, (x,))},
                             calls=max(20, 200000 // n), rounds=rounds)
     rows.append({"n": n, "eager": cpu["eager"], "tempa": cpu["tempa"],
-                 "captures": s.captures, "breaks": s.graph_breaks})
+                 "graphs": [s.captures, s.graph_breaks, s.recompiles]})
 print(json.dumps(rows))
 """
 
@@ -80,14 +80,14 @@ def main():
           f"{measured.load_start:.2f}, at end {measured.load_end:.2f}\n"
           f"before: {trees[0]}\nafter:  {trees[1]}\n")
     print("| elements | eager µs | before: tempa µs | after: tempa µs | before: speedup | "
-          "after: speedup | after / before | before: captures, breaks | after: captures, breaks |")
+          "after: speedup | after / before | before: captures, breaks, recaptures | after: same |")
     print("|---|---|---|---|---|---|---|---|---|")
     for i, n in enumerate(int(s) for s in a.sizes.split(",")):
         per = []
         for runs in measured.results:
             rows = [r[i] for r in runs]
             per.append({k: statistics.median(r[k] for r in rows) for k in ("eager", "tempa")}
-                       | {"graphs": (rows[0]["captures"], rows[0]["breaks"]),
+                       | {"graphs": tuple(rows[0]["graphs"]),
                           "speedup": statistics.median(r["eager"] / r["tempa"] for r in rows)})
         b, f = per
         eager = statistics.median([b["eager"], f["eager"]])
