@@ -3,6 +3,7 @@
 them is kernels, shape-generic in the sizes they compute; one capture and one compile serve
 every value. Each test asserts the path: no fallback reason on the graph or its pieces,
 kernels in every piece, and no new kernels after the first call."""
+import importlib.util
 import logging
 
 import pytest
@@ -34,11 +35,11 @@ def _copies(args):
     return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
 
 
-def _run(fn, calls, generic=True):
+def _run(fn, calls, generic=True, **options):
     """``fn`` compiled, called with each of ``calls`` beside eager (on copies); returns the
     split graph's BackendInfo after checking that one capture served every call and that no
     call after the first compiled anything."""
-    fast = tempa.compile(fn)
+    fast = tempa.compile(fn, **options)
     kernels = None
     for args in calls:
         _same(fast(*_copies(args)), fn(*_copies(args)))
@@ -215,3 +216,24 @@ def test_the_driver_shows_cuts_glue_and_pieces():
     fast(torch.randn(8), torch.tensor(2.0))
     text = tempa.entries(fast)[0].compiled.tempa_info.trace()
     assert "l_t_.item()" in text and "tempa_piece_1(" in text and "piece 2" in text
+
+
+cuda = pytest.mark.skipif(not (torch.cuda.is_available() and importlib.util.find_spec("triton")),
+                          reason="needs CUDA and Triton")
+
+
+@cuda
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_on_the_gpu_pieces_are_triton_kernels(mode):
+    # the number enters its piece as a 0-d tensor on the GPU; the piece after the mask is
+    # shape-generic Triton code, without CUDA graphs (they are recorded per shape)
+    def f(x, t):
+        v = t.item()
+        y = (x * v).relu() + 0.5
+        picked = y[y > 1.0]
+        return picked.exp().sum() + (y * 3).cos().sum(), picked * 2
+
+    calls = [(torch.randn(256, device="cuda"), torch.tensor(v, device="cuda"))
+             for v in (2.0, -1.0, 3.5, 0.25)]
+    info = _run(f, calls, mode=mode)
+    assert all(p.inference.triton_source for p in info.pieces), [p.notes for p in info.pieces]
