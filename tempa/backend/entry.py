@@ -48,7 +48,7 @@ class BackendInfo:
     notes: list = field(default_factory=list)
     # mode="reduce-overhead" training: the (forward, backward) CUDA graph runners, once built
     training_cudagraphs: tuple = ()
-    # the graph-level passes' outputs (pipeline.PASSES): captured, segments, prepare, joint
+    # the graph-level passes' outputs (pipeline.PASSES): captured, split_at_values, prepare, joint
     passes: dict = field(default_factory=dict)
     # a graph cut at value-dependent ops (split_at_values.py): each compiled piece's BackendInfo
     pieces: list = field(default_factory=list)
@@ -152,14 +152,9 @@ def tempa_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None 
         return _eager(gm, BackendInfo(), why)
     from .split_at_values import compile_in_pieces, value_dependent_ops
     if value_dependent_ops(gm):
-        # ops whose results only the run knows (.item(), nonzero, x[mask]): they run as
-        # ATen calls, the pieces between them compile as graphs of their own
-        # (split_at_values.py); a piece whose sizes come from values gets neither CUDA
-        # graphs nor autotuning, both of which are made per shape, here per value
-        def compile_piece(piece, inputs, sizes_from_values):
-            return tempa_backend(piece, inputs, mode=None if sizes_from_values else mode,
-                                 options=options)
-        return compile_in_pieces(gm, example_inputs, compile_piece)
+        # ops whose results only the run knows (.item(), nonzero, x[mask]) run as ATen
+        # calls, the pieces between them compile as graphs of their own (split_at_values.py)
+        return compile_in_pieces(gm, example_inputs, mode=mode, options=options)
     if _on_cuda(example_inputs):
         # CUDA inputs: Triton kernels, CUDA graphs, autotuning (tempa/backend/gpu)
         # (symbolic sizes: shape-generic kernels, see gpu/dynamic.py)

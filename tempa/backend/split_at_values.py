@@ -33,6 +33,7 @@ for sizes read from inputs (the capture's ShapeEnv specializes 0 and 1 there).
 from __future__ import annotations
 
 import operator
+import time
 
 import torch
 import torch.fx as fx
@@ -40,7 +41,7 @@ from torch.amp import autocast_mode
 
 from .. import logs
 from .dynamic import _resize, dynamic_dims, from_values, symbol_ranges
-from .entry import BackendInfo, _writes_in_place, run_graph
+from .entry import BackendInfo, _writes_in_place, run_graph, tempa_backend
 
 # How a node runs in the driver
 CUT = "cut"          # a value-dependent operation: its ATen call
@@ -72,11 +73,13 @@ def value_dependent_ops(gm: fx.GraphModule) -> list:
     return [n for n, kind in _kinds(gm.graph).items() if kind == CUT]
 
 
-def compile_in_pieces(gm: fx.GraphModule, example_inputs, compile_piece):
-    """``gm`` as compiled pieces around its value-dependent ops. ``compile_piece(piece_gm,
-    inputs, sizes_from_values) -> callable`` compiles one piece (tempa_backend). Each piece
-    compiles on its first call; that call is made here, on private copies of
-    ``example_inputs``."""
+def compile_in_pieces(gm: fx.GraphModule, example_inputs, *, mode=None, options=None):
+    """``gm`` as compiled pieces around its value-dependent ops, each piece compiled by
+    ``tempa_backend`` with ``mode`` and ``options``, except that a piece whose sizes come
+    from values gets neither CUDA graphs nor autotuning (both are made per shape, here per
+    value). Each piece compiles on its first call; that call is made here, on private
+    copies of ``example_inputs``."""
+    t0 = time.perf_counter()
     info = BackendInfo()
     info.passes["captured"] = gm
     why = _refused(gm)
@@ -86,6 +89,9 @@ def compile_in_pieces(gm: fx.GraphModule, example_inputs, compile_piece):
     info.passes["split_at_values"] = (
         f"{len(pieces)} compiled pieces around {len(cuts)} value-dependent ops "
         f"({', '.join(cuts)}); the driver:\n{driver.code.strip()}")
+    def compile_piece(piece, inputs, sizes_from_values):
+        return tempa_backend(piece, inputs, mode=None if sizes_from_values else mode,
+                             options=options)
     for p in pieces:
         p.compile_piece, p.whole = compile_piece, info
     copies = [_private_copy(t) for t in example_inputs]
@@ -98,7 +104,7 @@ def compile_in_pieces(gm: fx.GraphModule, example_inputs, compile_piece):
         all(p.info.from_disk_cache for p in pieces if p.info.kernel_count)
     info.aten_fallbacks = [f"{c} (value-dependent)" for c in cuts] + \
         [f for p in pieces for f in p.info.aten_fallbacks]
-    info.compile_seconds = sum(p.info.compile_seconds for p in pieces)
+    info.compile_seconds = time.perf_counter() - t0     # the first call's run included
     info.notes.append(info.passes["split_at_values"].splitlines()[0])
     for p in pieces:
         if p.info.fallback_reason:

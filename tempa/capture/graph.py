@@ -77,7 +77,7 @@ class GraphBuilder:
         # capture made with its ShapeEnv on first need (unbacked_env)
         self.size_nodes = self.sizes
         # captured number -> its unbacked symbol; at finish, each node's meta["unbacked_symbol"]
-        # (the backend reads where a size computed from a number comes from: backend/split_at_values.py)
+        # (the backend reads which sizes a number is: backend/split_at_values.py)
         self.scalar_symbols: dict[fx.Node, object] = {}
         self._asserts_seen = 0   # deferred runtime asserts of the ShapeEnv at the last op
         self.guards = GuardSet()
