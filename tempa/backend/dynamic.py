@@ -502,6 +502,7 @@ class DynamicTarget:
                 used_syms |= {i for mono in poly for i, e in enumerate(mono) if e}
                 is_float = any(c in text for c in ".eE")
                 res[k] = self._literal(part, expr, is_float)
+                res[k + 1] = ""        # a C++ ``LL`` suffix: the expression is int64_t already
             out.append("".join(res))
         cpp_src, wsrc = out
         # tensors baked into the artifact must not depend on the sizes (the example's are used)

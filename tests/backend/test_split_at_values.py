@@ -164,6 +164,19 @@ def test_item_into_sizes_arange_and_slicing():
     assert any("ds0 = a" in (p.wrapper_source or "") for p in info.pieces)
 
 
+def test_an_int_item_as_a_value_of_any_op_is_a_symbolic_int():
+    # torch.full's fill value is no operand of arithmetic: the number enters the piece as
+    # a symbolic int its generic code reads (ds0 = a...), never as a constant
+    def f(x, t):
+        n = t.item()
+        return torch.full((4,), n) * x + n
+
+    x = torch.arange(4)
+    info = _run(f, [(x, torch.tensor(n)) for n in (5, 9, 3, 12)], generic=False)
+    assert any(p.dynamic.startswith("generic in u0=input") for p in info.pieces), \
+        [p.dynamic for p in info.pieces]
+
+
 def test_training_through_a_mask():
     def f(x, w):
         y = (x * w).tanh()
