@@ -38,7 +38,7 @@ from .compile_graph import instantiate, plan_graph
 from .lower.decomps import table
 from .lower.lowerings import SizeChoices
 from .lower.joint import trace_training
-from .lower.trace import trace_forward, with_output_views
+from .lower.trace import UntraceableGraph, trace_forward, with_output_views
 from .runtime import build as _build
 
 # More symbols than this: compile per shape (3**n renderings would cost more than they save).
@@ -46,6 +46,17 @@ MAX_SYMBOLS = 2
 
 # A numeric literal in C++ or Python source: not part of an identifier, optional ``LL``.
 _NUM = re.compile(r"(?<![\w.])(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)(LL)?(?![\w.])")
+
+
+# The names torch's ShapeEnv gives unbacked symbols (sizes and numbers only the run knows:
+# ``u0`` for an int, ``zuf0`` for a float), as against ``s0`` for a size read from an input.
+_UNBACKED = re.compile(r"\b(u|zuf)\d+\b")
+
+
+def from_values(symbol: str) -> bool:
+    """Is ``symbol`` (a size or int's expression) computed from tensor values (an unbacked
+    symbol: the length of ``x[mask]``, a captured ``.item()``)?"""
+    return bool(_UNBACKED.search(symbol))
 
 
 class NotGeneric(Exception):
@@ -66,10 +77,9 @@ def _with_fallback(generic, fallback):
 
 
 def dynamic_dims(gm: torch.fx.GraphModule):
-    """[(input index, dim, symbol)] for every symbolic size of the graph's inputs ([] if none).
-
-    Raises NotGeneric for symbolic inputs we cannot template (a size that is an expression,
-    a symbolic integer passed as an input)."""
+    """[(input index, dim, symbol)] for every symbolic size of the graph's inputs ([] if none);
+    dim is None for a symbolic integer input (a Python int made a symbol, or a number
+    computed from tensor values that a piece of a segmented graph is given)."""
     out = []
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for i, n in enumerate(phs):
@@ -101,18 +111,46 @@ def per_shape(compile_one, reason: str = ""):
     return run
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Contiguous in some order of its dims (``nonzero``'s result is column-major)."""
+    expected = 1
+    for size, stride in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n != 1),
+                               key=lambda p: p[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _dim_order(t: torch.Tensor) -> list:
+    """``t``'s dims from the outermost in memory to the innermost (its strides' order; a
+    size-1 dim by its stride too, as eager lays one out)."""
+    return sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
+
+
 def _resize(t: torch.Tensor, dims: dict) -> torch.Tensor:
     """``t`` with sizes ``dims`` (dim -> size), built from its own values (so token ids stay
-    valid ids): repeated along a dim to grow, narrowed to shrink."""
+    valid ids): repeated along a dim to grow, narrowed to shrink; zeros where it is empty
+    (an empty ``x[mask]``: zeros are valid ids wherever one is). Its dims keep their order
+    in memory (dense)."""
     r = t.detach()
     for d, n in dims.items():
         cur = r.shape[d]
-        if n > cur:
+        if cur == 0:
+            shape = list(r.shape)
+            shape[d] = n
+            r = torch.zeros(shape, dtype=r.dtype, device=r.device)
+        elif n > cur:
             reps = [1] * r.dim()
             reps[d] = -(-n // cur)
             r = r.repeat(*reps)
         r = r.narrow(d, 0, n)
-    r = r.contiguous()
+    order = _dim_order(t)
+    if order != list(range(t.dim())):
+        dense = torch.empty([r.shape[d] for d in order], dtype=r.dtype, device=r.device)
+        r = dense.permute([order.index(d) for d in range(t.dim())]).copy_(r)
+    else:
+        r = r.contiguous()
     if t.requires_grad:
         r.requires_grad_(True)
     return r
@@ -134,6 +172,10 @@ class DynamicTarget:
 
     def __init__(self, dims):
         self.dims = dims
+        # sizes computed from tensor values (a segmented graph's pieces, split_at_values.py): one
+        # compile per shape would be one per value, so where no generic code can be made the
+        # graph runs as ATen calls instead
+        self.from_values = any(from_values(s) for _, _, s in dims)
 
     # -- the renderer's hooks (C++ here) -----------------------------------------------------
     def _plan(self, gm, num_outputs, mutated, n_in, label, prefix="", nsizes=0, choices=None):
@@ -171,6 +213,7 @@ class DynamicTarget:
     def bind(self, pgm, examples, info):
 
         self.pgm, self.examples, self.info = pgm, examples, info
+        self.ranges = symbol_ranges(pgm)
         self.reason = None
         self.example_views = {}         # "inference" / "training" -> the examples' OutputAliases
         self.traced: dict = {}          # (grid index, joint?) -> trace
@@ -198,23 +241,25 @@ class DynamicTarget:
         canon: dict = {}
         self.ties = []
         for i, d, s in self.dims:
-            if d is None or s in canon:
+            if d is None or s in canon or from_values(s):   # (unbacked ones never coincide)
                 continue
             v = self.examples[i].shape[d]
             twin = next((c for (i2, d2, c) in self.dims if c in canon.values() and d2 == d
                          and self.examples[i2].shape[d2] == v), None)
             canon[s] = twin or s
-        self.ties = [(i, d, canon[s]) for i, d, s in self.dims if d is not None and canon[s] != s]
+        self.ties = [(i, d, canon[s]) for i, d, s in self.dims if d is not None and canon.get(s, s) != s]
         self.dims = [(i, d, canon.get(s, s)) for i, d, s in self.dims]
         syms: dict = {}
         for i, d, s in self.dims:
-            if d is None:
-                raise NotGeneric(f"symbolic integer input {s}")
             t = self.examples[i]
-            if not t.is_contiguous():
-                raise NotGeneric(f"input {i} with a dynamic size is not contiguous")
-            syms.setdefault(s, int(t.shape[d]))
-            if syms[s] != t.shape[d]:
+            if d is None:                      # a symbolic int input: its value is the size
+                value = int(t)
+            else:
+                if not _dense(t):
+                    raise NotGeneric(f"input {i} with a dynamic size is not dense")
+                value = int(t.shape[d])
+            syms.setdefault(s, value)
+            if syms[s] != value:
                 raise NotGeneric(f"symbol {s} has two example values")
         if len(syms) > MAX_SYMBOLS:
             raise NotGeneric(f"it has {len(syms)} dynamic sizes; shape-generic code takes at most "
@@ -228,14 +273,12 @@ class DynamicTarget:
         used = {d for x in static for d in range(2, min(x, 4096) + 1) if x % d == 0}
         used |= set(self.example_point)
         self.axes = []
-        for v in self.example_point:
-            for k in range(80):
-                start = v - 3 - 4 * (k // 2) if k % 2 == 0 else v + 1 + 4 * (k // 2)
-                win = [start, start + 1, start + 2]
-                if start >= 2 and not used & set(win):
-                    break
-            else:
-                raise NotGeneric(f"no grid of sizes near {v}")
+        ints = {s for _, d, s in self.dims if d is None}
+        for s, v in zip(self.syms, self.example_point):
+            win = _grid_near(v, used, self.ranges.get(s, (None, None)), s in ints)
+            if win is None:
+                raise NotGeneric(f"no grid of sizes near {v} within {s}'s range "
+                                 f"{self.ranges.get(s, (None, None))}")
             used |= set(win)
             self.axes.append(win)
 
@@ -261,7 +304,8 @@ class DynamicTarget:
         per_input: dict = {}
         for i, d, s in self.dims:
             per_input.setdefault(i, {})[d] = val[s]
-        return [_resize(t, per_input[i]) if i in per_input else t for i, t in enumerate(self.examples)]
+        return [(per_input[i][None] if None in per_input[i] else _resize(t, per_input[i]))
+                if i in per_input else t for i, t in enumerate(self.examples)]
 
     # -- the variants ----------------------------------------------------------------------
     def compile_graph(self, gm, num_outputs, mutated, n_in, label):
@@ -290,6 +334,7 @@ class DynamicTarget:
             return call, gi
         except Exception as e:  # noqa: BLE001 - any failure here: per-shape code is correct
             self.traced.clear()
+            self._refuse_per_value(e)
             self._per_shape_note(label, e)
             def one(inputs):
                 tr = trace_forward(self.pgm, inputs, self.decomps())
@@ -335,6 +380,7 @@ class DynamicTarget:
             return fn, fw_info, bw_info
         except Exception as e:  # noqa: BLE001
             self.traced.clear()
+            self._refuse_per_value(e)
             self._per_shape_note("training", e)
 
             def one(inputs):
@@ -345,6 +391,15 @@ class DynamicTarget:
             run.per_shape[_key(self.examples)] = with_output_views(fn, self.example_views.get("training"), single)
             return run, fw_info, bw_info
 
+    def _refuse_per_value(self, e):
+        """Where the sizes come from tensor values, per-shape code would be compiled once
+        per value: the graph runs as ATen calls instead (entry.GraphVariants says so)."""
+        if self.from_values:
+            why = str(e) if isinstance(e, NotGeneric) else f"{type(e).__name__}: {e}"
+            self.info.dynamic = f"not generic: {why}"
+            raise UntraceableGraph(f"sizes computed from tensor values, and no shape-generic "
+                                   f"code ({why})") from e
+
     def _generic(self, label):
         desc = ", ".join(f"{s}={self._source_desc(s)}" for s in self.syms)
         self.info.dynamic = self.info.dynamic or f"generic in {desc}"
@@ -353,7 +408,7 @@ class DynamicTarget:
 
     def _source_desc(self, s):
         i, d = next((i, d) for i, d, s2 in self.dims if s2 == s)
-        return f"input{i}.shape[{d}]"
+        return f"input{i}" if d is None else f"input{i}.shape[{d}]"
 
     def _per_shape_note(self, label, e):
         if isinstance(e, NotGeneric):
@@ -447,6 +502,7 @@ class DynamicTarget:
                 used_syms |= {i for mono in poly for i, e in enumerate(mono) if e}
                 is_float = any(c in text for c in ".eE")
                 res[k] = self._literal(part, expr, is_float)
+                res[k + 1] = ""        # a C++ ``LL`` suffix: the expression is int64_t already
             out.append("".join(res))
         cpp_src, wsrc = out
         # tensors baked into the artifact must not depend on the sizes (the example's are used)
@@ -459,7 +515,12 @@ class DynamicTarget:
         all_inputs = [made[ix].lowered.inputs for ix in made]
         points = [tuple(ax[k] for ax, k in zip(self.axes, ix)) for ix in made]
         prologue = []
+        user_inputs = ex_plan.label in ("inference", "forward")     # its inputs are the user's
         for si in range(n):
+            int_input = next((i for i, d, s in self.dims if d is None and s == self.syms[si]), None)
+            if int_input is not None and user_inputs:
+                prologue.append(f"        ds{si} = a{int_input}")
+                continue
             src = next(((j, d) for j, b in enumerate(ex_plan.lowered.inputs) if b is not None
                         for d in range(len(b.sizes))
                         if b.sizes[d] == self.example_point[si] and all(
@@ -470,7 +531,7 @@ class DynamicTarget:
                 raise NotGeneric(f"size {self.syms[si]} is not a dimension of any input of the "
                                  f"{ex_plan.label} graph")
             prologue.append(f"        ds{si} = a{src[0]}.shape[{src[1]}]" if src else f"        ds{si} = 0")
-        if ex_plan.label in ("inference", "forward"):      # its inputs are the user's inputs
+        if user_inputs:
             for i, d, sym in self.ties:
                 prologue.append(f"        if a{i}.shape[{d}] != ds{self.syms.index(sym)}: raise _SizeMismatch()")
         lines = wsrc.split("\n")
@@ -479,6 +540,64 @@ class DynamicTarget:
         if self.ties:
             wsrc = "from tempa.backend.dynamic import SizeMismatch as _SizeMismatch\n" + wsrc
         return self._make_dplan(ex_plan, (cpp_src, wsrc), n, made)
+
+
+def symbol_ranges(gm) -> dict:
+    """symbol -> (lowest, highest), None where unbounded: the values it may take, as the
+    capture's ShapeEnv knows them (``torch._check(0 <= n <= x.shape[0])`` bounds a captured
+    ``n``; a size read from an input is at least 2)."""
+    out = {}
+    for n in gm.graph.nodes:
+        ev = n.meta.get("example_value") if n.op == "placeholder" else None
+        values = [ev] if isinstance(ev, torch.SymInt) else \
+            list(ev.shape) if isinstance(ev, torch.Tensor) else []
+        for v in values:
+            if not isinstance(v, torch.SymInt) or v.node.expr.is_number:
+                continue
+            try:
+                r = v.node.shape_env.bound_sympy(v.node.expr)
+                lo = int(r.lower) if r.lower.is_finite else None
+                hi = int(r.upper) if r.upper.is_finite else None
+            except Exception:  # noqa: BLE001 - no range known: any size
+                lo, hi = None, None
+            out[str(v.node.expr)] = (lo, hi)
+    return out
+
+
+def _grid_near(v: int, used: set, bounds, index_like: bool = False) -> list | None:
+    """Three consecutive values near ``v``, none of them ``v`` itself (the example is a
+    check point of its own: the fit on the grid must hold there too), preferably none in
+    ``used`` (other sizes of the graph: a coincidence can change a rendering), from 2 up
+    (0 and 1 are special sizes) and within ``bounds`` (lowest, highest; None: unbounded).
+    Where the range has no room: an int input (``index_like``) stays in it, at other sizes
+    or at 0 and 1 (a captured index: ``a[i]`` of a 4-row ``a``); a size may pass the bound
+    (one computed from values, ``x[mask]``, is bounded by its input's numel, which its
+    pieces' code need not be) rather than coincide with another size. A grid where the code
+    fails or is not a polynomial costs only the generic code, never a right one: every
+    rendering is checked."""
+    lo, hi = bounds
+    low = max(2, lo) if lo is not None else 2
+
+    def windows(first, top, avoid):
+        starts = sorted(range(first, (top if top is not None else max(v, first) + 64) - 1),
+                        key=lambda st: abs(st + 1 - v))
+        return next(([st, st + 1, st + 2] for st in starts
+                     if not avoid & {st, st + 1, st + 2}), None)
+    for k in range(80):
+        start = v - 3 - 4 * (k // 2) if k % 2 == 0 else v + 1 + 4 * (k // 2)
+        win = [start, start + 1, start + 2]
+        if start >= low and (hi is None or start + 2 <= hi) and not used & set(win):
+            return win
+    if index_like:        # an int input: within its range, whatever it coincides with
+        tries = [(low, hi, {v})] + ([(lo, hi, {v})] if lo is not None and lo < low else [])
+        tries.append((low, None, used))
+    else:                 # a size: past the bound rather than at another size
+        tries = [(low, None, used), (low, hi, {v}), (low, None, {v})]
+    for first, top, avoid in tries:
+        win = windows(first, top, avoid)
+        if win is not None:
+            return win
+    return None
 
 
 def _key(inputs):

@@ -48,17 +48,22 @@ class BackendInfo:
     notes: list = field(default_factory=list)
     # mode="reduce-overhead" training: the (forward, backward) CUDA graph runners, once built
     training_cudagraphs: tuple = ()
-    # the graph-level passes' outputs (pipeline.PASSES): captured, prepare, joint
+    # the graph-level passes' outputs (pipeline.PASSES): captured, split_at_values, prepare, joint
     passes: dict = field(default_factory=dict)
+    # a graph cut at value-dependent ops (split_at_values.py): each compiled piece's BackendInfo
+    pieces: list = field(default_factory=list)
 
     def trace(self) -> str:
         """Every pass's output for this graph, in pipeline order: the graph-level passes,
-        then each variant built so far (inference, forward, backward)."""
+        then each variant built so far (inference, forward, backward); for a graph compiled
+        in pieces, each piece's."""
         parts = [show(self.passes)] if self.passes else []
         for label in ("inference", "forward", "backward"):
             gi = getattr(self, label)
             if gi is not None and gi.passes:
                 parts.append(gi.trace(f"##### {label} #####"))
+        for k, piece in enumerate(self.pieces):
+            parts.append(f"######## piece {k + 1} ########\n{piece.trace()}")
         return "\n\n".join(parts)
 
     def _adopt(self, gi: CompiledGraphInfo):
@@ -145,6 +150,11 @@ def tempa_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None 
     if why:
         _say_eager_once(why)
         return _eager(gm, BackendInfo(), why)
+    from .split_at_values import compile_in_pieces, value_dependent_ops
+    if value_dependent_ops(gm):
+        # ops whose results only the run knows (.item(), nonzero, x[mask]) run as ATen
+        # calls, the pieces between them compile as graphs of their own (split_at_values.py)
+        return compile_in_pieces(gm, example_inputs, mode=mode, options=options)
     if _on_cuda(example_inputs):
         # CUDA inputs: Triton kernels, CUDA graphs, autotuning (tempa/backend/gpu)
         # (symbolic sizes: shape-generic kernels, see gpu/dynamic.py)

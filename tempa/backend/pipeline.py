@@ -32,6 +32,10 @@ from .schedule import _extern_buffers, _reads, _segments, member_index, probe_lo
 PASSES = (
     # -- once per graph (entry.py) -----------------------------------------------------------
     ("captured", "the torch-level FX graph the frontend (or any caller) hands to the backend"),
+    ("split_at_values", "a graph holding value-dependent ops (.item(), nonzero, x[mask]) cut "
+                        "at them: they run as ATen calls, each piece between goes through the "
+                        "passes below as a graph of its own, shape-generic over the sizes and "
+                        "numbers they compute (split_at_values.py)"),
     ("prepare", "lift get_attr tensors to inputs, so parameter values are never baked in"),
     ("aten", "trace on private clones under a recording dispatch mode + functionalize: a "
              "functional ATen graph and the inputs it mutates (lower/trace.py)"),

@@ -65,8 +65,7 @@ def capture(fn, args: tuple, kwargs: dict, *, runtime=None, allow_breaks: bool =
         symbolic_ints = frozenset()
     symbolic = dynamic is True or bool(dynamic) or bool(symbolic_ints) or \
         _any_marked_dynamic(args, kwargs)
-    builder = GraphBuilder(symbolic=symbolic and dynamic is not False,
-                           keep_value_sized_ops=not allow_breaks)
+    builder = GraphBuilder(symbolic=symbolic and dynamic is not False)
     tracer = Tracer(builder, fullgraph=not allow_breaks, dynamic=dynamic,
                     symbolic_ints=symbolic_ints, replaced_buffers=replaced_buffers)
     guards = builder.guards

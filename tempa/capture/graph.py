@@ -61,7 +61,7 @@ class CapturedGraph(fx.Graph):
 
 
 class GraphBuilder:
-    def __init__(self, *, symbolic: bool = False, keep_value_sized_ops: bool = False):
+    def __init__(self, *, symbolic: bool = False):
         self.graph = CapturedGraph()
         self.sizes = None
         # Static captures start on metadata rules (meta.py) and create fake tensors only
@@ -76,12 +76,9 @@ class GraphBuilder:
         # the FX nodes of sizes the graph computes (symbolic and unbacked ones); in a static
         # capture made with its ShapeEnv on first need (unbacked_env)
         self.size_nodes = self.sizes
-        self.scalar_symbols: dict[fx.Node, object] = {}   # captured number -> its unbacked symbol
-        # Ops whose output size depends on values (nonzero, x[mask], unique_consecutive)
-        # stay in the graph only where a break is not allowed (fullgraph): the backend runs
-        # a graph holding one with eager ATen calls, so elsewhere a break before the op
-        # keeps fused kernels for the rest (torch.compile's default breaks there too).
-        self.keep_value_sized_ops = keep_value_sized_ops
+        # captured number -> its unbacked symbol; at finish, each node's meta["unbacked_symbol"]
+        # (the backend reads which sizes a number is: backend/split_at_values.py)
+        self.scalar_symbols: dict[fx.Node, object] = {}
         self._asserts_seen = 0   # deferred runtime asserts of the ShapeEnv at the last op
         self.guards = GuardSet()
         self.user_inputs: list[tuple[fx.Node, str, torch.Tensor]] = []  # (placeholder, expr, tensor)
@@ -268,12 +265,14 @@ class GraphBuilder:
         try:
             result = self._run_fake(kind, target, fake_args, fake_kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException) as e:
-            if self.fake_mode.shape_env is not None or (
-                    isinstance(e, DynamicOutputShapeException) and not self.keep_value_sized_ops):
+            if self.fake_mode.shape_env is not None:
                 raise Unsupported("data-dependent value", f"{_name(target)} needs tensor values "
                                   f"({type(e).__name__})") from None
             # an op that reads a tensor's value (a 0-d tensor as a Scalar argument) or whose
-            # result's size does (unique_consecutive): again, with unbacked symbols for those
+            # result's size does (unique_consecutive, nonzero, x[mask]): again, with unbacked
+            # symbols for those. It stays in the graph (torch.compile's
+            # capture_dynamic_output_shape_ops); the backend runs it as its ATen call between
+            # compiled pieces (backend/split_at_values.py)
             self.unbacked_env()
             return self.call(kind, target, args, kwargs)
         return self._recorded(kind, target, (args, kwargs), result)
@@ -457,6 +456,8 @@ class GraphBuilder:
                 first.prepend(node)
         self.graph.output(tuple(v.node for v in outputs))
         self.graph.where = None
+        for node, symbol in self.scalar_symbols.items():
+            node.meta["unbacked_symbol"] = symbol
         _unbind_rows_written_with_grad(self.graph)
         self.graph.eliminate_dead_code(is_impure_node=_is_impure)
         if self.sizes is None:

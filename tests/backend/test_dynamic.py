@@ -138,3 +138,19 @@ def test_cnn_batch_sweep_reuses_one_generic_kernel_set():
     dynamic_guards = [g for e in tempa.entries(fast) for g in e.guards if "('*', 3, 16, 16)" in g]
     assert dynamic_guards, [e.guards[:3] for e in tempa.entries(fast)]
     assert all(i.dynamic.startswith("generic") for i in _infos(fast) if i.dynamic)
+
+
+def test_a_python_int_made_a_symbol_is_one_generic_graph():
+    # automatic dynamic: the int becomes a symbolic input on the first change; its generic
+    # code reads it as a size (ds0 = a1), its literal without C++'s LL suffix
+    def f(x, k):
+        return x * k + 1
+
+    fast = tempa.compile(f)
+    x = torch.randn(8)
+    for k in (2, 3, 5, 7, 11, 4):
+        torch.testing.assert_close(fast(x, k), f(x, k))
+    info = next(i for i in _infos(fast) if i.dynamic)
+    assert info.dynamic.startswith("generic"), info.dynamic
+    assert "ds0 = a1" in info.wrapper_source
+    assert tempa.stats().gcc_runs <= 2, tempa.stats()

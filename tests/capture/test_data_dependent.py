@@ -160,18 +160,34 @@ def test_a_slice_bound_from_a_tensor_in_a_store_resumes_compiled():
     assert _counts() == ((1 if sys.version_info >= (3, 12) else 2), 1, 0, 0)
 
 
-def test_a_graph_holding_a_captured_scalar_says_it_runs_aten_calls(caplog):
-    # the backend cannot yet compute with a value .item() produced inside the graph: it
-    # runs that graph with eager ATen calls, and says so on the fallbacks channel
+def _info(fast, k=0):
+    return tempa.entries(fast)[k].compiled.tempa_info
+
+
+def _compiled_in_pieces(info):
+    """The backend compiled the graph in pieces around its value-dependent ops
+    (backend/split_at_values.py): every piece is kernels, none ran as ATen calls."""
+    assert info.fallback_reason is None, info.fallback_reason
+    assert "split_at_values" in info.passes and info.pieces, info.notes
+    assert all(p.fallback_reason is None and p.kernel_count > 0 for p in info.pieces), \
+        [(p.fallback_reason, p.kernel_count) for p in info.pieces]
+
+
+def test_a_graph_holding_a_captured_scalar_compiles_its_tensor_work(caplog):
+    # the backend runs .item() as its ATen call and compiles the work after it, the number
+    # read from a 0-d tensor the glue makes of it: no value in the code, no recompile
     def f(x, t):
         return x * t.item()
 
     from tempa.backend import entry
     entry._warned.clear()
+    fast = tempa.compile(f)
     with caplog.at_level("WARNING", logger="tempa.fallbacks"):
-        _run(f, FLOATS)
-    assert any("data-dependent" in r.getMessage() and "eager ATen calls" in r.getMessage()
-               for r in caplog.records), [r.getMessage() for r in caplog.records]
+        for t in FLOATS:
+            _same(fast(torch.arange(6.0), t), f(torch.arange(6.0), t))
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    assert _counts() == (1, 0, 0, 0)
+    _compiled_in_pieces(_info(fast))
 
 
 # ---- unbacked symbols: numbers and sizes only the run knows (capture/scalars.py, graph.py) ----
@@ -278,8 +294,7 @@ def test_a_decision_on_a_data_dependent_size_is_a_graph_break():
 
     _same_calls(f, [(torch.tensor([1, 1, 2, 3, 4, 5]),), (torch.tensor([1, 1, 1, 1, 2, 2]),)])
     captures, breaks, recompiles, fallbacks = _counts()
-    # outside fullgraph the break comes at unique_consecutive itself (value-sized ops stay
-    # in the graph only under fullgraph); the code after it sees u's new size once
+    # the break comes at the branch: the graph computes u and hands it to Python
     assert breaks == 1 and recompiles <= 1 and fallbacks == 0
     tempa.reset()
     with pytest.raises(tempa.GraphBreakError):   # under fullgraph: the branch on len(u)
@@ -393,22 +408,42 @@ def test_the_storage_of_a_tensor_computed_in_the_graph_is_a_break():
     assert tempa.compile(f)(torch.randn(3)) == f(torch.randn(3))
 
 
-def test_a_value_sized_op_outside_fullgraph_is_a_break_so_the_rest_keeps_its_kernels():
-    # The backend runs a graph holding x[mask] with eager ATen calls; without fullgraph the
-    # op is a break instead, and the pointwise work around it still compiles to kernels.
+def test_a_value_sized_op_stays_in_the_graph_and_the_work_around_it_is_kernels():
+    # torch.compile (capture_dynamic_output_shape_ops): 1 graph, no break. The backend runs
+    # y[y > 1] as its ATen call between two compiled pieces, the second shape-generic in
+    # the mask's length: masks of every length, no recapture, no new code
     def f(x):
         y = (x * 2).relu()
         picked = y[y > 1.0]
         return picked.sum() + (y * 3).sum()
 
-    xs = [(torch.randn(64),), (torch.randn(64),)]
-    _same_calls(f, xs)
-    captures, breaks, recompiles, fallbacks = _counts()
-    assert breaks == 1 and fallbacks == 0
-    assert tempa.stats().aten_fallbacks == 0
+    xs = [(torch.randn(64),), (torch.randn(64),), (-torch.ones(64),), (torch.ones(64),)]
+    fast = tempa.compile(f)
+    _same(fast(*xs[0]), f(*xs[0]))
+    kernels = tempa.stats().kernels_compiled
+    for x in xs[1:]:
+        _same(fast(*x), f(*x))
+    assert _counts() == (1, 0, 0, 0)
+    assert tempa.stats().kernels_compiled == kernels
+    _compiled_in_pieces(_info(fast))
     tempa.reset()
-    _same_calls(f, xs, fullgraph=True)   # one graph there, run with ATen calls
-    assert _counts()[:2] == (1, 0)
+    _same_calls(f, xs, fullgraph=True)   # the same one graph under fullgraph
+    assert _counts() == (1, 0, 0, 0)
+
+
+def test_value_sized_ops_of_the_coverage_table_are_one_graph():
+    # benchmarks/coverage.py's value_sized_ops: 3 graphs, 1 break, 1 recapture before
+    def f(x):
+        u = torch.unique_consecutive(x)
+        return u * 2, x[x > 2]
+
+    calls = [(torch.tensor([1, 1, 2, 2, 1, 3]),), (torch.tensor([4, 5, 6, 7, 8, 9]),),
+             (torch.tensor([0, 0, 0, 0, 0, 0]),), (torch.tensor([3, 3, 1, 1, 1, 1]),)]
+    fast = tempa.compile(f)
+    for args in calls:
+        _same(fast(*args), f(*args))
+    assert _counts() == (1, 0, 0, 0)
+    _compiled_in_pieces(_info(fast))
 
 
 def _graph_ops(fn, *args):

@@ -333,4 +333,6 @@ def test_unique_with_counts(backend):
     got = tempa.compile(lambda t: torch.unique(t, return_counts=True), backend=backend)(x)
     want = torch.unique(x, return_counts=True)
     assert all(torch.equal(g, w) for g, w in zip(got, want))
-    assert _counts() == (2, 1, 0)
+    # a value-sized op stays in the graph (torch.compile with
+    # capture_dynamic_output_shape_ops: 1 graph); tempa's backend runs it as its ATen call
+    assert _counts() == (1, 0, 0)
