@@ -147,11 +147,47 @@ def _fold(g: fx.Graph, n: fx.Node, args, kwargs):
         return _Zero(None if n.meta.get("traced_meta") is None else n)
     if op in (aten.add.Tensor, aten.sub.Tensor, aten.rsub.Tensor):
         return _fold_sum(g, n, args, kwargs)
-    if op is aten.where.self and isinstance(args[1], _Zero) and isinstance(args[2], _Zero):
+    if op is aten.where.self and _zeroish(args[1]) and _zeroish(args[2]):
         return _Zero(n)
     if op is aten.cat.default and all(isinstance(a, _Zero) for a in args[0]):
         return _Zero(n)
+    # scattered into zeros (nll_loss's and embedding's backward, decomposed): zero
+    if op in _SCATTERS and _zeroish(args[0]) and isinstance(args[_SCATTERS[op]], _Zero):
+        return _Zero(n)
+    if op in (aten.new_zeros.default, aten.zeros_like.default) and isinstance(args[0], _Zero):
+        return _zeros_from(g, n, args, kwargs)
     return None
+
+
+# the scatters of a value into a tensor: the position of that value
+_SCATTERS = {aten.scatter_add.default: 3, aten.index_put.default: 2,
+             aten._unsafe_index_put.default: 2, aten.index_add.default: 3}
+
+
+def _zeroish(v) -> bool:
+    """A zero: absent, or a constant zero of the new graph (``where(mask, g, 0)``: the
+    masked gradient of an absent ``g`` is absent too)."""
+    if isinstance(v, _Zero):
+        return True
+    if not isinstance(v, fx.Node) or v.op != "call_function":
+        return False
+    op, a = v.target, v.args
+    return (op in (aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default) or
+            (op is aten.scalar_tensor.default and a[0] == 0) or
+            (op in (aten.full.default, aten.full_like.default) and a[1] == 0) or
+            (op is aten.new_full.default and a[2] == 0))
+
+
+def _zeros_from(g, n, args, kwargs):
+    """``new_zeros(zero, size)`` / ``zeros_like(zero)``: a zero constant that reads only its
+    argument's dtype and device, made without materializing that argument."""
+    tm = n.meta.get("traced_meta")
+    if tm is None:
+        return None
+    z = g.call_function(aten.zeros.default, (list(tm.shape),),
+                        {"dtype": tm.dtype, "device": tm.device, "pin_memory": False})
+    z.meta.update(n.meta)
+    return z
 
 
 def _fold_sum(g, n, args, kwargs):
