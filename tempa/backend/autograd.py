@@ -55,15 +55,21 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
     whose backward is one recording), autograd gives zeros for them, as before."""
     n_fixed = len(joint.saved_inputs) + joint.num_saved
     n_bw_in = n_fixed + len(joint.diff_outputs)
-    fw_plan = plan_fn(joint.fw, joint.num_outputs, joint.mutated, n_in, "forward", "f_")
-    bw_plan = plan_fn(joint.bw, len(joint.grad_inputs), [], n_bw_in, "backward", "b_")
-    # one gcc run for both graphs
-    (fw_call, fw_info), (bw_call, bw_info) = finish_fn([fw_plan, bw_plan])
     all_saved_variables = graph_calls is not None
+    absent_variants = absent_variants and not all_saved_variables
+    fw_plan = plan_fn(joint.fw, joint.num_outputs, joint.mutated, n_in, "forward", "f_")
+    if absent_variants and _backward_likely_partial(joint):
+        # the backward is compiled by the first call that needs it (_AbsentTangents)
+        ((fw_call, fw_info),) = finish_fn([fw_plan])
+        bw_call, bw_info = None, type(fw_info)()
+    else:
+        bw_plan = plan_fn(joint.bw, len(joint.grad_inputs), [], n_bw_in, "backward", "b_")
+        # one gcc run for both graphs
+        (fw_call, fw_info), (bw_call, bw_info) = finish_fn([fw_plan, bw_plan])
     if all_saved_variables:
         fw_call, bw_call = graph_calls(fw_call, bw_call)
     absent = (_AbsentTangents(joint, bw_call, bw_info, n_fixed, plan_fn, finish_fn)
-              if absent_variants and not all_saved_variables else None)
+              if absent_variants else None)
     n_out = joint.num_outputs
     saved_inputs = tuple(joint.saved_inputs)
     diff = tuple(joint.diff_outputs)
@@ -99,12 +105,12 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
             if not g.is_contiguous():
                 g = g.contiguous()   # the backward was compiled for contiguous tangents
             tangents.append(g)
-        if missing:
-            if len(missing) == len(diff):
-                return (None,) * n_in    # no gradient reaches any input, as in eager
-            res = absent.call(missing)(*saved, *tangents)
-        else:
+        if absent is None:
             res = bw_call(*saved, *tangents)
+        elif len(missing) == len(diff):
+            return (None,) * n_in        # no gradient reaches any input, as in eager
+        else:
+            res = absent.call(missing)(*saved, *tangents)
         out = [None] * n_in
         for i, g in zip(grad_inputs, res):
             out[i] = g
@@ -156,6 +162,23 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
     return _C_APPLY.__get__(None, Fn), fw_info, bw_info
 
 
+def _backward_likely_partial(joint) -> bool:
+    """Is the backward likely to be called without a gradient for some output? Yes where a
+    0-dim differentiable output (a loss) sits beside others (the logits it was computed
+    from, a KV cache): ``loss.backward()`` then leaves those without one, and the backward
+    compiled for every tangent would never run. Then no backward is compiled with the
+    forward; each is compiled when first needed. Otherwise the full one is compiled with the
+    forward, in one gcc run (graph breaks' intermediate outputs: all used)."""
+    if len(joint.diff_outputs) < 2:
+        return False
+    out = next(n for n in joint.fw.graph.nodes if n.op == "output").args[0]
+    for i in joint.diff_outputs:
+        tm = out[i].meta.get("traced_meta") if isinstance(out[i], torch.fx.Node) else None
+        if tm is not None and len(tm.shape) == 0:
+            return True
+    return False
+
+
 class _AbsentTangents:
     """The backwards of one training graph for calls in which some outputs get no gradient.
 
@@ -170,14 +193,20 @@ class _AbsentTangents:
     pattern, every step. Each variant is recorded on the backward's info
     (``absent_tangents``: output indices -> its CompiledGraphInfo). Where one cannot be
     compiled, that pattern's calls give the full backward zeros, as before (said once on
-    ``tempa.fallbacks``, the reason recorded in place of the info)."""
+    ``tempa.fallbacks``, the reason recorded in place of the info).
+
+    The full backward (every tangent given, the pattern ``()``) is ``bw_call``, or, where
+    build_training deferred it (``_backward_likely_partial``), compiled here too when first
+    needed: ``bw_info`` is then filled in place (empty until a call gives every output a
+    gradient). Kernels compiled here are added to the graph's BackendInfo (``owner``)."""
 
     def __init__(self, joint, bw_call, bw_info, n_fixed, plan_fn, finish_fn):
-        self.bw, self.bw_call, self.bw_info = joint.bw, bw_call, bw_info
+        self.bw, self.bw_info = joint.bw, bw_info
         self.n_fixed, self.plan_fn, self.finish_fn = n_fixed, plan_fn, finish_fn
         self.diff = tuple(joint.diff_outputs)
         self.n_grads = len(joint.grad_inputs)
-        self.calls: dict = {}       # positions among the tangents -> the backward to call
+        # positions among the tangents that got no gradient -> the backward to call
+        self.calls: dict = {} if bw_call is None else {(): bw_call}
         self.lock = threading.Lock()
 
     def call(self, missing: tuple):
@@ -192,6 +221,8 @@ class _AbsentTangents:
         return fn
 
     def _build(self, missing):
+        if not missing:
+            return self._build_full()
         outputs = tuple(self.diff[k] for k in missing)
         try:
             gm = without_tangents(self.bw, {self.n_fixed + k for k in missing})
@@ -209,21 +240,48 @@ class _AbsentTangents:
                 "%s (%s); they get zero gradients, as autograd.Function's default", outputs, why)
             return self._with_zeros(missing)
         self.bw_info.absent_tangents[outputs] = info
+        self._count(info)
         return fn
+
+    def _build_full(self):
+        """The backward for every tangent, deferred by build_training: compiled now, its
+        info filled into ``bw_info``. If it cannot be compiled, its graph runs as ATen calls
+        (the forward has run: no eager fallback of the whole graph is left)."""
+        try:
+            plan = self.plan_fn(self.bw, self.n_grads, [], self.n_fixed + len(self.diff),
+                                "backward", "b_")
+            ((fn, info),) = self.finish_fn([plan])
+        except Exception as e:  # noqa: BLE001 - the ATen graph gives the same gradients
+            if config.raise_on_failure:
+                raise
+            logs.get("fallbacks").warning(
+                "tempa backend: the backward could not be compiled (%s: %s); it runs as ATen "
+                "calls", type(e).__name__, e)
+            self.bw_info.aten_fallbacks = [f"the whole backward: {type(e).__name__}: {e}"]
+            return self.bw
+        owner, variants = self.bw_info.owner, self.bw_info.absent_tangents
+        self.bw_info.__dict__.update(info.__dict__)
+        self.bw_info.owner, self.bw_info.absent_tangents = owner, variants
+        self._count(info)
+        return fn
+
+    def _count(self, info):
+        if self.bw_info.owner is not None:
+            self.bw_info.owner.kernel_count += info.kernel_count
 
     def _with_zeros(self, missing):
         """The full backward, given zeros for the missing tangents (the traced sizes: this
         graph is compiled for them)."""
         phs = [n for n in self.bw.graph.nodes if n.op == "placeholder"][self.n_fixed:]
         metas = [phs[k].meta["traced_meta"] for k in range(len(phs))]
-        n_fixed, bw_call, count = self.n_fixed, self.bw_call, len(phs)
+        n_fixed, count = self.n_fixed, len(phs)
         missing = frozenset(missing)
 
         def call(*args):
             given = iter(args[n_fixed:])
             tangents = [torch.zeros(metas[k].shape, dtype=metas[k].dtype, device=metas[k].device)
                         if k in missing else next(given) for k in range(count)]
-            return bw_call(*args[:n_fixed], *tangents)
+            return self.call(())(*args[:n_fixed], *tangents)
         return call
 
 

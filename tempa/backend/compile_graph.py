@@ -40,6 +40,9 @@ class CompiledGraphInfo:
     # (autograd.py, lower/absent.py): those outputs' indices -> the variant's info, or a
     # string saying why it could not be compiled (then zeros are given to this backward)
     absent_tangents: dict = field(default_factory=dict)
+    # the BackendInfo that counts this graph's kernels (entry.BackendInfo._adopt): a backward
+    # compiled after the forward (autograd.py) adds its kernels there
+    owner: object = field(default=None, repr=False, compare=False)
 
     def summary(self) -> str:
         return (f"{self.kernel_count} kernels in {self.segment_count} C++ calls, "

@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import tempa
+from tempa import counters
 from tempa.backend import autograd as backend_autograd
 from tempa.backend.gpu import compile as gc
 from tempa.backend.lower.absent import without_tangents
@@ -79,6 +80,7 @@ def _assert_grads_equal(model, eager, tol):
 def test_loss_backward_runs_the_backward_without_the_logits_tangent(path, dtype, tol):
     model, x, y = _lm(dtype)
     eager = copy.deepcopy(model)
+    before = counters.snapshot()
     fast = tempa.compile(model)
     for _ in range(2):
         logits, loss = fast(x, y)
@@ -93,8 +95,14 @@ def test_loss_backward_runs_the_backward_without_the_logits_tangent(path, dtype,
     assert fw.autograd == path
     assert list(bw.absent_tangents) == [(0,)]          # output 0, the logits, got no gradient
     variant = bw.absent_tangents[(0,)]
-    full, folded = bw.passes["aten"], variant.passes["aten"]
-    diff = tempa.entries(fast)[0].compiled.tempa_info.passes["joint"].diff_outputs
+    # a loss beside its logits: the backward for every tangent was never needed, nor compiled
+    info = tempa.entries(fast)[0].compiled.tempa_info
+    assert bw.passes == {} and bw.kernel_count == 0
+    assert info.kernel_count == fw.kernel_count + variant.kernel_count > fw.kernel_count
+    assert counters.snapshot().kernels_compiled - before.kernels_compiled == info.kernel_count
+    joint = info.passes["joint"]
+    full, folded = joint.bw, variant.passes["aten"]
+    diff = joint.diff_outputs
     inputs = [n.name for n in full.graph.nodes if n.op == "placeholder"]
     logits_tangent = inputs[len(inputs) - len(diff) + diff.index(0)]
     assert [n.name for n in folded.graph.nodes if n.op == "placeholder"] == \
@@ -118,6 +126,8 @@ def test_tangent_present_on_some_calls_and_absent_on_others(path):
         model.zero_grad(set_to_none=True)
         eager.zero_grad(set_to_none=True)
         variants.append(dict(_infos(fast)[1].absent_tangents))
+        # the backward for every tangent: compiled by the first call that gave both
+        assert bool(_infos(fast)[1].passes) == (uses == "both" or len(variants) > 2)
     # compiled when first needed, then kept: logits absent (0,), loss absent (1,)
     assert [list(v) for v in variants] == [[(0,)], [(0,)], [(0,)], [(0,), (1,)], [(0,), (1,)],
                                            [(0,), (1,)]]
