@@ -283,6 +283,8 @@ def _column_block(g: Group, ov, local):
         if not (m.body.rtype in _FOLDS and m.body.acc_dtype != torch.bool
                 and not member_index(m, ov, "z")[1] and not _reads(m) & set(g.members)):
             return None
+        if _row_chunks(red_vars(m, "zr")) is None:
+            return None                    # many rows, none to chunk them by: left in lanes
     if any(member_index(m, ov, "z")[1] for m in g.members[len(reds):]):
         return None
     last = ov[-1]
@@ -311,11 +313,44 @@ def _column_block(g: Group, ov, local):
     return size if cols_inner < rows_inner else None
 
 
+def _row_chunks(rv):
+    """The row loops ``rv`` of a column sum as (loops, inner loops, index per dim): each run of
+    the inner loops (at most COLUMN_CHUNK rows) is added up apart, then into the total; None
+    inner loops: all rows in order (few); None: no way to chunk them. Why: added in order, n
+    rows round like n terms; in chunks of c, like c + n/c, near what the row loop's SIMD lanes
+    gave and ATen's cascade sum (a conv bias before BatchNorm, zero in exact arithmetic, came
+    out 5x noisier than eager's with its 2 x 8 x 8 positions added in order). The inner loops
+    are the innermost dims whose product is at most COLUMN_CHUNK, or the innermost dim cut
+    by its largest divisor up to COLUMN_CHUNK (a 250-token sum: 10 chunks of 25)."""
+    ix = [IndexExpr.of(v) for v in rv]
+    total = 1
+    for v in rv:
+        total *= v.size
+    if total <= COLUMN_CHUNK:
+        return list(rv), None, ix
+    cut, rows = len(rv), 1
+    while cut > 0 and rows * rv[cut - 1].size <= COLUMN_CHUNK:
+        cut -= 1
+        rows *= rv[cut].size
+    if cut < len(rv):
+        return list(rv[:cut]), list(rv[cut:]), ix
+    last = rv[-1]
+    chunk = next((c for c in range(COLUMN_CHUNK, 3, -1) if last.size % c == 0), None)
+    if chunk is None:
+        return None
+    hi, lo = Var(f"{last.name}h", last.size // chunk), Var(f"{last.name}l", chunk)
+    ix[-1] = IndexExpr.of(hi) * chunk + IndexExpr.of(lo)
+    return list(rv[:-1]) + [hi], [lo], ix
+
+
+COLUMN_CHUNK = 32
+
+
 def _render_columns(k: Emitter, g: Group, ov, size: int, par: bool, locals_here):
     """The group's reductions with the last outer dim split into blocks of ``size``: per
     block, an accumulator array per reduction, then the rows (each run of reductions with the
-    same sizes shares one row loop), the block's columns innermost, then per column the
-    results and the pointwise members after them."""
+    same sizes shares one row loop; many rows in chunks, ``_row_chunks``), the block's columns
+    innermost, then per column the results and the pointwise members after them."""
     outer, last = ov[:-1], ov[-1]
     xb, xi = Var(f"{last.name}b", last.size // size), Var(f"{last.name}i", size)
     split = list(outer) + [xb, xi]
@@ -325,6 +360,8 @@ def _render_columns(k: Emitter, g: Group, ov, size: int, par: bool, locals_here)
     k.group_frames = len(k.frames)
     for m in reds:
         k.line(f"alignas(64) {ctype(m.body.acc_dtype)} acc_{m.name}[{size}];")
+        if _row_chunks(red_vars(m, "r"))[1] is not None:
+            k.line(f"alignas(64) {ctype(m.body.acc_dtype)} part_{m.name}[{size}];")
     k.open_loop(xi, "#pragma omp simd")
     for m in reds:
         k.line(f"acc_{m.name}[{xi.name}] = {_init(m.body.rtype, m.body.acc_dtype)};")
@@ -336,15 +373,29 @@ def _render_columns(k: Emitter, g: Group, ov, size: int, par: bool, locals_here)
             j += 1
         run = reds[i:j]
         rv = [Var(f"r_{run[0].name}_{d}", s) for d, s in enumerate(run[0].body.rsizes)]
-        _loops_open(k, rv, False)
+        rows, inner, ix = _row_chunks(rv)
+        _loops_open(k, rows, False)
+        if inner is not None:              # a chunk of rows, summed apart first
+            k.open_loop(xi, "#pragma omp simd")
+            for m in run:
+                k.line(f"part_{m.name}[{xi.name}] = {_init(m.body.rtype, m.body.acc_dtype)};")
+            k.close_loop()
+            _loops_open(k, inner, False)
+        into = "acc" if inner is None else "part"
         k.open_loop(xi, "#pragma omp simd")
         for m in run:
             k.writing = m.cname
             idx, _ = member_index(m, split, f"i_{m.name}_")
-            v = k.cast(m.body.fn(k, idx, [IndexExpr.of(x) for x in rv]), m.body.acc_dtype)
-            k.line(_fold(m.body.rtype, f"acc_{m.name}[{xi.name}]", v.expr))
+            v = k.cast(m.body.fn(k, idx, ix), m.body.acc_dtype)
+            k.line(_fold(m.body.rtype, f"{into}_{m.name}[{xi.name}]", v.expr))
         k.close_loop()
-        _loops_close(k, rv)
+        if inner is not None:
+            _loops_close(k, inner)
+            k.open_loop(xi, "#pragma omp simd")
+            for m in run:
+                k.line(_fold(m.body.rtype, f"acc_{m.name}[{xi.name}]", f"part_{m.name}[{xi.name}]"))
+            k.close_loop()
+        _loops_close(k, rows)
         i += len(run)
     k.open_loop(xi, "#pragma omp simd")
     for m in g.members:
