@@ -27,9 +27,14 @@ instead of returning a different gradient.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
+from .. import logs
+from ..configuration import config
 from .compile_graph import finish, plan_graph
+from .lower.absent import without_tangents
 from .runtime import nativeautograd
 from ..sourcefiles import source_file
 
@@ -37,22 +42,34 @@ _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
 
 
 def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn=finish, graph_calls=None,
-                   native_node: bool = False):
+                   native_node: bool = False, absent_variants: bool = True):
     """``plan_fn``/``finish_fn``: the renderer's passes (C++ here; the GPU path passes its own).
     ``native_node``: use tempa's native autograd node where it is built (the CPU targets
     ask for it; the GPU targets keep ``autograd.Function`` until it is tested there).
     ``graph_calls``: (fw_call, bw_call) -> replacements that replay them as CUDA graphs
     (mode="reduce-overhead", runtime/cudagraphs.py). Then every saved tensor goes through
     ``save_for_backward``, so autograd drops it when the backward has run and the forward's
-    next replay need not copy it away (a ctx attribute lives as long as the outputs do)."""
-    n_bw_in = len(joint.saved_inputs) + joint.num_saved + len(joint.diff_outputs)
-    fw_plan = plan_fn(joint.fw, joint.num_outputs, joint.mutated, n_in, "forward", "f_")
-    bw_plan = plan_fn(joint.bw, len(joint.grad_inputs), [], n_bw_in, "backward", "b_")
-    # one gcc run for both graphs
-    (fw_call, fw_info), (bw_call, bw_info) = finish_fn([fw_plan, bw_plan])
+    next replay need not copy it away (a ctx attribute lives as long as the outputs do).
+    ``absent_variants``: a call whose backward gets no gradient for some outputs runs a
+    backward compiled for their absence (``_AbsentTangents``); off (and under CUDA graphs,
+    whose backward is one recording), autograd gives zeros for them, as before."""
+    n_fixed = len(joint.saved_inputs) + joint.num_saved
+    n_bw_in = n_fixed + len(joint.diff_outputs)
     all_saved_variables = graph_calls is not None
+    absent_variants = absent_variants and not all_saved_variables
+    fw_plan = plan_fn(joint.fw, joint.num_outputs, joint.mutated, n_in, "forward", "f_")
+    if absent_variants and _backward_likely_partial(joint):
+        # the backward is compiled by the first call that needs it (_AbsentTangents)
+        ((fw_call, fw_info),) = finish_fn([fw_plan])
+        bw_call, bw_info = None, type(fw_info)()
+    else:
+        bw_plan = plan_fn(joint.bw, len(joint.grad_inputs), [], n_bw_in, "backward", "b_")
+        # one gcc run for both graphs
+        (fw_call, fw_info), (bw_call, bw_info) = finish_fn([fw_plan, bw_plan])
     if all_saved_variables:
         fw_call, bw_call = graph_calls(fw_call, bw_call)
+    absent = (_AbsentTangents(joint, bw_call, bw_info, n_fixed, plan_fn, finish_fn)
+              if absent_variants else None)
     n_out = joint.num_outputs
     saved_inputs = tuple(joint.saved_inputs)
     diff = tuple(joint.diff_outputs)
@@ -79,12 +96,21 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
 
     def compiled_backward(saved, grads):
         tangents = []
-        for i in diff:
+        missing = ()
+        for k, i in enumerate(diff):
             g = grads[i]
+            if g is None:           # no gradient for this output: autograd did not make one
+                missing += (k,)
+                continue
             if not g.is_contiguous():
                 g = g.contiguous()   # the backward was compiled for contiguous tangents
             tangents.append(g)
-        res = bw_call(*saved, *tangents)
+        if absent is None:
+            res = bw_call(*saved, *tangents)
+        elif len(missing) == len(diff):
+            return (None,) * n_in        # no gradient reaches any input, as in eager
+        else:
+            res = absent.call(missing)(*saved, *tangents)
         out = [None] * n_in
         for i, g in zip(grad_inputs, res):
             out[i] = g
@@ -105,14 +131,14 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
 
     if native_node and not all_saved_variables:
         native = nativeautograd.function(fw_call, backward_of_held, n_in, n_out, history,
-                                         saved_inputs, alias, single)
+                                         saved_inputs, alias, single, materialize=absent is None)
         if native is not None:
             fw_info.autograd = "native"
             return native, fw_info, bw_info
     fw_info.autograd = "autograd.Function"
 
     forward = _render_forward(fw_call, n_in, n_out, n_saved, saved_inputs, alias, non_diff, single,
-                              all_saved_variables)
+                              all_saved_variables, materialize=absent is None)
 
     def backward(ctx, *grads):
         if all_saved_variables:
@@ -134,6 +160,129 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
             setattr(Fn, name, owner.__dict__[name])
     # single output: forward returns the tensor itself, so apply returns it unwrapped
     return _C_APPLY.__get__(None, Fn), fw_info, bw_info
+
+
+def _backward_likely_partial(joint) -> bool:
+    """Is the backward likely to be called without a gradient for some output? Yes where a
+    0-dim differentiable output (a loss) sits beside others (the logits it was computed
+    from, a KV cache): ``loss.backward()`` then leaves those without one, and the backward
+    compiled for every tangent would never run. Then no backward is compiled with the
+    forward; each is compiled when first needed. Otherwise the full one is compiled with the
+    forward, in one gcc run (graph breaks' intermediate outputs: all used)."""
+    if len(joint.diff_outputs) < 2:
+        return False
+    out = next(n for n in joint.fw.graph.nodes if n.op == "output").args[0]
+    for i in joint.diff_outputs:
+        tm = out[i].meta.get("traced_meta") if isinstance(out[i], torch.fx.Node) else None
+        if tm is not None and len(tm.shape) == 0:
+            return True
+    return False
+
+
+class _AbsentTangents:
+    """The backwards of one training graph for calls in which some outputs get no gradient.
+
+    Why: autograd gives a node no gradient for an output the loss does not use (the logits
+    of an LM head that also returns its loss, a KV cache). Materialized as zeros, as
+    ``Function`` does by default, each was a fresh tensor the size of that output, read by
+    the backward only to add nothing (GPT-2's logits: ~14 ms a step); eager makes none. So
+    the node asks for no zeros (``set_materialize_grads(False)``, the native node's
+    ``materialize`` off) and a call whose gradients lack some outputs runs the backward
+    graph with those tangents folded away as constant zeros (lower/absent.py), compiled the
+    first time that pattern comes and kept: a model trained by ``loss.backward()`` meets one
+    pattern, every step. Each variant is recorded on the backward's info
+    (``absent_tangents``: output indices -> its CompiledGraphInfo). Where one cannot be
+    compiled, that pattern's calls give the full backward zeros, as before (said once on
+    ``tempa.fallbacks``, the reason recorded in place of the info).
+
+    The full backward (every tangent given, the pattern ``()``) is ``bw_call``, or, where
+    build_training deferred it (``_backward_likely_partial``), compiled here too when first
+    needed: ``bw_info`` is then filled in place (empty until a call gives every output a
+    gradient). Kernels compiled here are added to the graph's BackendInfo (``owner``)."""
+
+    def __init__(self, joint, bw_call, bw_info, n_fixed, plan_fn, finish_fn):
+        self.bw, self.bw_info = joint.bw, bw_info
+        self.n_fixed, self.plan_fn, self.finish_fn = n_fixed, plan_fn, finish_fn
+        self.diff = tuple(joint.diff_outputs)
+        self.n_grads = len(joint.grad_inputs)
+        # positions among the tangents that got no gradient -> the backward to call
+        self.calls: dict = {} if bw_call is None else {(): bw_call}
+        self.lock = threading.Lock()
+
+    def call(self, missing: tuple):
+        """The backward for calls without the tangents at positions ``missing`` (taking the
+        saved values and the other tangents)."""
+        fn = self.calls.get(missing)
+        if fn is None:
+            with self.lock:          # (two threads' backwards: one compile)
+                fn = self.calls.get(missing)
+                if fn is None:
+                    fn = self.calls[missing] = self._build(missing)
+        return fn
+
+    def _build(self, missing):
+        if not missing:
+            return self._build_full()
+        outputs = tuple(self.diff[k] for k in missing)
+        try:
+            gm = without_tangents(self.bw, {self.n_fixed + k for k in missing})
+            n_bw_in = self.n_fixed + len(self.diff) - len(missing)
+            plan = self.plan_fn(gm, self.n_grads, [], n_bw_in, "backward",
+                                f"bz{'_'.join(map(str, missing))}_")
+            ((fn, info),) = self.finish_fn([plan])
+        except Exception as e:  # noqa: BLE001 - zeros for the full backward are correct
+            if config.raise_on_failure:
+                raise
+            why = f"{type(e).__name__}: {e}"
+            self.bw_info.absent_tangents[outputs] = why
+            logs.get("fallbacks").warning(
+                "tempa backend: no backward compiled for calls without a gradient for outputs "
+                "%s (%s); they get zero gradients, as autograd.Function's default", outputs, why)
+            return self._with_zeros(missing)
+        self.bw_info.absent_tangents[outputs] = info
+        self._count(info)
+        return fn
+
+    def _build_full(self):
+        """The backward for every tangent, deferred by build_training: compiled now, its
+        info filled into ``bw_info``. If it cannot be compiled, its graph runs as ATen calls
+        (the forward has run: no eager fallback of the whole graph is left)."""
+        try:
+            plan = self.plan_fn(self.bw, self.n_grads, [], self.n_fixed + len(self.diff),
+                                "backward", "b_")
+            ((fn, info),) = self.finish_fn([plan])
+        except Exception as e:  # noqa: BLE001 - the ATen graph gives the same gradients
+            if config.raise_on_failure:
+                raise
+            logs.get("fallbacks").warning(
+                "tempa backend: the backward could not be compiled (%s: %s); it runs as ATen "
+                "calls", type(e).__name__, e)
+            self.bw_info.aten_fallbacks = [f"the whole backward: {type(e).__name__}: {e}"]
+            return self.bw
+        owner, variants = self.bw_info.owner, self.bw_info.absent_tangents
+        self.bw_info.__dict__.update(info.__dict__)
+        self.bw_info.owner, self.bw_info.absent_tangents = owner, variants
+        self._count(info)
+        return fn
+
+    def _count(self, info):
+        if self.bw_info.owner is not None:
+            self.bw_info.owner.kernel_count += info.kernel_count
+
+    def _with_zeros(self, missing):
+        """The full backward, given zeros for the missing tangents (the traced sizes: this
+        graph is compiled for them)."""
+        phs = [n for n in self.bw.graph.nodes if n.op == "placeholder"][self.n_fixed:]
+        metas = [phs[k].meta["traced_meta"] for k in range(len(phs))]
+        n_fixed, count = self.n_fixed, len(phs)
+        missing = frozenset(missing)
+
+        def call(*args):
+            given = iter(args[n_fixed:])
+            tangents = [torch.zeros(metas[k].shape, dtype=metas[k].dtype, device=metas[k].device)
+                        if k in missing else next(given) for k in range(count)]
+            return self.call(())(*args[:n_fixed], *tangents)
+        return call
 
 
 def _zero_where_none(result, inputs, reached) -> tuple:
@@ -163,7 +312,7 @@ def _differentiable_backward(inputs, saved, grads, compiled_backward, recompute,
     with torch.enable_grad():
         outs = recompute(*fresh)
     outs = outs if isinstance(outs, (tuple, list)) else (outs,)
-    pairs = [(outs[i], grads[i]) for i in diff if outs[i].requires_grad]
+    pairs = [(outs[i], grads[i]) for i in diff if outs[i].requires_grad and grads[i] is not None]
     wrt = [inputs[i] for i in grad_inputs]
     got = torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs],
                               create_graph=True, allow_unused=True) if pairs else [None] * len(wrt)
@@ -205,8 +354,9 @@ _INHERITED_LOOKUPS = ("setup_context", "clear_saved_tensors_on_access", "boxed_g
 
 
 def _render_forward(fw_call, n_in, n_out, n_saved, saved_inputs, alias, non_diff, single,
-                    all_saved_variables=False):
+                    all_saved_variables=False, materialize=True):
     """The Function's forward as straight-line code for this graph (no per-call loops).
+    ``materialize`` off: the backward gets None for an output without a gradient, not zeros.
 
     The compiled forward returns the user outputs then the saved values. Saved values that
     are also user outputs go through ``save_for_backward`` (a ctx attribute holding an
@@ -220,6 +370,8 @@ def _render_forward(fw_call, n_in, n_out, n_saved, saved_inputs, alias, non_diff
     # kept as plain references (None where save_for_backward holds one).
     held = "".join(f"a{i}, " for i in range(n_in))
     lines = [f"def forward(ctx, {args}):", f"    r = fw_call({args})"]
+    if not materialize:
+        lines.append("    ctx.set_materialize_grads(False)")
     if all_saved_variables:
         lines.append("    ctx.save_for_backward(" + "".join(f"a{i}, " for i in saved_inputs) +
                      f"*r[{n_out}:])")

@@ -36,6 +36,13 @@ class CompiledGraphInfo:
     autograd: str = ""                 # a training forward's node: "native" | "autograd.Function"
     passes: dict = field(default_factory=dict)    # pipeline pass name -> its output (trace())
     mutated_inputs: list = field(default_factory=list)   # input indices the graph writes to
+    # a training backward's variants for calls where some outputs get no gradient
+    # (autograd.py, lower/absent.py): those outputs' indices -> the variant's info, or a
+    # string saying why it could not be compiled (then zeros are given to this backward)
+    absent_tangents: dict = field(default_factory=dict)
+    # the BackendInfo that counts this graph's kernels (entry.BackendInfo._adopt): a backward
+    # compiled after the forward (autograd.py) adds its kernels there
+    owner: object = field(default=None, repr=False, compare=False)
 
     def summary(self) -> str:
         return (f"{self.kernel_count} kernels in {self.segment_count} C++ calls, "

@@ -208,7 +208,10 @@ class DynamicTarget:
         from .autograd import build_training
         if plan_fn is None:
             return build_training(joint, n_in, single, native_node=True)
-        return build_training(joint, n_in, single, plan_fn, finish_fn, native_node=True)
+        # shape-generic: no backward variants for outputs without a gradient (autograd.py
+        # _AbsentTangents): one would need the grid traced again; autograd gives zeros
+        return build_training(joint, n_in, single, plan_fn, finish_fn, native_node=True,
+                              absent_variants=False)
 
     def bind(self, pgm, examples, info):
 

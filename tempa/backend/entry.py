@@ -68,6 +68,7 @@ class BackendInfo:
 
     def _adopt(self, gi: CompiledGraphInfo):
         self.kernel_count += gi.kernel_count
+        gi.owner = self
         if self.cpp_source or self.wrapper_source:
             self.used_gcc = self.used_gcc or gi.used_gcc
             return

@@ -59,7 +59,8 @@ PASSES = (
     ("build", "gcc -> one library (runtime/build.py), or every Triton kernel compiled in parallel"),
     ("wrap", "a generated Python wrapper: allocate, call kernels and externs, return (codegen/wrapper.py)"),
     # -- around the variants (entry.py, autograd.py) -----------------------------------------
-    ("variants", "inference, or [training] forward and backward in one torch.autograd.Function"),
+    ("variants", "inference, or [training] forward and backward in one autograd node, the "
+                 "backward also compiled per pattern of outputs without a gradient (lower/absent.py)"),
 )
 GRAPH_PASSES = ("lower", "eliminate_dead", "schedule", "write_in_place", "partition", "plan_memory",
                 "render", "autotune")

@@ -133,7 +133,8 @@ class GpuDynamicTarget(DynamicTarget):
         if plan_fn is None:
             return self.gpu.build_training(joint, n_in, single)
         from ..autograd import build_training
-        return build_training(joint, n_in, single, plan_fn, finish_fn)
+        # shape-generic: no backward variants for outputs without a gradient (see dynamic.py)
+        return build_training(joint, n_in, single, plan_fn, finish_fn, absent_variants=False)
 
 
 def _offset(b):

@@ -18,7 +18,9 @@ it does beyond ``Function`` as tempa used it, as eager does:
 
 Saved values that are also outputs are ``SavedVariable``s (a plain reference would be a
 reference cycle through the output's ``grad_fn``, which no garbage collector sees in C++).
-Gradients of unused outputs are materialized as zeros, as ``Function`` does by default.
+An output that gets no gradient (the loss did not use it) gets None in the Python backward,
+which runs a backward compiled for that (autograd.py ``_AbsentTangents``); with
+``materialize`` on, a zero tensor instead, as ``Function`` does by default.
 
 It takes ~15-30 s of CPU to compile (torch's autograd and pybind11 headers), so it is built in
 a background thread the first time a training graph is compiled and stored in the disk cache;
@@ -97,6 +99,7 @@ typedef struct {
     std::vector<Py_ssize_t>* checked;    // inputs the backward reads: version-checked
     std::vector<Py_ssize_t>* alias;      // per saved value: the user output it is, or -1
     bool single;
+    bool materialize;                    // zeros, not None, for an output without a gradient
 } Spec;
 
 struct TempaNode : Node {
@@ -208,7 +211,7 @@ variable_list TempaNode::apply(variable_list&& grads) {
         PyObject* g;
         if (grads[i].defined()) {
             g = THPVariable_Wrap(grads[i]);
-        } else if ((*s->differentiable)[i]) {
+        } else if (s->materialize && (*s->differentiable)[i]) {
             g = THPVariable_Wrap(input_metadata(i).zeros_like());   // materialize_grads
         } else {
             Py_INCREF(Py_None);
@@ -391,13 +394,14 @@ int spec_clear(PyObject* self) {
     return 0;
 }
 
-// Function(fw_call, backward, n_in, n_out, differentiable outputs, checked inputs, alias, single)
+// Function(fw_call, backward, n_in, n_out, differentiable outputs, checked inputs, alias, single,
+//          materialize)
 PyObject* spec_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
     PyObject *fw_call, *backward, *diff, *checked, *alias;
     Py_ssize_t n_in, n_out;
-    int single;
-    if (!PyArg_ParseTuple(args, "OOnnOOOp", &fw_call, &backward, &n_in, &n_out, &diff, &checked,
-                          &alias, &single))
+    int single, materialize;
+    if (!PyArg_ParseTuple(args, "OOnnOOOpp", &fw_call, &backward, &n_in, &n_out, &diff, &checked,
+                          &alias, &single, &materialize))
         return NULL;
     std::vector<Py_ssize_t> d, c, a;
     if (!read_indices(diff, d) || !read_indices(checked, c) || !read_indices(alias, a)) return NULL;
@@ -418,6 +422,7 @@ PyObject* spec_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
     s->checked = new std::vector<Py_ssize_t>(c);
     s->alias = new std::vector<Py_ssize_t>(a);
     s->single = single;
+    s->materialize = materialize;
     return reinterpret_cast<PyObject*>(s);
 }
 
@@ -574,16 +579,17 @@ def empty_strided():
 
 
 def function(fw_call, backward, n_in: int, n_out: int, differentiable, checked, alias,
-             single: bool):
+             single: bool, materialize: bool = True):
     """The callable that runs ``fw_call`` under a native autograd node, or None (see the module
     docstring). ``fw_call(*inputs)``: the user outputs, then the saved values;
     ``backward(held, grads)``: the gradient of each input (or None) from ``held`` (the
     inputs, then the saved values) and one gradient per output (None: a non-differentiable
-    output); ``differentiable``: the outputs that get history; ``checked``: the inputs the
+    output, or one the loss did not reach); ``differentiable``: the outputs that get history; ``checked``: the inputs the
     backward reads (version-checked); ``alias``: per saved value, the output it is, or -1;
-    ``single``: return the one output itself."""
+    ``single``: return the one output itself; ``materialize``: a differentiable output
+    without a gradient gets a zero tensor in ``grads`` (else None)."""
     mod = module_if_ready()
     if mod is None:
         return None
     return mod.Function(fw_call, backward, n_in, n_out, tuple(differentiable), tuple(checked),
-                        tuple(alias), single)
+                        tuple(alias), single, materialize)
