@@ -488,6 +488,27 @@ def _bumping_versions(call, bumps: tuple):
     return with_version_bumps
 
 
+def _with_eager_results(call, mutated: tuple, same: dict, n_outputs: int):
+    """``call`` bumping the version counters of the inputs it wrote (``mutated``: an input
+    index per bump) and returning, at output ``i`` of ``same``, input ``same[i]`` itself.
+    Generated per graph: the result is one tuple display (``(args[0], outs[1])``), not a
+    list rebuilt item by item on every call (~0.15 µs of a small model's call)."""
+    lines = ["def with_eager_results(*args):", "    outs = call(*args)"]
+    if mutated:
+        # (one bump per item, an input repeated per write; a tensor itself would be bumped
+        # per element)
+        lines.append(f"    bump(({''.join(f'args[{j}], ' for j in mutated)}))")
+    if same:
+        items = "".join(f"args[{same[i]}], " if i in same else f"outs[{i}], " for i in range(n_outputs))
+        # (outputs past the user's, if a target returns any, pass through)
+        lines.append(f"    return ({items}) + outs[{n_outputs}:]")
+    else:
+        lines.append("    return outs")
+    ns = {"call": call, "bump": torch._C._increment_version}
+    exec(compile("\n".join(lines) + "\n", "<tempa eager results>", "exec"), ns)
+    return ns["with_eager_results"]
+
+
 class GraphVariants:
     """Both variants of one graph, built lazily (a lock keeps two threads from racing)."""
 
@@ -573,24 +594,10 @@ class GraphVariants:
         if not views_by_target:
             call = with_output_views(call, tr.aliases)
         mutated = self._version_bumps(tr.mutated)
-        same = [(i, a.index) for i, a in enumerate(tr.aliases or ()) if a is not None and a.same]
+        same = {i: a.index for i, a in enumerate(tr.aliases or ()) if a is not None and a.same}
         if not mutated and not same:
             return call
-        bump = torch._C._increment_version
-
-        def with_eager_results(*args):
-            outs = call(*args)
-            if mutated:
-                # (one bump per item, an input repeated per write; a tensor itself would be
-                # bumped per element)
-                bump(tuple(args[j] for j in mutated))
-            if not same:
-                return outs
-            outs = list(outs)
-            for i, j in same:
-                outs[i] = args[j]
-            return tuple(outs)
-        return with_eager_results
+        return _with_eager_results(call, mutated, same, len(tr.aliases or ()))
 
     def _version_bumps(self, mutated) -> tuple:
         """Each mutated input once per time eager bumps its version counter in one call: once
