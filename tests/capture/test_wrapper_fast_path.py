@@ -75,6 +75,7 @@ def test_a_module_backward_hook_added_on_the_fast_path_runs(native_hooks_clear):
     assert seen == [(2, 3)]
 
 
+@pytest.mark.passes_without_capture("compares the native test with its Python definition")
 def test_native_hooks_clear_answers_as_the_python_test(native_hooks_clear):
     wrapper_keys = ("_forward_hooks", "_forward_pre_hooks", "_tempa_hooked")
     module_keys = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
