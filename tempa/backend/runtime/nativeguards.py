@@ -358,7 +358,9 @@ PyObject* hooks_clear(PyObject*, PyObject* const* args, Py_ssize_t n) {
 // The version tag a guard group depends on, by kind: 'd' a dict's (changes on every write
 // to it), 't' a class's (reset, then assigned anew, when it or a base class is modified),
 // 'o' the current instance dict's of an object, 'c' its current class's, 'i' (for a pair
-// (dict, key)) the current one's of the dict at that key; 0 where there is none. Tags are unique in the process: another dict or class never has the tag recorded.
+// (dict, key)) the current one's of the dict at that key; 0 where there is none.
+// 'g' (for a pair (object, name)) the current one's of the dict object.__getattribute__ finds
+// there, from the instance dict or the class without running code. Tags are unique in the process: another dict or class never has the tag recorded.
 // Read from CPython's own structs: 3.11 to 3.13 keep both tags (3.14 dropped the dict's).
 #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000
 uint64_t dict_version(PyObject* d) {
@@ -387,6 +389,22 @@ uint64_t version_of(PyObject* o, char kind) {
         PyObject** slot = _PyObject_GetDictPtr(o);
         if (slot == NULL) { PyErr_Clear(); return 0; }
         return *slot == NULL ? 0 : dict_version(*slot);
+    }
+    case 'g': {    // (object, name): the dict object.__getattribute__ finds there, read
+                   // without running code (0 where a data descriptor of the class decides)
+        if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(o, 1))) return 0;
+        PyObject* obj = PyTuple_GET_ITEM(o, 0);
+        PyObject* name = PyTuple_GET_ITEM(o, 1);
+        PyObject* found = _PyType_Lookup(Py_TYPE(obj), name);
+        if (found != NULL && Py_TYPE(found)->tp_descr_set != NULL) return 0;
+        PyObject** slot = _PyObject_GetDictPtr(obj);
+        if (slot == NULL) PyErr_Clear();
+        else if (*slot != NULL && PyDict_Check(*slot)) {
+            PyObject* own = PyDict_GetItemWithError(*slot, name);
+            if (own != NULL) return dict_version(own);
+            if (PyErr_Occurred()) { PyErr_Clear(); return 0; }
+        }
+        return found == NULL ? 0 : dict_version(found);
     }
     }
     return 0;
