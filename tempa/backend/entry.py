@@ -479,13 +479,9 @@ def _bumping_versions(call, bumps: tuple):
     ``bumps`` (``GraphVariants._version_bumps``), after the graph wrote them."""
     if not bumps:
         return call
-    bump = torch._C._increment_version
-
-    def with_version_bumps(*args):
-        outs = call(*args)
-        bump(tuple(args[j] for j in bumps))
-        return outs
-    return with_version_bumps
+    # generated: the bumped arguments as one tuple display (a generator over ``bumps`` cost
+    # ~0.4 µs a call, a tenth of a small training step's compiled forward)
+    return _with_eager_results(call, bumps, {}, 0)
 
 
 def _with_eager_results(call, mutated: tuple, same: dict, n_outputs: int):
