@@ -65,6 +65,16 @@ def test_a_module_hook_added_on_the_fast_path_runs(native_hooks_clear):
         torch.testing.assert_close(fast(x), model(x))
 
 
+def test_a_module_given_a_new_instance_dict_is_read_at_the_call(native_hooks_clear):
+    torch.manual_seed(0)
+    model, x = nn.Linear(4, 3), torch.randn(2, 4)
+    with torch.no_grad():
+        fast = _on_fast_path(model, x)
+        model.register_forward_hook(lambda mod, args, out: out * 0 + 1)
+        model.__dict__ = dict(model.__dict__)        # (the same entries, a new dict)
+        torch.testing.assert_close(fast(x), torch.ones(2, 3))
+
+
 def test_a_module_backward_hook_added_on_the_fast_path_runs(native_hooks_clear):
     torch.manual_seed(0)
     model, x = nn.Linear(4, 3), torch.randn(2, 4, requires_grad=True)
@@ -84,7 +94,9 @@ def test_native_hooks_clear_answers_as_the_python_test(native_hooks_clear):
         d = {k: (([1] if k == "_tempa_hooked" else full) if b else
                  ([] if k == "_tempa_hooked" else OrderedDict()))
              for k, b in zip(wrapper_keys, bits)}
-        m = {k: full if b else OrderedDict() for k, b in zip(module_keys, bits[len(wrapper_keys):])}
-        assert native_hooks_clear(d, m) is optimized_module._hooks_clear_python(d, m)
+        mod = nn.Module()
+        mod.__dict__.update({k: full if b else OrderedDict()
+                             for k, b in zip(module_keys, bits[len(wrapper_keys):])})
+        assert native_hooks_clear(d, mod) is optimized_module._hooks_clear_python(d, mod)
     with pytest.raises(KeyError):
-        native_hooks_clear({}, {})
+        native_hooks_clear({}, nn.Module())

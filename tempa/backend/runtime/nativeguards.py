@@ -340,17 +340,24 @@ int entries_empty(PyObject* d, PyObject* const* keys, int n) {
     return 1;
 }
 
-// hooks_clear(wrapper_dict, module_dict): OptimizedModule.__call__'s test for its fast path,
+// hooks_clear(wrapper_dict, module): OptimizedModule.__call__'s test for its fast path,
 // ``not (w["_forward_hooks"] or w["_forward_pre_hooks"] or w["_tempa_hooked"] or
 // m["_forward_hooks"] or m["_forward_pre_hooks"] or m["_backward_hooks"] or
-// m["_backward_pre_hooks"])``: the same truth tests in one call.
+// m["_backward_pre_hooks"])`` with m the module's current instance dict: the same truth
+// tests in one call.
 PyObject* hooks_clear(PyObject*, PyObject* const* args, Py_ssize_t n) {
-    if (n != 2 || !PyDict_Check(args[0]) || !PyDict_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "hooks_clear(wrapper_dict, module_dict)");
+    if (n != 2 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "hooks_clear(wrapper_dict, module)");
+        return NULL;
+    }
+    PyObject** slot = _PyObject_GetDictPtr(args[1]);
+    if (slot == NULL || *slot == NULL || !PyDict_Check(*slot)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "hooks_clear: the module has no instance dict");
         return NULL;
     }
     int clear = entries_empty(args[0], wrapper_keys, 3);
-    if (clear == 1) clear = entries_empty(args[1], module_keys, 4);
+    if (clear == 1) clear = entries_empty(*slot, module_keys, 4);
     if (clear < 0) return NULL;
     return PyBool_FromLong(clear);
 }
@@ -457,7 +464,7 @@ PyMethodDef methods[] = {
     {"storage_groups", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(storage_groups)),
      METH_FASTCALL, "storage_groups(fallback, *tensors): which tensors share storage"},
     {"hooks_clear", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(hooks_clear)),
-     METH_FASTCALL, "hooks_clear(wrapper_dict, module_dict): no hooks on a compiled module's call"},
+     METH_FASTCALL, "hooks_clear(wrapper_dict, module): no hooks on a compiled module's call"},
     {"all_empty", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(all_empty)),
      METH_FASTCALL, "all_empty(*objects): not (o1 or o2 or ...)"},
     {NULL, NULL, 0, NULL},
@@ -613,7 +620,7 @@ def storage_groups():
 
 
 def hooks_clear():
-    """``hooks_clear(wrapper_dict, module_dict)``: OptimizedModule.__call__'s seven hook-table
+    """``hooks_clear(wrapper_dict, module)``: OptimizedModule.__call__'s seven hook-table
     truth tests in one call (its ``_hooks_clear`` is the Python definition); None where the
     extension cannot be used."""
     if not config.fast_guards:
