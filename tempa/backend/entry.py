@@ -18,6 +18,7 @@ from .lower.layout import CONV_LAYOUTS, is_channels_last
 from .lower.replay import relayout_convolutions
 from .lower.trace import UntraceableGraph, prepare, trace_forward, with_output_views
 from .pipeline import show
+from .results import bumping_versions, with_eager_results
 from .runtime.build import BuildError
 
 
@@ -474,37 +475,6 @@ def _eager(gm, info, reason):
     return compiled
 
 
-def _bumping_versions(call, bumps: tuple):
-    """``call`` bumping the version counter of its argument ``j`` once per ``j`` in
-    ``bumps`` (``GraphVariants._version_bumps``), after the graph wrote them."""
-    if not bumps:
-        return call
-    # generated: the bumped arguments as one tuple display (a generator over ``bumps`` cost
-    # ~0.4 µs a call, a tenth of a small training step's compiled forward)
-    return _with_eager_results(call, bumps, {}, 0)
-
-
-def _with_eager_results(call, mutated: tuple, same: dict, n_outputs: int):
-    """``call`` bumping the version counters of the inputs it wrote (``mutated``: an input
-    index per bump) and returning, at output ``i`` of ``same``, input ``same[i]`` itself.
-    Generated per graph: the result is one tuple display (``(args[0], outs[1])``), not a
-    list rebuilt item by item on every call (~0.15 µs of a small model's call)."""
-    lines = ["def with_eager_results(*args):", "    outs = call(*args)"]
-    if mutated:
-        # (one bump per item, an input repeated per write; a tensor itself would be bumped
-        # per element)
-        lines.append(f"    bump(({''.join(f'args[{j}], ' for j in mutated)}))")
-    if same:
-        items = "".join(f"args[{same[i]}], " if i in same else f"outs[{i}], " for i in range(n_outputs))
-        # (outputs past the user's, if a target returns any, pass through)
-        lines.append(f"    return ({items}) + outs[{n_outputs}:]")
-    else:
-        lines.append("    return outs")
-    ns = {"call": call, "bump": torch._C._increment_version}
-    exec(compile("\n".join(lines) + "\n", "<tempa eager results>", "exec"), ns)
-    return ns["with_eager_results"]
-
-
 class GraphVariants:
     """Both variants of one graph, built lazily (a lock keeps two threads from racing)."""
 
@@ -593,7 +563,7 @@ class GraphVariants:
         same = {i: a.index for i, a in enumerate(tr.aliases or ()) if a is not None and a.same}
         if not mutated and not same:
             return call
-        return _with_eager_results(call, mutated, same, len(tr.aliases or ()))
+        return with_eager_results(call, mutated, same, len(tr.aliases or ()))
 
     def _version_bumps(self, mutated) -> tuple:
         """Each mutated input once per time eager bumps its version counter in one call: once
@@ -658,7 +628,7 @@ class GraphVariants:
             self.info._adopt(bw_info)
             if not views_by_target:
                 fn = with_output_views(fn, joint.aliases, joint.single)
-            self.train_fn = _bumping_versions(fn, self._version_bumps(joint.mutated))
+            self.train_fn = bumping_versions(fn, self._version_bumps(joint.mutated))
             return fn
 
     def _writes_grad_inputs_outside_autograd(self) -> bool:
