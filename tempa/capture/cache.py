@@ -384,7 +384,7 @@ def _source_guard_roots(consts: dict, expr: str):
     object), a bound dict, and up to two subscripts of either, compared by identity, by
     value with an immutable constant, by their keys, or ``'key' not in``; and
     ``not has_object_attribute(obj, 'name')``. None for any other guard."""
-    from .tracer import has_object_attribute   # (tracer imports this module's users)
+    from .tracer import has_object_attribute   # (a cycle at import: tracer -> calls_inline -> cache)
     m = _NOT_HAS.fullmatch(expr)
     if m:
         obj, name, has = consts.get(m.group(2)), ast.literal_eval(m.group(3)), consts.get(m.group(1))
