@@ -10,6 +10,7 @@ import torch
 from torch.nn.modules.lazy import LazyModuleMixin
 
 from . import distributed
+from .backend.runtime import nativeguards
 
 if TYPE_CHECKING:
     from .context import CompileContext   # (context imports this module)
@@ -66,6 +67,8 @@ class OptimizedModule(torch.nn.Module):
         # Instance state is read from __dict__: a module's attribute reads go through the
         # __getattr__ hook (not specialised by CPython), ~35 ns each on every call.
         d = self.__dict__
+        if _hooks_clear(d, d["_tempa_mod"]):
+            return d["_tempa_call"](*args, **kwargs)
         if d["_forward_hooks"] or d["_forward_pre_hooks"]:
             return super().__call__(*args, **kwargs)
         mod = d["_tempa_mod"]
@@ -142,6 +145,29 @@ class OptimizedModule(torch.nn.Module):
         its module). The wrapper's own hooks and attributes travel as the state."""
         state = {k: v for k, v in self.__dict__.items() if not k.startswith("_tempa_")}
         return _rebuild_optimized_module, (self._orig_mod, self._tempa_context.settings), state
+
+
+def _hooks_clear_python(d: dict, mod) -> bool:
+    """No hooks to run around the compiled call: the wrapper's own (``d``, its __dict__) and
+    its module's (``mod``) hook tables are empty, and no submodule has hooks."""
+    m = mod.__dict__
+    return not (d["_forward_hooks"] or d["_forward_pre_hooks"] or d["_tempa_hooked"] or
+                m["_forward_hooks"] or m["_forward_pre_hooks"] or m["_backward_hooks"] or
+                m["_backward_pre_hooks"])
+
+
+def _hooks_clear_until_native(d: dict, mod) -> bool:
+    """``_hooks_clear_python``, until the native guards' build has settled: then the native
+    ``hooks_clear`` (the same truth tests in one C call) takes its place, or where it cannot
+    be used, ``_hooks_clear_python`` itself."""
+    global _hooks_clear
+    if nativeguards.settled():
+        _hooks_clear = nativeguards.hooks_clear() or _hooks_clear_python
+    return _hooks_clear_python(d, mod)
+
+
+# OptimizedModule.__call__'s test for its fast path (see _hooks_clear_until_native)
+_hooks_clear = _hooks_clear_until_native
 
 
 def _rebuild_optimized_module(mod, settings):

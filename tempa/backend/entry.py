@@ -18,6 +18,7 @@ from .lower.layout import CONV_LAYOUTS, is_channels_last
 from .lower.replay import relayout_convolutions
 from .lower.trace import UntraceableGraph, prepare, trace_forward, with_output_views
 from .pipeline import show
+from .results import bumping_versions, with_eager_results
 from .runtime.build import BuildError
 
 
@@ -485,20 +486,6 @@ def _eager(gm, info, reason):
     return compiled
 
 
-def _bumping_versions(call, bumps: tuple):
-    """``call`` bumping the version counter of its argument ``j`` once per ``j`` in
-    ``bumps`` (``GraphVariants._version_bumps``), after the graph wrote them."""
-    if not bumps:
-        return call
-    bump = torch._C._increment_version
-
-    def with_version_bumps(*args):
-        outs = call(*args)
-        bump(tuple(args[j] for j in bumps))
-        return outs
-    return with_version_bumps
-
-
 class GraphVariants:
     """Both variants of one graph, built lazily (a lock keeps two threads from racing)."""
 
@@ -584,24 +571,10 @@ class GraphVariants:
         if not views_by_target:
             call = with_output_views(call, tr.aliases)
         mutated = self._version_bumps(tr.mutated)
-        same = [(i, a.index) for i, a in enumerate(tr.aliases or ()) if a is not None and a.same]
+        same = {i: a.index for i, a in enumerate(tr.aliases or ()) if a is not None and a.same}
         if not mutated and not same:
             return call
-        bump = torch._C._increment_version
-
-        def with_eager_results(*args):
-            outs = call(*args)
-            if mutated:
-                # (one bump per item, an input repeated per write; a tensor itself would be
-                # bumped per element)
-                bump(tuple(args[j] for j in mutated))
-            if not same:
-                return outs
-            outs = list(outs)
-            for i, j in same:
-                outs[i] = args[j]
-            return tuple(outs)
-        return with_eager_results
+        return with_eager_results(call, mutated, same, len(tr.aliases or ()))
 
     def _version_bumps(self, mutated) -> tuple:
         """Each mutated input once per time eager bumps its version counter in one call: once
@@ -666,7 +639,7 @@ class GraphVariants:
             self.info._adopt(bw_info)
             if not views_by_target:
                 fn = with_output_views(fn, joint.aliases, joint.single)
-            self.train_fn = _bumping_versions(fn, self._version_bumps(joint.mutated))
+            self.train_fn = bumping_versions(fn, self._version_bumps(joint.mutated))
             return fn
 
     def _writes_grad_inputs_outside_autograd(self) -> bool:

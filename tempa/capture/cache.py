@@ -312,8 +312,9 @@ def _instance_attr(obj, attr: str) -> bool:
 def versioned_roots(guards: GuardSet, expr: str):
     """The ``(object, kind)`` roots whose version tags decide ``expr``'s answer (kinds as
     nativeguards' ``version_of``: ``d`` a dict, ``t`` a class, ``o`` an object's instance
-    dict, ``c`` an object's class, ``i`` the dict at a key of a dict), read without running
-    any of the user's code; None for any other guard."""
+    dict, ``c`` an object's class, ``i`` the dict at a key of a dict, ``g`` the dict at an
+    object's attribute), read without running any of the user's code; None for any other
+    guard."""
     consts = guards.consts
     if expr in guards.empty_checks:         # hook dicts all empty
         ds = [consts.get(name) for name in guards.empty_checks[expr]]
@@ -358,7 +359,162 @@ def versioned_roots(guards: GuardSet, expr: str):
     m = _SAME_CONTENTS.fullmatch(expr)
     if m and consts.get(m.group(1)) is same_contents:
         return _contents_roots(consts.get(m.group(2)), m.group(3), consts.get(m.group(4)))
+    return _source_guard_roots(consts, expr)
+
+
+# Guards over sources that read through ``object.__getattribute__`` (what a traced Python
+# ``__getattribute__`` ends in: an HF config's reads) and the dicts found there.
+_GENERIC = rf"___F\d+\(___O\d+, {_KEY}\)"
+_SOURCE = rf"(?:{_GENERIC}|{_C})(?:\[(?:{_KEY}|___[VK]\d+)\]){{0,2}}"
+_SOURCE_PARTS = re.compile(rf"({_GENERIC}|{_C})((?:\[(?:{_KEY}|___[VK]\d+)\])*)")
+_GENERIC_PARTS = re.compile(rf"(___F\d+)\((___O\d+), ({_KEY})\)")
+_INDEX = re.compile(rf"\[({_KEY}|___[VK]\d+)\]")
+_SOURCE_IS = re.compile(rf"({_SOURCE}) is ({_SOURCE}|___[A-Za-z]+\d+|None|True|False)")
+_SOURCE_VALUE = re.compile(rf"\(({_SOURCE})\)\.__class__ is (___T\d+) and \1 == (?:(___[A-Z]+\d+)|0\.0 and "
+                           rf"___F\d+\(1\.0, \1\) == -?1\.0)")
+_SOURCE_KEYS = re.compile(rf"({_SOURCE})\.__class__ is ___T\d+ and tuple\(\1\) == ___K\d+"
+                          rf"(?: and tuple\(map\(type, \1\)\) == ___K\d+)?")
+_SOURCE_ABSENT = re.compile(rf"{_KEY} not in ({_SOURCE})")
+_NOT_HAS = re.compile(rf"not (___F\d+)\((___O\d+), ({_KEY})\)")
+
+
+def _source_guard_roots(consts: dict, expr: str):
+    """The roots of a guard over sources that read only dicts and instance attributes
+    without running code: ``G(obj, 'name')`` (G ``object.__getattribute__``, obj a bound
+    object), a bound dict, and up to two subscripts of either, compared by identity, by
+    value with an immutable constant, by their keys, or ``'key' not in``; and
+    ``not has_object_attribute(obj, 'name')``. None for any other guard."""
+    from .tracer import has_object_attribute   # (a cycle at import: tracer -> calls_inline -> cache)
+    m = _NOT_HAS.fullmatch(expr)
+    if m:
+        obj, name, has = consts.get(m.group(2)), ast.literal_eval(m.group(3)), consts.get(m.group(1))
+        # hasattr as object.__getattribute__ answers it: so does the builtin hasattr where
+        # the class reads attributes that way and has no __getattr__ to fall back on
+        plain = has is hasattr and type(obj).__getattribute__ is object.__getattribute__ and \
+            _generic_absent(type(obj), "__getattr__", static=True)
+        if not (has is has_object_attribute or plain) or not _generic_absent(obj, name):
+            return None
+        return [(obj, "o"), (obj, "c")]
+    m = _SOURCE_IS.fullmatch(expr)
+    if m:
+        right = m.group(2)
+        roots = _source_roots(consts, m.group(1), False)
+        if roots is not None and _SOURCE_PARTS.fullmatch(right) and not re.fullmatch(r"___[A-Z]+\d+", right):
+            more = _source_roots(consts, right, False)
+            return None if more is None else roots + more
+        return roots
+    m = _SOURCE_VALUE.fullmatch(expr)
+    if m:
+        immutable = consts.get(m.group(2)) in _IMMUTABLE and \
+            (m.group(3) is None or type(consts.get(m.group(3))) in _IMMUTABLE)
+        return _source_roots(consts, m.group(1), False) if immutable else None
+    m = _SOURCE_KEYS.fullmatch(expr) or _SOURCE_ABSENT.fullmatch(expr)
+    if m:
+        return _source_roots(consts, m.group(1), True)
     return None
+
+
+def _source_roots(consts: dict, source: str, contents: bool):
+    """The roots that decide which object ``source`` finds (``contents``: and, the object
+    being a dict, what it holds), or None where no version tags decide it. A dict found
+    inside another is a root of its own: kind ``i`` (a bound dict's item) or ``g`` (an
+    object's attribute, read as ``object.__getattribute__`` reads it without running code)."""
+    m = _SOURCE_PARTS.fullmatch(source)
+    if m is None:
+        return None
+    base, keys = m.group(1), [_key_value(consts, k) for k in _INDEX.findall(m.group(2))]
+    if any(k is _NO_KEY for k in keys):
+        return None
+    generic = _GENERIC_PARTS.fullmatch(base)
+    if generic:
+        obj, name = consts.get(generic.group(2)), ast.literal_eval(generic.group(3))
+        if consts.get(generic.group(1)) is not object.__getattribute__ or not _generic_plain(obj, name):
+            return None
+        roots = [(obj, "o"), (obj, "c")]
+        if name == "__dict__":         # the instance dict: the "o" root is its own version
+            holder, owner = _instance_dict(obj), obj
+        else:
+            holder = object.__getattribute__(obj, name)
+            if keys or contents:
+                if type(holder) not in _DICTS or len(keys) > 1:
+                    return None        # (a dict inside it has no root that follows it)
+                roots.append(((obj, name), "g"))
+            owner = None
+    else:
+        holder, owner = consts.get(base), None
+        if type(holder) not in _DICTS:
+            return [] if not keys and not contents and base.startswith("___O") else None
+        roots = [(holder, "d")]
+    if len(keys) > 2 or (keys and type(holder) not in _DICTS):
+        return None
+    if len(keys) == 2 or (len(keys) == 1 and contents):
+        inner = holder.get(keys[0])
+        if type(inner) not in _DICTS:
+            return None
+        # the dict at that key, as found at each call: through the owner's attribute (its
+        # instance dict's entry, which nothing shadows while "c" holds) or the bound dict
+        roots.append(((owner, keys[0]), "g") if owner is not None else ((holder, keys[0]), "i"))
+        if len(keys) == 2 and contents:
+            return None
+    return roots
+
+
+_NO_KEY = object()
+
+
+def _instance_dict(obj):
+    """``obj``'s instance dict, read past its class's own ``__getattribute__``; None without one."""
+    try:
+        return object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        return None
+
+
+def _key_value(consts: dict, text: str):
+    if text.startswith("___"):
+        value = consts.get(text, _NO_KEY)
+        return value if type(value) in (int, str) else _NO_KEY
+    return ast.literal_eval(text)
+
+
+def _generic_plain(obj, name: str) -> bool:
+    """``object.__getattribute__(obj, name)`` runs no code and what it finds is decided by
+    ``obj``'s instance dict and class: no data descriptor of that name on the class (but
+    the C ``__dict__`` of a class with instance dicts), and a class attribute found there is
+    a plain value (no ``__get__``)."""
+    cls, own = type(obj), _instance_dict(obj)
+    if type(own) is not dict:
+        return False
+    try:
+        found = inspect.getattr_static(cls, name)
+    except AttributeError:
+        return name in own
+    if name == "__dict__":
+        return type(found) is types.GetSetDescriptorType
+    kind = type(found)
+    if hasattr(kind, "__set__") or hasattr(kind, "__delete__"):
+        return False
+    return name in own or not hasattr(kind, "__get__")
+
+
+def _generic_absent(obj, name: str, static: bool = False) -> bool:
+    """``has_object_attribute(obj, name)`` is False, decided by ``obj``'s instance dict and
+    class: nothing of that name on the class, an instance dict without it. ``static``:
+    ``obj`` is a class, and only its own and its bases' dicts are asked."""
+    if static:
+        try:
+            inspect.getattr_static(obj, name)
+        except AttributeError:
+            return True
+        return False
+    own = _instance_dict(obj)
+    if type(own) is not dict or name in own:
+        return False
+    try:
+        inspect.getattr_static(type(obj), name)
+    except AttributeError:
+        return True
+    return False
 
 
 def _contents_roots(holder, key, seen):
@@ -403,7 +559,7 @@ def _versioned_groups(guards: GuardSet, ordered, native_checks) -> _Versioned | 
         bits, first = 0, None
         for obj, kind in roots:
             # a (dict, key) pair is made per guard: the same pair is one root
-            key = (id(obj[0]), obj[1], kind) if kind == "i" else (id(obj), kind)
+            key = (id(obj[0]), obj[1], kind) if kind in ("i", "g") else (id(obj), kind)
             if key not in slots:
                 slots[key] = len(objs)
                 objs.append(obj)

@@ -78,6 +78,19 @@ class GuardSet:
         return text
 
     # -- adding guards ---------------------------------------------------------------
+    def mark(self) -> int:
+        """Where the guards stand now, for ``forget_since``."""
+        return len(self.guards)
+
+    def forget_since(self, mark: int) -> None:
+        """Drop the guards added since ``mark`` (reads of a speculative trace that was
+        abandoned: the value is read again another way, which guards what it reads)."""
+        for _, expr, _ in self.guards[mark:]:
+            self._seen.discard(expr)
+            for table in (self.tensor_specs, self.empty_checks, self.storage_checks):
+                table.pop(expr, None)
+        del self.guards[mark:]
+
     def add(self, kind: str, expr: str, description: str) -> None:
         if expr in self._seen:
             return

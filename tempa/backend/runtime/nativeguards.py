@@ -322,10 +322,52 @@ PyObject* all_empty(PyObject*, PyObject* const* args, Py_ssize_t n) {
     Py_RETURN_TRUE;
 }
 
+// The keys of the hook tables OptimizedModule.__call__ reads, interned at load.
+PyObject* wrapper_keys[3];     // the wrapper's: _forward_hooks, _forward_pre_hooks, _tempa_hooked
+PyObject* module_keys[4];      // the module's: _forward_hooks, _forward_pre_hooks, _backward_hooks, _backward_pre_hooks
+
+// each ``d[key]`` falsy; a missing key raises KeyError, as ``d[key]`` does
+int entries_empty(PyObject* d, PyObject* const* keys, int n) {
+    for (int i = 0; i < n; ++i) {
+        PyObject* v = PyDict_GetItemWithError(d, keys[i]);
+        if (v == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, keys[i]);
+            return -1;
+        }
+        int truth = PyObject_IsTrue(v);
+        if (truth != 0) return truth < 0 ? -1 : 0;
+    }
+    return 1;
+}
+
+// hooks_clear(wrapper_dict, module): OptimizedModule.__call__'s test for its fast path,
+// ``not (w["_forward_hooks"] or w["_forward_pre_hooks"] or w["_tempa_hooked"] or
+// m["_forward_hooks"] or m["_forward_pre_hooks"] or m["_backward_hooks"] or
+// m["_backward_pre_hooks"])`` with m the module's current instance dict: the same truth
+// tests in one call.
+PyObject* hooks_clear(PyObject*, PyObject* const* args, Py_ssize_t n) {
+    if (n != 2 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "hooks_clear(wrapper_dict, module)");
+        return NULL;
+    }
+    PyObject** slot = _PyObject_GetDictPtr(args[1]);
+    if (slot == NULL || *slot == NULL || !PyDict_Check(*slot)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "hooks_clear: the module has no instance dict");
+        return NULL;
+    }
+    int clear = entries_empty(args[0], wrapper_keys, 3);
+    if (clear == 1) clear = entries_empty(*slot, module_keys, 4);
+    if (clear < 0) return NULL;
+    return PyBool_FromLong(clear);
+}
+
 // The version tag a guard group depends on, by kind: 'd' a dict's (changes on every write
 // to it), 't' a class's (reset, then assigned anew, when it or a base class is modified),
 // 'o' the current instance dict's of an object, 'c' its current class's, 'i' (for a pair
-// (dict, key)) the current one's of the dict at that key; 0 where there is none. Tags are unique in the process: another dict or class never has the tag recorded.
+// (dict, key)) the current one's of the dict at that key; 0 where there is none.
+// 'g' (for a pair (object, name)) the current one's of the dict object.__getattribute__ finds
+// there, from the instance dict or the class without running code. Tags are unique in the process: another dict or class never has the tag recorded.
 // Read from CPython's own structs: 3.11 to 3.13 keep both tags (3.14 dropped the dict's).
 #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000
 uint64_t dict_version(PyObject* d) {
@@ -354,6 +396,22 @@ uint64_t version_of(PyObject* o, char kind) {
         PyObject** slot = _PyObject_GetDictPtr(o);
         if (slot == NULL) { PyErr_Clear(); return 0; }
         return *slot == NULL ? 0 : dict_version(*slot);
+    }
+    case 'g': {    // (object, name): the dict object.__getattribute__ finds there, read
+                   // without running code (0 where a data descriptor of the class decides)
+        if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(o, 1))) return 0;
+        PyObject* obj = PyTuple_GET_ITEM(o, 0);
+        PyObject* name = PyTuple_GET_ITEM(o, 1);
+        PyObject* found = _PyType_Lookup(Py_TYPE(obj), name);
+        if (found != NULL && Py_TYPE(found)->tp_descr_set != NULL) return 0;
+        PyObject** slot = _PyObject_GetDictPtr(obj);
+        if (slot == NULL) PyErr_Clear();
+        else if (*slot != NULL && PyDict_Check(*slot)) {
+            PyObject* own = PyDict_GetItemWithError(*slot, name);
+            if (own != NULL) return dict_version(own);
+            if (PyErr_Occurred()) { PyErr_Clear(); return 0; }
+        }
+        return found == NULL ? 0 : dict_version(found);
     }
     }
     return 0;
@@ -405,6 +463,8 @@ PyMethodDef methods[] = {
      "configure(offset, Tensor, Parameter): where a tensor object holds its TensorImpl*, and the plain tensor types"},
     {"storage_groups", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(storage_groups)),
      METH_FASTCALL, "storage_groups(fallback, *tensors): which tensors share storage"},
+    {"hooks_clear", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(hooks_clear)),
+     METH_FASTCALL, "hooks_clear(wrapper_dict, module): no hooks on a compiled module's call"},
     {"all_empty", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(all_empty)),
      METH_FASTCALL, "all_empty(*objects): not (o1 or o2 or ...)"},
     {NULL, NULL, 0, NULL},
@@ -426,6 +486,13 @@ PyMODINIT_FUNC PyInit__tempa_nativeguards(void) {
     TensorCheckType.tp_clear = check_clear;
     TensorCheckType.tp_doc = "TensorCheck(fallback, specs): an entry's tensor guards, natively";
     if (PyType_Ready(&TensorCheckType) < 0) return NULL;
+    const char* wrapper_names[3] = {"_forward_hooks", "_forward_pre_hooks", "_tempa_hooked"};
+    const char* module_names[4] = {"_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                                   "_backward_pre_hooks"};
+    for (int i = 0; i < 3; ++i)
+        if (!(wrapper_keys[i] = PyUnicode_InternFromString(wrapper_names[i]))) return NULL;
+    for (int i = 0; i < 4; ++i)
+        if (!(module_keys[i] = PyUnicode_InternFromString(module_names[i]))) return NULL;
     PyObject* m = PyModule_Create(&moddef);
     if (!m) return NULL;
     Py_INCREF(&TensorCheckType);
@@ -550,6 +617,21 @@ def storage_groups():
         return None
     mod = module()
     return None if mod is None else mod.storage_groups
+
+
+def hooks_clear():
+    """``hooks_clear(wrapper_dict, module)``: OptimizedModule.__call__'s seven hook-table
+    truth tests in one call (its ``_hooks_clear`` is the Python definition); None where the
+    extension cannot be used."""
+    if not config.fast_guards:
+        return None
+    mod = module()
+    return None if mod is None else mod.hooks_clear
+
+
+def settled() -> bool:
+    """Whether the extension's build has its answer (loaded, or unavailable) without waiting."""
+    return _extension.settled()
 
 
 def versions_changed():
