@@ -10,6 +10,7 @@ import torch
 from torch.nn.modules.lazy import LazyModuleMixin
 
 from . import distributed
+from .configuration import config
 from .backend.runtime import nativeguards
 
 if TYPE_CHECKING:
@@ -161,7 +162,9 @@ def _hooks_clear_until_native(d: dict, mod) -> bool:
     ``hooks_clear`` (the same truth tests in one C call) takes its place, or where it cannot
     be used, ``_hooks_clear_python`` itself."""
     global _hooks_clear
-    if nativeguards.settled():
+    # (with config.fast_guards off, hooks_clear() is None whatever the build: no choice is
+    # made for good then, so turning it on again later still reaches the native test)
+    if nativeguards.settled() and config.fast_guards:
         _hooks_clear = nativeguards.hooks_clear() or _hooks_clear_python
     return _hooks_clear_python(d, mod)
 

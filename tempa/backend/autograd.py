@@ -130,8 +130,16 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
         return backward_from(held[:n_in], [held[i] for i in held_order], grads)
 
     # the usual backward (grad mode off, no zero gradients to fill in) as straight-line code
-    backward_of_held = _render_backward(bw_call, general_backward, n_in, held_order, diff,
-                                        grad_inputs, history_only if zero_grad_inputs else ())
+    if bw_call is None:
+        # deferred: the full backward is compiled by the first call that gives every output
+        # a gradient (_AbsentTangents.call), so the rendered path looks it up there
+        def full_backward(*args):
+            return absent.call(())(*args)
+    else:
+        full_backward = bw_call
+    backward_of_held = _render_backward(full_backward, general_backward, n_in, held_order, diff,
+                                        grad_inputs, history_only if zero_grad_inputs else (),
+                                        tangents_may_be_absent=absent is not None)
 
     if native_node and not all_saved_variables:
         native = nativeautograd.function(fw_call, backward_of_held, n_in, n_out, history,
@@ -358,18 +366,23 @@ _INHERITED_LOOKUPS = ("setup_context", "clear_saved_tensors_on_access", "boxed_g
 
 
 def _render_backward(bw_call, general, n_in: int, held_order: tuple, diff: tuple,
-                     grad_inputs: tuple, zero_if_reached: tuple):
+                     grad_inputs: tuple, zero_if_reached: tuple, tangents_may_be_absent: bool):
     """``backward_of_held(held, grads)`` for this graph: the compiled backward called on the
     held values it reads and the contiguous tangents, its results placed at their inputs,
     with no per-call loops (four Python frames and two comprehensions were ~0.4 µs of a
     small training step). ``general`` (the same signature) takes the calls this does not:
     grad mode on (a double backward's recomputation), or a gradient reaching an output
-    whose inputs get zeros (``zero_if_reached``)."""
+    whose inputs get zeros (``zero_if_reached``), or, where the node asks for no zeros
+    (``tangents_may_be_absent``: absent-tangent variants), a call missing some output's
+    gradient, which runs the variant compiled without it."""
     lines = ["def backward_of_held(held, grads):", "    if is_grad():",
              "        return general(held, grads)"]
     if zero_if_reached:
         reached = " or ".join(f"grads[{i}] is not None" for i in zero_if_reached)
         lines += [f"    if {reached}:", "        return general(held, grads)"]
+    if tangents_may_be_absent and diff:
+        absent = " or ".join(f"grads[{i}] is None" for i in diff)
+        lines += [f"    if {absent}:", "        return general(held, grads)"]
     for k, i in enumerate(diff):
         lines += [f"    t{k} = grads[{i}]",
                   f"    if not t{k}.is_contiguous():",

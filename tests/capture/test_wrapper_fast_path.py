@@ -18,10 +18,13 @@ from tests.capture.paths import counts
 
 
 @pytest.fixture
-def native_hooks_clear():
-    hooks_clear = nativeguards.hooks_clear()
+def native_hooks_clear(monkeypatch):
+    hooks_clear = nativeguards.hooks_clear()    # (waits for the extension's build)
     if hooks_clear is None:
         pytest.skip("the native guard extension cannot be built here")
+    # the wrapper's choice as in a fresh process: whatever tests ran before in this one
+    # (one with fast guards off, say) must not decide it
+    monkeypatch.setattr(optimized_module, "_hooks_clear", optimized_module._hooks_clear_until_native)
     return hooks_clear
 
 
