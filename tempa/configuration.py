@@ -62,7 +62,7 @@ class Config:
     # The layout 4-D convolutions run in on CUDA: "channels_last" (NHWC, what cuDNN's bf16
     # tensor-core kernels want; the ops between convolutions follow), "eager" (the layouts
     # eager gives them) or "inference" (channels-last in inference graphs only: measured
-    # faster there and slower in training, backend/entry.py CONV_LAYOUT_OPTIONS). What the
+    # faster there and slower in training, backend/variant_target.py CONV_LAYOUT_OPTIONS). What the
     # caller sees keeps eager's layouts either way (lower/layout.py CONV_LAYOUTS).
     # TEMPA_GPU_CONV_LAYOUT=eager for an A/B measurement.
     gpu_conv_layout: str = "inference"

@@ -40,6 +40,7 @@ from .lower.lowerings import SizeChoices
 from .lower.joint import trace_training
 from .lower.trace import UntraceableGraph, trace_forward, with_output_views
 from .runtime import build as _build
+from .variant_target import VariantTarget
 
 # More symbols than this: compile per shape (3**n renderings would cost more than they save).
 MAX_SYMBOLS = 2
@@ -156,8 +157,8 @@ def _resize(t: torch.Tensor, dims: dict) -> torch.Tensor:
     return r
 
 
-class DynamicTarget:
-    """A ``GraphVariants`` target (see entry.py) that compiles each variant shape-generically.
+class DynamicTarget(VariantTarget):
+    """A VariantTarget (variant_target.py) that compiles each variant shape-generically.
 
     ``bind`` receives the prepared graph and the example inputs; ``compile_graph`` and
     ``build_training`` get the variant traced at the example sizes (the check point) and
@@ -167,6 +168,7 @@ class DynamicTarget:
     ``_make_dplan``, ``_finish``, ``_static_*``): this class renders C++, and
     gpu/dynamic.py's subclass renders Triton with the same grid, solver and fallback."""
     name = "cpu"
+    shape_generic = True
     decomps = staticmethod(table)
     PARTS = ("C++", "wrapper")          # what the two texts of a rendering are called
 

@@ -11,15 +11,15 @@ import torch
 
 from .. import counters, logs
 from ..configuration import config
-from .compile_graph import CompiledGraphInfo, compile_graph
-from .lower.decomps import table
+from .compile_graph import CompiledGraphInfo
 from .lower.joint import trace_training
-from .lower.layout import CONV_LAYOUTS, is_channels_last
+from .lower.layout import is_channels_last
 from .lower.replay import relayout_convolutions
 from .lower.trace import UntraceableGraph, prepare, trace_forward, with_output_views
 from .pipeline import show
 from .results import bumping_versions, with_eager_results
 from .runtime.build import BuildError
+from .variant_target import CpuTarget, VariantTarget
 
 
 
@@ -104,44 +104,6 @@ def _warn_once(msg: str):
         logs.warn(msg)
 
 
-class CpuTarget:
-    """What ``GraphVariants`` compiles with: the C++ renderer (the GPU one is gpu.backend.GpuTarget)."""
-    name = "cpu"
-    decomps = staticmethod(table)
-
-    @staticmethod
-    def compile_graph(gm, num_outputs, mutated, n_in, label):
-        return compile_graph(gm, num_outputs, mutated, n_in, label)
-
-    @staticmethod
-    def build_training(joint, n_in, single):
-        from .autograd import build_training
-        return build_training(joint, n_in, single, native_node=True)
-
-    @staticmethod
-    def conv_layout() -> str:
-        return conv_layout_option("cpu_conv_layout")
-
-
-# The config values of a convolution layout policy: layout.CONV_LAYOUTS for every graph, or
-# "inference": channels-last in inference graphs, eager's layouts in training ones. Why the
-# GPU's default: on the H200 (bf16, torchvision ResNet-50 b32) channels-last took its
-# inference from 3.06 to 1.99 ms a call in reduce-overhead, and its training step from 17.0
-# to 38.0 ms (BatchNorm's statistics over channels-last activations become column
-# reductions run on few Triton programs; benchmarks/gpu_layout_ab.py).
-CONV_LAYOUT_OPTIONS = CONV_LAYOUTS + ("inference",)
-
-
-def conv_layout_option(name: str) -> str:
-    """The config option ``name`` (gpu_conv_layout, cpu_conv_layout): one of
-    CONV_LAYOUT_OPTIONS; another value is said once and taken as "eager"."""
-    value = getattr(config, name)
-    if value in CONV_LAYOUT_OPTIONS:
-        return value
-    _warn_once(f"tempa: config.{name}={value!r} is not one of {CONV_LAYOUT_OPTIONS}; using 'eager'")
-    return "eager"
-
-
 def _on_cuda(example_inputs) -> bool:
     return any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
 
@@ -167,7 +129,7 @@ def tempa_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None 
         # symbolic sizes: one shape-generic compile for every size (dynamic.py)
         from .dynamic import DynamicTarget
         return build(gm, example_inputs, DynamicTarget(dims))
-    return build(gm, example_inputs, CpuTarget)
+    return build(gm, example_inputs, CpuTarget())
 
 
 def _overrides(cls, name: str) -> bool:
@@ -225,9 +187,10 @@ def _dynamic_dims(gm):
         return []
 
 
-def build(gm: torch.fx.GraphModule, example_inputs, target, info: BackendInfo | None = None):
-    """The variants of one graph compiled with ``target``'s renderer. ``info``: the record to
-    fill (a target that reports into it while it builds passes its own)."""
+def build(gm: torch.fx.GraphModule, example_inputs, target: VariantTarget,
+          info: BackendInfo | None = None):
+    """The variants of one graph compiled with ``target`` (variant_target.py). ``info``: the
+    record to fill (a target that reports into it while it builds passes its own)."""
     info = BackendInfo() if info is None else info
     if _in_transform():
         # captured under vmap/jvp/grad: the example inputs are functorch wrappers without
@@ -248,8 +211,7 @@ def build(gm: torch.fx.GraphModule, example_inputs, target, info: BackendInfo | 
     full_examples = example_inputs + list(attr_vals)
     n_in = len(full_examples)
     needs_grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in full_examples)
-    if hasattr(target, "bind"):       # a target that traces more sizes itself (dynamic.py)
-        target = target.bind(pgm, full_examples, info)
+    target = target.bind(pgm, full_examples, info)
     state = GraphVariants(pgm, full_examples, info, n_in, gm, target)
 
     if needs_grad and torch.is_grad_enabled():
@@ -308,7 +270,7 @@ def _following_requires_grad(fn, attr_vals, gm, target, info):
         run = variants.get(key)
         if run is None:
             # a target that binds the graph keeps per-build state: a copy for each build
-            fresh = copy.copy(target) if hasattr(target, "bind") else target
+            fresh = copy.copy(target) if target.shape_generic else target
             run = variants[key] = build(gm, args, fresh, info)
         return run(*args)
     return compiled
@@ -489,7 +451,7 @@ def _eager(gm, info, reason):
 class GraphVariants:
     """Both variants of one graph, built lazily (a lock keeps two threads from racing)."""
 
-    def __init__(self, pgm, examples, info, n_in, orig_gm, target=CpuTarget):
+    def __init__(self, pgm, examples, info, n_in, orig_gm, target: VariantTarget):
         self.pgm, self.examples, self.info, self.n_in = pgm, examples, info, n_in
         self.target = target
         self.orig = orig_gm
@@ -531,8 +493,7 @@ class GraphVariants:
         """The target's convolution layout for ``variant`` (layout.CONV_LAYOUTS); a target
         without a policy (the shape-generic ones: a conversion that is a no-op at one size
         is not at another) keeps eager's."""
-        choose = getattr(self.target, "conv_layout", None)
-        layout = choose() if choose is not None else "eager"
+        layout = self.target.conv_layout()
         if layout == "inference":
             return "channels_last" if variant == "inference" else "eager"
         return layout
@@ -609,7 +570,7 @@ class GraphVariants:
         sizes, strides and offsets of a view recorded at one size do not hold at others, so
         a graph whose outputs are views is compiled per shape there, each shape's call
         handing out its own views (``DynamicTarget.keep_output_views``)."""
-        if not hasattr(self.target, "bind"):
+        if not self.target.shape_generic:
             return False
         self.target.keep_output_views(aliases, variant)
         return True

@@ -21,6 +21,7 @@ import torch.nn as nn
 import tempa
 from tempa.backend import autograd, entry
 from tempa.backend.runtime import cudagraphs
+from tempa.backend.variant_target import CpuTarget
 
 pytestmark = pytest.mark.skipif(cudagraphs._use_count is None, reason="needs torch._C._storage_Use_Count")
 
@@ -80,12 +81,11 @@ def _graphed_backend(gm, example_inputs):
     """tempa's C++ backend with mode="reduce-overhead"'s runners around it."""
     info = entry.BackendInfo()
 
-    class Target(entry.CpuTarget):
-        @staticmethod
-        def build_training(joint, n_in, single):
+    class Target(CpuTarget):
+        def build_training(self, joint, n_in, single):
             return autograd.build_training(joint, n_in, single,
                                            graph_calls=cudagraphs.training_graphs(info, {}, joint))
-    compiled = entry.build(gm, example_inputs, Target, info)
+    compiled = entry.build(gm, example_inputs, Target(), info)
     return cudagraphs.wrap(compiled, example_inputs, info, {})
 
 

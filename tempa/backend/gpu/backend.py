@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..variant_target import VariantTarget, conv_layout_option
 from . import compile as gc
 
 # The modes whose graphs replay as CUDA graphs (as torch.compile's max-autotune, the tuned
@@ -19,8 +20,8 @@ from . import compile as gc
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
-class GpuTarget:
-    """The renderer ``entry.GraphVariants`` compiles with on CUDA."""
+class GpuTarget(VariantTarget):
+    """Triton kernels, and by mode CUDA graphs and autotuning (a VariantTarget)."""
     name = "cuda"
 
     def __init__(self, examples, info, mode=None, options=None):
@@ -40,7 +41,6 @@ class GpuTarget:
     @staticmethod
     def conv_layout() -> str:
         """Channels-last convolutions by default (config.gpu_conv_layout, lower/layout.py)."""
-        from ..entry import conv_layout_option
         return conv_layout_option("gpu_conv_layout")
 
     def _plan(self, gm, num_outputs, mutated, n_in, label, prefix=""):
