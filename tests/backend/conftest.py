@@ -19,3 +19,19 @@ def _private_cache():
         os.environ.pop("TEMPA_CACHE_DIR", None)
     else:
         os.environ["TEMPA_CACHE_DIR"] = old_env
+
+
+@pytest.fixture(params=["native", "autograd.Function"])
+def autograd_path(request):
+    """Which training node the graphs compiled in the test use (their ``forward.autograd``):
+    tempa's native autograd node, or torch.autograd.Function."""
+    import tempa
+    from tempa.backend.runtime import nativeautograd
+    old = tempa.config.native_autograd
+    if request.param == "native":
+        if nativeautograd.module() is None:     # builds it (once per cache dir)
+            pytest.skip("the native autograd extension cannot be built here")
+    else:
+        tempa.config.native_autograd = False
+    yield request.param
+    tempa.config.native_autograd = old

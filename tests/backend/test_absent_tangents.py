@@ -21,7 +21,6 @@ from tempa.backend.gpu import compile as gc
 from tempa.backend.lower.absent import without_tangents
 from tempa.backend.lower.decomps import table
 from tempa.backend.lower.joint import trace_training
-from tempa.backend.runtime import nativeautograd
 
 aten = torch.ops.aten
 
@@ -31,18 +30,6 @@ def _fresh():
     tempa.reset()
     yield
     tempa.reset()
-
-
-@pytest.fixture(params=["native", "autograd.Function"])
-def path(request):
-    old = tempa.config.native_autograd
-    if request.param == "native":
-        if nativeautograd.module() is None:
-            pytest.skip("the native autograd extension cannot be built here")
-    else:
-        tempa.config.native_autograd = False
-    yield request.param
-    tempa.config.native_autograd = old
 
 
 class LMHead(nn.Module):
@@ -77,7 +64,7 @@ def _assert_grads_equal(model, eager, tol):
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
-def test_loss_backward_runs_the_backward_without_the_logits_tangent(path, dtype, tol):
+def test_loss_backward_runs_the_backward_without_the_logits_tangent(autograd_path, dtype, tol):
     model, x, y = _lm(dtype)
     eager = copy.deepcopy(model)
     before = counters.snapshot()
@@ -92,7 +79,7 @@ def test_loss_backward_runs_the_backward_without_the_logits_tangent(path, dtype,
         model.zero_grad(set_to_none=True)
         eager.zero_grad(set_to_none=True)
     fw, bw = _infos(fast)
-    assert fw.autograd == path
+    assert fw.autograd == autograd_path
     assert list(bw.absent_tangents) == [(0,)]          # output 0, the logits, got no gradient
     variant = bw.absent_tangents[(0,)]
     # a loss beside its logits: the backward for every tangent was never needed, nor compiled
@@ -111,7 +98,7 @@ def test_loss_backward_runs_the_backward_without_the_logits_tangent(path, dtype,
     assert len(folded.graph.nodes) < len(full.graph.nodes)
 
 
-def test_tangent_present_on_some_calls_and_absent_on_others(path):
+def test_tangent_present_on_some_calls_and_absent_on_others(autograd_path):
     model, x, y = _lm()
     eager = copy.deepcopy(model)
     fast = tempa.compile(model)
@@ -137,7 +124,7 @@ def test_tangent_present_on_some_calls_and_absent_on_others(path):
                    for n in variants[-1][(1,)].passes["aten"].graph.nodes)
 
 
-def test_an_input_reached_only_through_an_unused_output_gets_no_gradient(path):
+def test_an_input_reached_only_through_an_unused_output_gets_no_gradient(autograd_path):
     """As in eager: no gradient reaches head ``b``'s parameters, so they keep ``grad`` None
     (a materialized zero tangent gave them zero tensors)."""
     torch.manual_seed(0)
@@ -162,7 +149,7 @@ def test_an_input_reached_only_through_an_unused_output_gets_no_gradient(path):
     assert model.a.weight.grad is not None
 
 
-def test_double_backward_without_a_gradient_for_one_output(path):
+def test_double_backward_without_a_gradient_for_one_output(autograd_path):
     """create_graph recomputes with ATen ops (autograd.py): only the outputs that got a
     gradient are differentiated again."""
     def f(x, w):
@@ -184,7 +171,7 @@ def test_double_backward_without_a_gradient_for_one_output(path):
     assert list(_infos(fast)[1].absent_tangents) == [(1,)]
 
 
-def test_a_variant_that_cannot_be_compiled_gives_the_full_backward_zeros(path, monkeypatch):
+def test_a_variant_that_cannot_be_compiled_gives_the_full_backward_zeros(autograd_path, monkeypatch):
     def refuse(bw, absent):
         raise RuntimeError("refused for the test")
     monkeypatch.setattr(backend_autograd, "without_tangents", refuse)
@@ -278,7 +265,7 @@ def test_the_variant_renders_as_triton_kernels():
     assert not any(b is not None and tuple(b.sizes) == (6, 10) for b in plan.lowered.inputs[n_fixed:])
 
 
-def test_shape_generic_training_gives_zeros_and_builds_no_variant(path):
+def test_shape_generic_training_gives_zeros_and_builds_no_variant(autograd_path):
     """A shape-generic backward has no variants (one would need the grid traced again):
     autograd gives the generic backward zeros, of each call's size."""
     model, _, _ = _lm()

@@ -1,7 +1,7 @@
 """A compiled training graph's outputs get their history from tempa's native autograd node
 (runtime/nativeautograd.py) where the extension is built, from an ``autograd.Function``
 otherwise; both give eager's gradients, errors and autograd metadata. Each behaviour is
-checked on both paths (``path`` fixture), and which path ran is asserted."""
+checked on both paths (``autograd_path`` fixture), and which path ran is asserted."""
 import copy
 import logging
 import weakref
@@ -22,19 +22,6 @@ def _fresh():
     tempa.reset()
 
 
-@pytest.fixture(params=["native", "autograd.Function"])
-def path(request):
-    """Which node the graphs compiled in the test use (their ``forward.autograd``)."""
-    old = tempa.config.native_autograd
-    if request.param == "native":
-        if nativeautograd.module() is None:     # builds it (once per cache dir)
-            pytest.skip("the native autograd extension cannot be built here")
-    else:
-        tempa.config.native_autograd = False
-    yield request.param
-    tempa.config.native_autograd = old
-
-
 def _forward_info(compiled):
     return tempa.entries(compiled)[0].compiled.tempa_info.forward
 
@@ -48,14 +35,14 @@ def _grads(module):
     return [None if p.grad is None else p.grad.clone() for p in module.parameters()]
 
 
-def test_mlp_gradients_and_output_metadata_are_eagers(path):
+def test_mlp_gradients_and_output_metadata_are_eagers(autograd_path):
     model, x = _mlp()
     eager = copy.deepcopy(model)
     fast = tempa.compile(model)
     out, ref = fast(x), eager(x)
-    assert _forward_info(fast).autograd == path
+    assert _forward_info(fast).autograd == autograd_path
     assert type(out.grad_fn).__name__ == "TempaCompiledFunctionBackward"
-    assert isinstance(out.grad_fn, torch.autograd.function.BackwardCFunction) == (path != "native")
+    assert isinstance(out.grad_fn, torch.autograd.function.BackwardCFunction) == (autograd_path != "native")
     assert out.requires_grad and not out.is_leaf and out._base is None
     assert [f for f, _ in out.grad_fn.next_functions][1:] == \
         [p.grad_fn or p.view_as(p).grad_fn.next_functions[0][0] for p in model.parameters()]
@@ -101,7 +88,7 @@ def test_unbuildable_extension_falls_back_to_autograd_function_and_says_so(monke
         torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-5)
 
 
-def test_retain_graph_and_a_second_backward_as_eager(path):
+def test_retain_graph_and_a_second_backward_as_eager(autograd_path):
     model, x = _mlp()
     eager = copy.deepcopy(model)
     fast = tempa.compile(model)
@@ -112,7 +99,7 @@ def test_retain_graph_and_a_second_backward_as_eager(path):
     ref.sum().backward()
     for g, want in zip(_grads(model), _grads(eager)):
         torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-5)
-    if path == "native":     # eager's error; the Function path keeps its saved values
+    if autograd_path == "native":     # eager's error; the Function autograd_path keeps its saved values
         with pytest.raises(RuntimeError, match="backward through the graph a second time"):
             out.sum().backward()
         with pytest.raises(RuntimeError, match="backward through the graph a second time"):
@@ -128,7 +115,7 @@ def _shifted(x, w):
 
 
 def test_an_input_the_backward_reads_modified_in_place_raises_as_eager():
-    # the native node's version check (the autograd.Function path keeps inputs unchecked)
+    # the native node's version check (the autograd.Function autograd_path keeps inputs unchecked)
     if nativeautograd.module() is None:
         pytest.skip("the native autograd extension cannot be built here")
     fast = tempa.compile(_weighted)
@@ -146,7 +133,7 @@ def test_an_input_the_backward_reads_modified_in_place_raises_as_eager():
         ref.sum().backward()
 
 
-def test_an_input_the_backward_does_not_read_may_change_as_in_eager(path):
+def test_an_input_the_backward_does_not_read_may_change_as_in_eager(autograd_path):
     fast = tempa.compile(_shifted)
     x, w = torch.randn(5), torch.randn(5, requires_grad=True)
     out = fast(x, w)
@@ -156,7 +143,7 @@ def test_an_input_the_backward_does_not_read_may_change_as_in_eager(path):
     torch.testing.assert_close(w.grad, want)
 
 
-def test_hooks_on_outputs_and_on_the_node_run(path):
+def test_hooks_on_outputs_and_on_the_node_run(autograd_path):
     model, x = _mlp()
     eager = copy.deepcopy(model)
     fast = tempa.compile(model)
@@ -181,12 +168,12 @@ def _two_outputs(x, w):
     return y.sin(), y > 0, y.cos()
 
 
-def test_unused_and_non_differentiable_outputs(path):
+def test_unused_and_non_differentiable_outputs(autograd_path):
     fast = tempa.compile(_two_outputs)
     x, w = torch.randn(6), torch.randn(6, requires_grad=True)
     s, i, c = fast(x, w)
     es, ei, ec = _two_outputs(x, w)
-    assert _forward_info(fast).autograd == path
+    assert _forward_info(fast).autograd == autograd_path
     assert not i.requires_grad and i.grad_fn is None and i.dtype == torch.bool
     assert s.requires_grad and c.requires_grad and s.grad_fn is c.grad_fn
     assert torch.equal(i, ei)
@@ -200,21 +187,21 @@ def _sigmoid_sum(x, w):
     return y
 
 
-def test_a_saved_output_makes_no_reference_cycle(path):
+def test_a_saved_output_makes_no_reference_cycle(autograd_path):
     fast = tempa.compile(_sigmoid_sum)
     x, w = torch.randn(4), torch.randn(4, requires_grad=True)
     fast(x, w)
     out = fast(x, w)
     out.sum().backward(retain_graph=True)
     torch.testing.assert_close(w.grad, (x * out * (1 - out)).detach())
-    node = weakref.ref(out.grad_fn) if path != "native" else None
+    node = weakref.ref(out.grad_fn) if autograd_path != "native" else None
     alive = weakref.ref(out)
     del out
     assert alive() is None                   # freed without the garbage collector
     assert node is None or node() is None
 
 
-def test_a_saved_output_modified_in_place_raises_as_eager(path):
+def test_a_saved_output_modified_in_place_raises_as_eager(autograd_path):
     fast = tempa.compile(_sigmoid_sum)
     x, w = torch.randn(4), torch.randn(4, requires_grad=True)
     out = fast(x, w)
@@ -224,7 +211,7 @@ def test_a_saved_output_modified_in_place_raises_as_eager(path):
         out.sum().backward()
 
 
-def test_double_backward_is_eagers(path):
+def test_double_backward_is_eagers(autograd_path):
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
     eager = copy.deepcopy(model)
     fast = tempa.compile(model)
@@ -236,7 +223,7 @@ def test_double_backward_is_eagers(path):
         return (g.norm(2, dim=1) - 1).pow(2).mean()
 
     pt, pe = penalty(fast), penalty(eager)
-    assert _forward_info(fast).autograd == path
+    assert _forward_info(fast).autograd == autograd_path
     torch.testing.assert_close(pt, pe)
     pt.backward()
     pe.backward()
@@ -248,7 +235,7 @@ def _sqrt(x, w):
     return (x * w).sqrt()
 
 
-def test_anomaly_mode_names_the_node_of_a_nan_gradient(path):
+def test_anomaly_mode_names_the_node_of_a_nan_gradient(autograd_path):
     fast = tempa.compile(_sqrt)
     x, w = torch.zeros(3), torch.zeros(3, requires_grad=True)
     fast(x, w)
@@ -261,7 +248,7 @@ def test_anomaly_mode_names_the_node_of_a_nan_gradient(path):
     torch.testing.assert_close(w1.grad, torch.full((3,), 0.5))
 
 
-def test_no_grad_inputs_mixed_with_grad_ones_and_no_grad_calls(path):
+def test_no_grad_inputs_mixed_with_grad_ones_and_no_grad_calls(autograd_path):
     fast = tempa.compile(_weighted)
     x, w = torch.randn(5, requires_grad=True), torch.randn(5, requires_grad=True)
     fast(x, w)
@@ -274,7 +261,7 @@ def test_no_grad_inputs_mixed_with_grad_ones_and_no_grad_calls(path):
         assert fast(x, w).grad_fn is None
 
 
-def test_forward_ad_through_the_training_graph(path):
+def test_forward_ad_through_the_training_graph(autograd_path):
     import torch.autograd.forward_ad as fwAD
     fast = tempa.compile(_weighted)
     x, w = torch.randn(5), torch.randn(5, requires_grad=True)
@@ -284,7 +271,7 @@ def test_forward_ad_through_the_training_graph(path):
     torch.testing.assert_close(tangent, (w * torch.cos(x * w)).detach())
 
 
-def test_graph_of_a_non_leaf_input_flows_through(path):
+def test_graph_of_a_non_leaf_input_flows_through(autograd_path):
     fast = tempa.compile(_weighted)
     a, w = torch.randn(5, requires_grad=True), torch.randn(5, requires_grad=True)
     fast(a * 2, w)
