@@ -334,3 +334,49 @@ def unflatten(flat: IndexExpr, sizes) -> list:
         else:
             out.append(flat.floordiv(st).mod(s) if st != 1 else flat.mod(s))
     return out
+
+
+class Cond:
+    """A condition on indices for a piecewise value (``cat``, ``constant_pad_nd``,
+    ``slice_scatter``, ``select_scatter``): a conjunction of comparisons, each
+    ``expr op bound`` or ``(expr % modulus) op bound``, with ``op`` one of ``<``, ``>=``,
+    ``==``. The empty conjunction always holds. Lowerings build it; each emitter renders it
+    with its own spelling of an index (``IndexExpr.c()`` for C++, ``TritonEmitter.ix`` for
+    Triton), so no backend parses another's text."""
+    __slots__ = ("terms",)
+    OPS = ("<", ">=", "==")
+
+    def __init__(self, terms=()):
+        self.terms = tuple(terms)       # (IndexExpr, op, bound, modulus or None)
+
+    @staticmethod
+    def compare(expr, op: str, bound: int, modulus: int | None = None) -> "Cond":
+        assert op in Cond.OPS, op
+        return Cond(((IndexExpr.of(expr), op, bound, modulus),))
+
+    @staticmethod
+    def within(expr, lo: int, hi: int) -> "Cond":
+        """``lo <= expr < hi``."""
+        return Cond.compare(expr, ">=", lo) & Cond.compare(expr, "<", hi)
+
+    def __and__(self, other: "Cond") -> "Cond":
+        return Cond(self.terms + other.terms)
+
+    @property
+    def always(self) -> bool:
+        return not self.terms
+
+    def parts(self, ix) -> list:
+        """Each comparison's text, indices spelled by ``ix`` (an IndexExpr -> str)."""
+        out = []
+        for e, op, bound, modulus in self.terms:
+            lhs = f"({ix(e)})" if modulus is None else f"(({ix(e)}) % {modulus})"
+            out.append(f"{lhs} {op} {bound}")
+        return out
+
+    def c(self) -> str:
+        """C++ (``&&`` short-circuits: a modulus is only taken where the bounds before it hold)."""
+        return " && ".join(self.parts(IndexExpr.c)) or "true"
+
+    def __repr__(self):
+        return self.c()

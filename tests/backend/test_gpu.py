@@ -654,7 +654,7 @@ def test_interpreter_dynamic_falls_back_per_shape_and_says_why(monkeypatch):
         x = torch.randn(r, 30)
         torch.testing.assert_close(compiled(x), f(x))
     info = [i for i in _info(compiled) if i.dynamic][0]
-    assert info.dynamic.startswith("per-shape") and "symbols" in info.dynamic
+    assert info.dynamic.startswith("per-shape") and "dynamic sizes" in info.dynamic
     assert finishes[0] == 4                  # one compile per size
 
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from tempa.backend.codegen.emit import Emitter
-from tempa.backend.index import IndexExpr, Var
+from tempa.backend.index import Cond, IndexExpr, Var
 from tempa.backend.ir import Buffer, ScalarExpr
 
 from .helpers import close, compile_fn
@@ -87,8 +87,8 @@ def _buf(name, n):
 
 def _emit_in_branch(k, body):
     """Render ``body(k)`` inside a branch of the innermost loop; the flattened lines."""
-    k.piecewise([("x1 > 0", body), ("true", lambda k: k.const(0.0, torch.float32))],
-                torch.float32)
+    k.piecewise([(Cond.compare(Var("x1", 8), ">=", 1), body),
+                 (Cond(), lambda k: k.const(0.0, torch.float32))], torch.float32)
     return _flat(k)
 
 
@@ -121,7 +121,7 @@ def test_load_out_of_bounds_for_some_iterations_stays_in_its_branch():
     tail = _buf("tail", 2)                    # read at x0 - 3 only where x0 >= 3
     lines = _emit_in_branch(k, lambda k: k.load(tail, IndexExpr.of(x0) - 3))
     assert _loop_depth_of(lines, "tail[x0 - 3]") == 2
-    assert lines.index(next(l for l in lines if "tail[" in l)) > lines.index("if (x1 > 0) {")
+    assert lines.index(next(l for l in lines if "tail[" in l)) > lines.index("if ((x1) >= 1) {")
 
 
 def test_load_of_a_buffer_the_group_writes_stays_below_its_outer_loops():
@@ -175,7 +175,7 @@ def test_integer_division_stays_in_its_branch_float_math_leaves_it():
     lines = _emit_in_branch(k, body)
     int_div = next(l for l in lines if l.startswith("const int64_t") and " / " in l)
     float_div = next(l for l in lines if l.startswith("const float") and " / " in l)
-    assert lines.index(int_div) > lines.index("if (x1 > 0) {")
+    assert lines.index(int_div) > lines.index("if ((x1) >= 1) {")
     assert lines.index(float_div) < lines.index("for (int64_t x1 = 0; x1 < 8; ++x1) {")
 
 

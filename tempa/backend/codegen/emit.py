@@ -326,7 +326,8 @@ class Emitter:
         return bad
 
     def piecewise(self, branches, dt) -> ScalarExpr:
-        """``[(cond, body_fn), ...]``: the first true condition's body gives the value."""
+        """``[(cond, body_fn), ...]``: the first true condition's body gives the value
+        (``cond``: an ``index.Cond``)."""
         t = self.ctype(dt)
         name = self.tmp()
         self.line(f"{t} {name};")
@@ -334,11 +335,11 @@ class Emitter:
         for i, (cond, fn) in enumerate(branches):
             last = i == len(branches) - 1
             if i == 0:
-                self.line(f"if ({cond}) {{" if not (last and cond == "true") else "{")
-            elif last and cond == "true":
+                self.line(f"if ({cond.c()}) {{" if not (last and cond.always) else "{")
+            elif last and cond.always:
                 self.line("} else {")
             else:
-                self.line(f"}} else if ({cond}) {{")
+                self.line(f"}} else if ({cond.c()}) {{")
             self.push()
             self.branches += 1
             v = self.cast(fn(self), dt)

@@ -199,15 +199,6 @@ def spell(name: str, nargs: int, dtype) -> str:
     return spelled.replace("{one}", one).replace("{zero}", zero)
 
 
-def translate_cond(cond: str) -> str:
-    """A C++ condition built by lowerings from ``IndexExpr.c()`` strings -> Triton."""
-    if cond.strip() == "true":
-        return "True"
-    parts = [p.strip() for p in cond.split("&&")]
-    parts = [re.sub(r"\) / (\d+)\)", r") // \1)", p) for p in parts]
-    return " & ".join(f"({p})" for p in parts)
-
-
 def literal(v, dt) -> str:
     if dt == torch.bool or isinstance(v, bool):
         return "True" if v else "False"
@@ -428,7 +419,7 @@ class TritonEmitter:
                 earlier = self._cond(f"({earlier} | {conds[-1]})")
             elif conds:
                 earlier = conds[0]
-            c = translate_cond(cond)
+            c = " & ".join(f"({p})" for p in cond.parts(self.ix)) or "True"
             cname = None if c == "True" else self._cond(c)
             if earlier is None:
                 mask = cname

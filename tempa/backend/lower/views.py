@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..index import contiguous_strides, flat_index, IndexExpr, unflatten
+from ..index import Cond, contiguous_strides, flat_index, IndexExpr, unflatten
 from ..ir import IndexCheck, LoopValue, Unlowerable
 from .core import aten, bcast, _multi_metas, prims, register, _traced_meta
 
@@ -235,7 +235,7 @@ def _cat(ctx, node, tensors, dim=0):
                 sub = list(idx)
                 sub[dim] = IndexExpr.of(i) - lo
                 return k.cast(bcast(t, tuple(sub_sz(t, tm.shape, dim)))(k, sub) if False else t.load(k, sub), dt)
-            branches.append((f"({IndexExpr.of(i).c()}) < {hi}", br))
+            branches.append((Cond.compare(i, "<", hi), br))
             lo = hi
         return k.piecewise(branches, dt)
     return LoopValue(tm.shape, dt, fn, cost=2 + sum(t.cost for t in tensors))
@@ -256,15 +256,14 @@ def _pad(ctx, node, x, pad, value=0):
 
     def fn(k, idx):
         src = [IndexExpr.of(i) - lo for i, lo in zip(idx, lows)]
-        conds = []
+        inside = Cond()
         for d in range(nd):
             if lows[d] or x.sizes[d] != tm.shape[d]:
-                e = src[d].c()
-                conds.append(f"({e}) >= 0 && ({e}) < {x.sizes[d]}")
-        if not conds:
+                inside = inside & Cond.within(src[d], 0, x.sizes[d])
+        if inside.always:
             return k.cast(x.load(k, src), dt)
-        return k.piecewise([(" && ".join(conds), lambda k: k.cast(x.load(k, src), dt)),
-                            ("true", lambda k: k.const(value, dt))], dt)
+        return k.piecewise([(inside, lambda k: k.cast(x.load(k, src), dt)),
+                            (Cond(), lambda k: k.const(value, dt))], dt)
     return LoopValue(tm.shape, dt, fn, cost=2 + x.cost)
 
 
@@ -278,13 +277,15 @@ def _slice_scatter(ctx, node, base, src, dim=0, start=None, end=None, step=1):
 
     def fn(k, idx):
         i = IndexExpr.of(idx[dim])
-        cond = f"({i.c()}) >= {start} && ({i.c()}) < {end}" + (f" && (({i.c()}) - {start}) % {step} == 0" if step != 1 else "")
+        cond = Cond.within(i, start, end)
+        if step != 1:
+            cond = cond & Cond.compare(i - start, "==", 0, modulus=step)
 
         def from_src(k):
             sub = list(idx)
             sub[dim] = (i - start).floordiv(step) if step != 1 else i - start
             return k.cast(src.load(k, sub), dt)
-        return k.piecewise([(cond, from_src), ("true", lambda k: k.cast(base.load(k, list(idx)), dt))], dt)
+        return k.piecewise([(cond, from_src), (Cond(), lambda k: k.cast(base.load(k, list(idx)), dt))], dt)
     return LoopValue(tm.shape, dt, fn, cost=2 + base.cost + src.cost)
 
 
@@ -301,8 +302,8 @@ def _select_scatter(ctx, node, base, src, dim, index):
 
         def from_src(k):
             return k.cast(src.load(k, list(idx[:dim]) + list(idx[dim + 1:])), dt)
-        return k.piecewise([(f"({i.c()}) == {index}", from_src),
-                            ("true", lambda k: k.cast(base.load(k, list(idx)), dt))], dt)
+        return k.piecewise([(Cond.compare(i, "==", index), from_src),
+                            (Cond(), lambda k: k.cast(base.load(k, list(idx)), dt))], dt)
     return LoopValue(tm.shape, dt, fn, cost=2 + base.cost + src.cost)
 
 
