@@ -87,9 +87,10 @@ class CpuTarget(VariantTarget):
 
     def compile_graph(self, gm, num_outputs, mutated, n_in, label):
         from .compile_graph import compile_graph
-        pack = self.params - set(mutated) if label == "inference" else frozenset()
+        # a weight the graph itself writes would be packed again on every call
+        pack = self.params - set(mutated)
         call, info = compile_graph(gm, num_outputs, mutated, n_in, label, pack_weights=pack)
-        if self.freezing and label == "inference":
+        if self.freezing:
             _say_packed(self.info, info)
         return call, info
 

@@ -131,23 +131,33 @@ def test_cache_repacks_for_another_tensor_pointer_or_layout():
     cache = PackedWeightCache(0, 32)
     first = cache(w)
     assert first.is_mkldnn and cache(w) is first and cache.packs == 1
-    twin = nn.Parameter(w.detach().clone())      # same values and metadata, another tensor
-    assert cache(twin) is not first and cache.packs == 2
     w.data = torch.randn(96, 64)                 # same object and version, new memory
-    cache(w)
-    assert cache.packs == 3
-    w.data = w.data.reshape(64, 96)              # same memory, other sizes and strides
+    second = cache(w)
+    assert second is not first and cache.packs == 2
+    w.data.add_(1)                               # not seen (the contract): .data's own counter
+    assert cache(w) is second and cache.packs == 2
+    alias = w.data                               # same memory and metadata, version 0: another
+    assert cache(alias) is not second and cache.packs == 3   # tensor, so packed again
+    assert torch.equal(torch.ops.mkl._mkl_linear(torch.ones(32, 64), cache(alias), alias, None, 32),
+                       torch.ones(32, 64) @ alias.t())
     cache(w)
     assert cache.packs == 4
+    w.data = w.data.reshape(64, 96)              # same memory, other sizes and strides
+    cache(w)
+    assert cache.packs == 5
     with torch.no_grad():
         w.add_(1)                                # a version bump
     cache(w)
-    assert cache.packs == 5
+    assert cache.packs == 6
     w.data = w.data.double()                     # other dtype: cannot be packed, passed as is
-    assert cache(w) is w and cache.packs == 5
+    assert cache(w) is w and cache.packs == 6
+    bits = nn.Parameter(torch.randn(96, 64), requires_grad=False)
+    cache(bits)
+    bits.data = bits.data.view(torch.int32)      # same memory, sizes, strides; other dtype
+    assert cache(bits) is bits and cache.packs == 7
     with torch.inference_mode():                 # no version counter: passed as is
         frozen = torch.randn(96, 64)
-    assert cache(frozen) is frozen and cache(frozen) is frozen and cache.packs == 5
+    assert cache(frozen) is frozen and cache(frozen) is frozen and cache.packs == 7
 
 
 def test_option_off_calls_eagers_gemm_and_on_calls_mkl_linear(always_pack):
