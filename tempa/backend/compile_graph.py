@@ -181,8 +181,8 @@ def instantiate(wsrc: str, lib, seg_codes: dict, constants: dict, consts: list, 
         seg_funcs[si] = fastcall.kernel(f, len(f.argtypes)) or f
     ptrs = {k: v.data_ptr() for k, v in constants.items()}
     # each call of the wrapper gets its own caches of packed weights (render: packed_weight)
-    consts = [PackedWeightCache(c.input_index, c.rows) if isinstance(c, PackedWeight) else c
-              for c in consts]
+    consts = [PackedWeightCache(c.input_index, c.rows, c.stored_kn) if isinstance(c, PackedWeight)
+              else c for c in consts]
     ns: dict = {}
     exec(compile(wsrc, source_file(wsrc, f"wrapper {label}"), "exec"), ns)
     alloc = nativeautograd.empty_strided()

@@ -140,11 +140,13 @@ class ExternCall:
 
 @dataclass(frozen=True)
 class PackedWeight:
-    """An extern's argument: graph input ``input_index`` (a parameter's weight matrix)
-    packed for MKL's GEMM at ``rows`` rows, by a cache the wrapper calls on every call
-    (runtime/packed_weights.py: packed once, again when the weight changes)."""
+    """An extern's argument: graph input ``input_index`` (a parameter's weight matrix, N x K
+    as nn.Linear stores it, or K x N: ``stored_kn``) packed for MKL's GEMM at ``rows`` rows,
+    by a cache the wrapper calls on every call (runtime/packed_weights.py: packed once,
+    again when the weight changes)."""
     input_index: int
     rows: int
+    stored_kn: bool = False
 
 
 class LoopValue:

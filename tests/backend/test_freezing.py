@@ -73,6 +73,37 @@ def test_packed_linear_matches_eager(always_pack, shape, k, n, bias):
     assert _same(got1, want, rows, k, n, bias) and torch.equal(got1, got2)
 
 
+class Conv1D(nn.Module):
+    """HF's GPT-2 projection: the weight stored K x N, ``addmm(bias, x, w)``."""
+
+    def __init__(self, k, n):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(k, n) * 0.02)
+        self.bias = nn.Parameter(torch.randn(n))
+
+    def forward(self, x):
+        out = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return out.view(x.shape[:-1] + (self.weight.shape[1],))
+
+
+@pytest.mark.parametrize("k, n", [(768, 2304), (3072, 768)])
+def test_weight_stored_k_by_n_is_packed_from_its_transpose(always_pack, k, n):
+    torch.manual_seed(0)
+    m = Conv1D(k, n)
+    x = torch.randn(2, 65, k)
+    c = tempa.compile(m, options={"freezing": True})
+    with torch.no_grad():
+        got, want = c(x), m(x)
+        assert _same(got, want, 130, k, n, True)
+        m.weight.mul_(-1)
+        assert torch.allclose(c(x), m(x), rtol=1e-5, atol=1e-5)
+    info = _inference(c)
+    assert info.extern_calls == [MKL_LINEAR] and _packs(c) == [2]
+    cache = PackedWeightCache(0, 8, stored_kn=True)   # unpackable: passed as it is
+    wide = torch.randn(k, n, dtype=torch.float64)
+    assert cache(wide) is wide
+
+
 def _mlp():
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 128, bias=False))

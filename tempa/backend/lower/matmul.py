@@ -117,61 +117,72 @@ def _scaled_sum(k, vals, dt):
 
 # --- freezing: a parameter's weight packed once for MKL's GEMM ----------------------------
 
-# Eager's Linear (``addmm(b, x, w.t())``, ``mm`` without a bias) has MKL repack the weight
-# into its blocked layout on every call. With options={"freezing": True}, an inference graph
-# at fixed sizes calls ``mkl::_mkl_linear`` instead, with the weight packed for its row count
-# by a cache that packs it again when the weight changes (runtime/packed_weights.py), where
-# that is measured faster at compile time: both calls timed on example tensors of the
-# node's layouts, interleaved, the best of a few each, once per process per shape and thread
-# count. Why measured: the gain is 5-30% at transformer sizes, and nothing at some shapes.
+# Eager's Linear (``addmm(b, x, w.t())``, ``mm`` without a bias; HF's Conv1D: ``addmm(b, x,
+# w)`` with ``w`` stored K x N) has MKL repack the weight into its blocked layout on every
+# call. With options={"freezing": True}, an inference graph at fixed sizes calls
+# ``mkl::_mkl_linear`` instead, with the weight packed for its row count by a cache that
+# packs it again when the weight changes (runtime/packed_weights.py), where that is measured
+# faster at compile time: both calls timed on example tensors of the node's layouts,
+# interleaved, the best of a few each, once per process per shape and thread count. Why
+# measured: the gain is 5-30% at transformer sizes, and a loss at some (2 rows, 768 x 768).
 PACKED_GAIN = 1.02     # the margin by which packed must win (a near tie is noise)
 _packing_seconds: dict = {}    # key -> (plain, packed) best seconds
 
 
-def _packed_linear(ctx, node, x, wt, bias, x_node, bias_node=None):
-    """``x @ w.t() (+ bias)`` as ``mkl::_mkl_linear`` with ``w`` packed, where ``wt`` is the
-    transposed view of a weight matrix ``ctx.options.pack_weights`` allows (a parameter of
-    an inference graph at fixed sizes: lower/core.py LowerOptions), all fp32, the bias a
-    vector, and packed is measured faster; else None (the plain extern)."""
-    if not ctx.options.pack_weights or wt.strided is None:
+def _packed_linear(ctx, node, x, b, bias, x_node, bias_node=None):
+    """``x @ b (+ bias)`` as ``mkl::_mkl_linear`` with the weight packed, where ``b`` is a
+    weight matrix ``ctx.options.pack_weights`` allows (a parameter of an inference graph at
+    fixed sizes: lower/core.py LowerOptions) read transposed (Linear's N x K weight) or as
+    it is (a K x N weight), all fp32, the bias a vector, and packed is measured faster;
+    else None (the plain extern)."""
+    if not ctx.options.pack_weights or b.strided is None:
         return None
-    w, strides, offset = wt.strided
+    w, strides, offset = b.strided
     m, k = x.sizes
-    n = wt.sizes[1]
-    if not (w.kind == "input" and w.input_index in ctx.options.pack_weights and offset == 0
-            and tuple(w.sizes) == (n, k) and tuple(w.strides) == (k, 1) and tuple(strides) == (1, k)):
+    n = b.sizes[1]
+    if not (w.kind == "input" and w.input_index in ctx.options.pack_weights and offset == 0):
+        return None
+    if tuple(w.sizes) == (n, k) and tuple(w.strides) == (k, 1) and tuple(strides) == (1, k):
+        stored_kn = False                 # nn.Linear: x @ w.t()
+    elif tuple(w.sizes) == (k, n) and tuple(w.strides) == (n, 1) and tuple(strides) == (n, 1):
+        stored_kn = True                  # HF's Conv1D (GPT-2): x @ w
+    else:
         return None
     out, x_meta = node.meta.get("traced_meta"), x_node.meta.get("traced_meta")
     bias_meta = bias_node.meta.get("traced_meta") if bias_node is not None else None
     if out is None or x_meta is None or (bias is not None and (bias_meta is None or tuple(bias.sizes) != (n,))):
         return None
-    if any(v.dtype != torch.float32 for v in (x, wt) + ((bias,) if bias is not None else ())) \
+    if any(v.dtype != torch.float32 for v in (x, b) + ((bias,) if bias is not None else ())) \
             or tuple(out.stride) != (n, 1) or out.offset != 0 or m == 0 or n == 0 \
             or not torch.backends.mkl.is_available():
         return None
-    if not _packing_faster(x_meta, bias_meta, n, k):
+    if not _packing_faster(x_meta, bias_meta, n, k, stored_kn):
         return None
-    # the weight's buffer as it is (the cache reads the tensor itself); x and the bias in
-    # their traced layouts, as the plain extern has them (ctx.extern)
-    return ctx.extern(node, (x, PackedWeight(w.input_index, m), LoopValue.of_buffer(w), bias, m), {},
+    # _mkl_linear reads the weight as N x K (its sizes; and all of it where it runs linear
+    # instead: a weight the cache could not pack); x and the bias in their traced layouts,
+    # as the plain extern has them (ctx.extern)
+    weight_nk = LoopValue.view_of(w, (n, k), (1, n), 0) if stored_kn else LoopValue.of_buffer(w)
+    return ctx.extern(node, (x, PackedWeight(w.input_index, m, stored_kn), weight_nk, bias, m), {},
                       fallback=False, op=torch.ops.mkl._mkl_linear.default,
                       arg_nodes=(x_node, None, None, bias_node, None))
 
 
-def _packing_faster(x_meta, bias_meta, n, k) -> bool:
+def _packing_faster(x_meta, bias_meta, n, k, stored_kn) -> bool:
     """Is ``_mkl_linear`` with a packed weight PACKED_GAIN times faster than eager's
     ``addmm``/``mm`` on tensors of these layouts? Timed once per process and key."""
-    key = (tuple(x_meta.shape), tuple(x_meta.stride), bias_meta is not None, n, k, torch.get_num_threads())
+    key = (tuple(x_meta.shape), tuple(x_meta.stride), bias_meta is not None, n, k, stored_kn,
+           torch.get_num_threads())
     if key not in _packing_seconds:
         with torch.no_grad():
             x = _example(x_meta)
-            w = torch.randn(n, k)
+            w_nk = torch.randn(k, n).t() if stored_kn else torch.randn(n, k)
             b = _example(bias_meta) if bias_meta is not None else None
             m = x.shape[0]
-            packed = torch.ops.mkl._mkl_reorder_linear_weight(w, m)
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(w_nk.contiguous(), m)
             mkl_linear = torch.ops.mkl._mkl_linear.default
-            plain = (lambda: torch.addmm(b, x, w.t())) if b is not None else (lambda: torch.mm(x, w.t()))
-            _packing_seconds[key] = _best_interleaved(plain, lambda: mkl_linear(x, packed, w, b, m))
+            wt = w_nk.t()                 # eager's operand: a view (Linear) or the K x N weight
+            plain = (lambda: torch.addmm(b, x, wt)) if b is not None else (lambda: torch.mm(x, wt))
+            _packing_seconds[key] = _best_interleaved(plain, lambda: mkl_linear(x, packed, w_nk, b, m))
     plain_s, packed_s = _packing_seconds[key]
     return packed_s * PACKED_GAIN < plain_s
 

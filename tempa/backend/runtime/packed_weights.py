@@ -25,13 +25,15 @@ import torch
 
 class PackedWeightCache:
     """``cache(w)``: ``w`` packed for ``rows`` rows (packed again when ``w`` changed), or
-    ``w`` itself where it cannot be packed. ``input_index``: which graph input ``w`` is;
-    ``packs``: how many packings were done so far."""
-    __slots__ = ("input_index", "rows", "state", "packs")
+    ``w`` itself where it cannot be packed. ``w`` is N x K as nn.Linear stores it, or K x N
+    where ``stored_kn`` (HF's Conv1D: packed from its transpose). ``input_index``: which
+    graph input ``w`` is; ``packs``: how many packings were done so far."""
+    __slots__ = ("input_index", "rows", "stored_kn", "state", "packs")
 
-    def __init__(self, input_index: int, rows: int):
+    def __init__(self, input_index: int, rows: int, stored_kn: bool = False):
         self.input_index = input_index
         self.rows = rows
+        self.stored_kn = stored_kn
         # (weight, version, data_ptr, shape, stride, dtype, packed), read and replaced as one
         # object so that a concurrent call never pairs one weight's check with another's packing
         self.state = (None,) * 7
@@ -54,7 +56,8 @@ class PackedWeightCache:
             return w
         version = w._version           # read before packing: a write during it repacks next call
         with torch.no_grad():
-            packed = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), self.rows)
+            w_nk = w.detach().t().contiguous() if self.stored_kn else w.detach()
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(w_nk, self.rows)
         self.state = (w, version, w.data_ptr(), w.shape, w.stride(), w.dtype, packed)
         self.packs += 1
         return packed
