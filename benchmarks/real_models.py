@@ -3,7 +3,7 @@
     python benchmarks/real_models.py [--models resnet,bert,...] [--mode infer|train|both]
                                      [--size quick|default|larger] [--quick] [--rounds N]
                                      [--threads N] [--clock wall|cpu] [--no-torch-compile]
-                                     [--profile]
+                                     [--profile] [--freezing]
                                      [--json PATH]
 
 The models are hf_models.py's (transformers configs, random weights). For each model and
@@ -24,6 +24,9 @@ alike), medians of per-call times after warm-up. A training step is forward, the
 loss (labels passed in), backward and an SGD step.
 
 ``--quick``: the "quick" size (fewer layers, batch 1) and 3 rounds.
+``--freezing``: inference rows also run tempa with ``options={"freezing": True}`` (Linear
+weights packed once for MKL) and torch.compile with Inductor's ``freezing`` (parameters folded
+as constants), as two more systems timed in the same rounds.
 ``--profile``: also time each statement of tempa's generated wrappers (segments.py: the C++
 kernels, each ATen op it calls, allocations) and print where a call's time goes.
 
@@ -41,6 +44,7 @@ import sys
 import tempfile
 import time
 import traceback
+import types
 import warnings
 
 import torch
@@ -158,12 +162,30 @@ def float64_reference(case, train):
 
 
 # --- one row -------------------------------------------------------------------------------
-def bench_row(name, size, train, use_tc, rounds, profile_calls=0):
+def _calling(model, tag):
+    """A function calling ``model``, with a code object of its own. Why: Dynamo keeps its
+    compiled graphs per code object, and two copies of one model share ``forward``'s, so
+    torch.compile's second copy would run the graph compiled for the first (made with or
+    without Inductor's freezing), whatever the flag was when it was called first."""
+    def call(*args, **kwargs):
+        return model(*args, **kwargs)
+    code = call.__code__.replace(co_name=f"call_{tag.replace('.', '_').replace('+', '_')}")
+    return types.FunctionType(code, call.__globals__, code.co_name, call.__defaults__, call.__closure__)
+
+
+def bench_row(name, size, train, use_tc, rounds, profile_calls=0, freezing=False):
+    """``freezing`` (inference rows): also tempa with options={"freezing": True} and
+    torch.compile with Inductor's freezing, as "tempa+freezing" and "torch.compile+freezing"."""
     case = hf_models.build(name, size, train)
     row = {"model": name, "title": case.title, "mode": "train" if train else "infer"}
+    freezing = freezing and not train
     copies = {"eager": case.model, "tempa": copy.deepcopy(case.model)}
+    if freezing:
+        copies["tempa+freezing"] = copy.deepcopy(case.model)
     if use_tc:
         copies["torch.compile"] = copy.deepcopy(case.model)
+        if freezing:
+            copies["torch.compile+freezing"] = copy.deepcopy(case.model)
     ref64 = float64_reference(case, train)
     eager_errs = errors_of(first_result(case.model, case.model, case.kwargs, train), ref64,
                            f"{name} {row['mode']} eager")
@@ -173,39 +195,59 @@ def bench_row(name, size, train, use_tc, rounds, profile_calls=0):
     runs = {"eager": make_step(case.model, case.model, case.kwargs, train)}
 
     tempa.reset()
-    with tempfile.TemporaryDirectory() as d:
-        old = tempa.config.cache_dir
-        tempa.config.cache_dir = d
-        try:
-            if profile_calls:
-                import segments
-                segments.install(models.CLOCK)
-            fast = tempa.compile(copies["tempa"])
-            t0 = time.perf_counter()
-            got = first_result(fast, copies["tempa"], case.kwargs, train)
-            row["tempa_compile_s"] = time.perf_counter() - t0
-        finally:
-            tempa.config.cache_dir = old
-    s = tempa.stats()
-    row["tempa_info"] = (f"{s.graphs_compiled} graphs, {s.graph_breaks} breaks, "
-                         f"{s.kernels_compiled} kernels, {s.aten_fallbacks} ATen fallbacks")
-    row["tempa_err"] = check_close(got, ref64, eager_errs, f"{name} {row['mode']} tempa", floor)
-    runs["tempa"] = make_step(fast, copies["tempa"], case.kwargs, train)
 
-    if use_tc:
+    def with_tempa(key, prefix, options=None):
+        before = tempa.stats()
+        with tempfile.TemporaryDirectory() as d:
+            old = tempa.config.cache_dir
+            tempa.config.cache_dir = d
+            try:
+                if profile_calls and key == "tempa":
+                    import segments
+                    segments.install(models.CLOCK)
+                fast = tempa.compile(copies[key], options=options)
+                t0 = time.perf_counter()
+                got = first_result(fast, copies[key], case.kwargs, train)
+                row[f"{prefix}_compile_s"] = time.perf_counter() - t0
+            finally:
+                tempa.config.cache_dir = old
+        s = tempa.stats()
+        row[f"{prefix}_info"] = (
+            f"{s.graphs_compiled - before.graphs_compiled} graphs, "
+            f"{s.graph_breaks - before.graph_breaks} breaks, "
+            f"{s.kernels_compiled - before.kernels_compiled} kernels, "
+            f"{s.aten_fallbacks - before.aten_fallbacks} ATen fallbacks")
+        row[f"{prefix}_err"] = check_close(got, ref64, eager_errs, f"{name} {row['mode']} {key}", floor)
+        runs[key] = make_step(fast, copies[key], case.kwargs, train)
+        return fast
+    with_tempa("tempa", "tempa")
+    if freezing:
+        fast = with_tempa("tempa+freezing", "tempa_frz", {"freezing": True})
+        row["tempa_frz_packed"] = sum(len(getattr(e.kernels.inference, "packed_weights", ()))
+                                      for e in tempa.entries(fast)
+                                      if e.kernels is not None and e.kernels.inference is not None)
+
+    def with_torch_compile(key, prefix, inductor_freezing=False):
+        import torch._inductor.config as inductor_config
         try:
-            torch._dynamo.reset()
-            tc = torch.compile(copies["torch.compile"])
+            tc = torch.compile(_calling(copies[key], key) if freezing else copies[key])
             t0 = time.perf_counter()
-            got = first_result(tc, copies["torch.compile"], case.kwargs, train)
-            row["tc_compile_s"] = time.perf_counter() - t0
-            row["tc_err"] = check_close(got, ref64, eager_errs, f"{name} {row['mode']} torch.compile",
-                                        floor)
-            runs["torch.compile"] = make_step(tc, copies["torch.compile"], case.kwargs, train)
+            # Inductor reads its freezing flag when it compiles, on the first call
+            with inductor_config.patch(freezing=inductor_freezing):
+                got = first_result(tc, copies[key], case.kwargs, train)
+            row[f"{prefix}_compile_s"] = time.perf_counter() - t0
+            row[f"{prefix}_err"] = check_close(got, ref64, eager_errs, f"{name} {row['mode']} {key}",
+                                               floor)
+            runs[key] = make_step(tc, copies[key], case.kwargs, train)
         except Mismatch:
             raise
         except Exception as e:  # noqa: BLE001 - torch.compile failing is a row note, not ours
-            row["tc_error"] = f"{type(e).__name__}: {e}"[:100]
+            row[f"{prefix}_error"] = f"{type(e).__name__}: {e}"[:100]
+    if use_tc:
+        torch._dynamo.reset()
+        with_torch_compile("torch.compile", "tc")
+        if freezing:
+            with_torch_compile("torch.compile+freezing", "tc_frz", inductor_freezing=True)
 
     row.update({k + "_us": v for k, v in interleaved(runs, rounds, target_s=0.2).items()})
     if profile_calls:
@@ -223,8 +265,17 @@ def print_line(r):
     e, t, c = r["eager_us"], r["tempa_us"], r.get("torch.compile_us")
     tc = (f"torch.compile {_ms(c)} ms ({e / c:5.2f}x, compile {r['tc_compile_s']:5.1f} s)" if c
           else f"torch.compile: {r.get('tc_error', 'not run')}")
+    frz = ""
+    for key, prefix in (("tempa+freezing", "tempa_frz"), ("torch.compile+freezing", "tc_frz")):
+        f = r.get(key + "_us")
+        if f:
+            frz += f"  {key} {_ms(f)} ms ({e / f:5.2f}x, compile {r[prefix + '_compile_s']:5.1f} s)"
+        elif prefix + "_error" in r:
+            frz += f"  {key}: {r[prefix + '_error']}"
+    if "tempa_frz_packed" in r:
+        frz += f"  [{r['tempa_frz_packed']} weights packed]"
     print(f"{r['model']:16s} {r['mode']:5s} eager {_ms(e)} ms  tempa {_ms(t)} ms ({e / t:5.2f}x, "
-          f"compile {r['tempa_compile_s']:5.1f} s)  {tc}  [{r['tempa_info']}]", file=sys.stderr,
+          f"compile {r['tempa_compile_s']:5.1f} s)  {tc}{frz}  [{r['tempa_info']}]", file=sys.stderr,
           flush=True)
 
 
@@ -233,6 +284,8 @@ def geomean(xs):
 
 
 def table(rows) -> str:
+    if any("tempa+freezing_us" in r or "tempa_frz_error" in r for r in rows):
+        return freezing_table(rows)
     out = ["| model | mode | eager ms | tempa ms | tempa speedup | tempa compile s | "
            "torch.compile ms | torch.compile speedup | torch.compile compile s |",
            "|---|---|---|---|---|---|---|---|---|"]
@@ -249,6 +302,36 @@ def table(rows) -> str:
     return "\n".join(out)
 
 
+# the systems of a --freezing table: (runs key, row prefix)
+FREEZING_SYSTEMS = (("tempa", "tempa"), ("tempa+freezing", "tempa_frz"),
+                    ("torch.compile", "tc"), ("torch.compile+freezing", "tc_frz"))
+
+
+def freezing_table(rows) -> str:
+    """--freezing: eager, tempa and torch.compile each without and with freezing: per call
+    ms (speedup over eager), compile seconds, and how many weights tempa packed."""
+    out = ["| model | mode | eager ms | " + " | ".join(f"{k} ms" for k, _ in FREEZING_SYSTEMS)
+           + " | compile s (" + " / ".join(k for k, _ in FREEZING_SYSTEMS) + ") | weights packed |",
+           "|---|---|---|" + "---|" * len(FREEZING_SYSTEMS) + "---|---|"]
+    speedups = {k: [] for k, _ in FREEZING_SYSTEMS}
+    for r in rows:
+        e = r["eager_us"]
+        cells, compiles = [], []
+        for key, prefix in FREEZING_SYSTEMS:
+            t = r.get(key + "_us")
+            if t:
+                speedups[key].append(e / t)
+            cells.append(f"{_ms(t)} ({e / t:.2f}x)" if t else "—")
+            compiles.append(f"{r[prefix + '_compile_s']:.1f}" if prefix + "_compile_s" in r else "—")
+        out.append(f"| {r['title']} | {r['mode']} | {_ms(e)} | " + " | ".join(cells)
+                   + f" | {' / '.join(compiles)} | {r.get('tempa_frz_packed', '—')} |")
+    out.append("| **geomean** | | | " + " | ".join(f"**{geomean(speedups[k]):.2f}x**" if speedups[k]
+                                                  else "—" for k, _ in FREEZING_SYSTEMS) + " | | |")
+    errors = [f"{r['title']} {key}: {r[prefix + '_error']}" for r in rows
+              for key, prefix in FREEZING_SYSTEMS if prefix + "_error" in r]
+    return "\n".join(out + ([""] + [f"- {x}" for x in errors] if errors else []))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(hf_models.NAMES),
@@ -262,6 +345,10 @@ def main():
                     help="cpu: time calls by this thread's CPU time, which does not count the "
                          "time other jobs hold the cores (use with --threads 1)")
     ap.add_argument("--no-torch-compile", action="store_true")
+    ap.add_argument("--freezing", action="store_true",
+                    help="inference rows: also tempa with options={'freezing': True} and "
+                         "torch.compile with Inductor's freezing (columns tempa+freezing, "
+                         "torch.compile+freezing)")
     ap.add_argument("--profile", action="store_true",
                     help="also print where each tempa call's time goes (segments.py)")
     ap.add_argument("--json", default="", help="write the rows (and profiles) to this path")
@@ -283,7 +370,7 @@ def main():
         for train in modes:
             try:
                 r = bench_row(name, a.size, train, not a.no_torch_compile, a.rounds,
-                              profile_calls=5 * a.rounds if a.profile else 0)
+                              profile_calls=5 * a.rounds if a.profile else 0, freezing=a.freezing)
             except Mismatch as e:
                 print(f"MISMATCH {e}", file=sys.stderr, flush=True)
                 failed.append(str(e))

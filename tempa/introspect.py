@@ -51,10 +51,26 @@ def explain(fn_or_module):
             break_reasons=[r for _, r in context.break_log],
             guards=guards,
             eager_fallbacks=[f"{where(f)}: {r}" for f, r in context.fallback_log],
+            notes=_option_notes(fn_or_module),
         )
         context.clear()
         return out
     return run
+
+
+def _option_notes(compiled) -> list[str]:
+    """What the options ``compiled`` was compiled with imply for its results (nothing for a
+    plain module or function): freezing's count of packed weights so far and its contract."""
+    try:
+        context = context_of(compiled)
+    except TypeError:
+        return []
+    if not context.options.get("freezing"):
+        return []
+    packed = sum(len(getattr(getattr(e.kernels, "inference", None), "packed_weights", ()))
+                 for e in entries(compiled))
+    return [f"freezing: {packed} weights packed (in the inference graphs compiled so far); "
+            "in-place changes through .data are not seen"]
 
 
 @dataclass

@@ -40,7 +40,12 @@ OPTIONS = {
     "cudagraph_outputs": "'protect', 'clone' or 'overwrite' (runtime/cudagraphs.py)",
     "max_autotune_gemm_backends": "'triton,aten', 'triton' or 'aten' (gpu/gemm_tune.py)",
     "max_autotune_gemm_configs": "a list of [BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages]",
+    "freezing": "True or False (default): CPU inference graphs read Linear weights that are "
+                "parameters packed once for MKL, packed again when they change; in-place "
+                "changes through .data are not seen (lower/matmul.py, runtime/packed_weights.py)",
 }
+# options whose values are checked at once: key -> the values accepted
+_OPTION_VALUES = {"freezing": (True, False)}
 
 
 def check_settings(fullgraph, dynamic, mode, options) -> None:
@@ -62,3 +67,7 @@ def check_settings(fullgraph, dynamic, mode, options) -> None:
     if unknown:
         raise ValueError(f"tempa.compile: unknown option(s) {', '.join(map(repr, unknown))}; "
                          "the options are " + "; ".join(f"{k}: {v}" for k, v in OPTIONS.items()))
+    for key, accepted in _OPTION_VALUES.items():
+        if key in options and not any(options[key] is v for v in accepted):
+            raise ValueError(f"tempa.compile: option {key!r} must be one of "
+                             f"{', '.join(map(repr, accepted))}, not {options[key]!r}")

@@ -11,10 +11,11 @@ import torch
 
 from .. import counters, logs
 from .codegen import cpp, wrapper
-from .ir import failed_check
+from .ir import PackedWeight, failed_check
 from ..sourcefiles import source_file
 from .pipeline import Target, memory_summary, plan_graph as run_passes, show
 from .runtime import build as _build, fastcall, nativeautograd
+from .runtime.packed_weights import PackedWeightCache
 from .schedule import plan_memory
 
 
@@ -36,6 +37,9 @@ class CompiledGraphInfo:
     autograd: str = ""                 # a training forward's node: "native" | "autograd.Function"
     passes: dict = field(default_factory=dict)    # pipeline pass name -> its output (trace())
     mutated_inputs: list = field(default_factory=list)   # input indices the graph writes to
+    # options={"freezing": True}: the caches of the weights its GEMMs read packed
+    # (runtime/packed_weights.py: which input, for how many rows, how often packed)
+    packed_weights: list = field(default_factory=list)
     # a training backward's variants for calls where some outputs get no gradient
     # (autograd.py, lower/absent.py): those outputs' indices -> the variant's info, or a
     # string saying why it could not be compiled (then zeros are given to this backward)
@@ -109,9 +113,10 @@ CPP = CppTarget()
 
 
 def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str = "graph",
-               prefix: str = "", nsizes: int = 0, choices=None) -> Plan:
+               prefix: str = "", nsizes: int = 0, choices=None, pack_weights=frozenset()) -> Plan:
     """The pipeline's graph passes with the C++ target (pipeline.plan_graph says more)."""
-    return run_passes(CPP, gm, num_outputs, mutated, num_inputs, label, prefix, nsizes, choices)
+    return run_passes(CPP, gm, num_outputs, mutated, num_inputs, label, prefix, nsizes, choices,
+                      pack_weights)
 
 
 def finish(plans: list) -> list:
@@ -137,6 +142,7 @@ def finish(plans: list) -> list:
         info.passes["build"] = so or "(no C++: every step is an ATen call)"
         info.passes["wrap"] = wsrc
         call = instantiate(wsrc, lib, p.seg_codes, p.lowered.constants, consts, p.label)
+        info.packed_weights = call.packed_weights
         info.segment_calls = call.segment_calls
         info.allocator = call.allocator
         log = logs.get("code")
@@ -147,9 +153,12 @@ def finish(plans: list) -> list:
     return out
 
 
-def compile_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str = "graph"):
-    """Returns (call, info): ``call(*inputs)`` -> tuple of outputs (user outputs, then saved)."""
-    return finish([plan_graph(gm, num_outputs, mutated, num_inputs, label)])[0]
+def compile_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str = "graph",
+                  pack_weights=frozenset()):
+    """Returns (call, info): ``call(*inputs)`` -> tuple of outputs (user outputs, then saved).
+    ``pack_weights``: the inputs whose weights GEMMs may read packed (LowerOptions)."""
+    return finish([plan_graph(gm, num_outputs, mutated, num_inputs, label,
+                              pack_weights=pack_weights)])[0]
 
 
 _INDEX_ERRORS = {"IndexError": IndexError, "RuntimeError": RuntimeError}
@@ -171,12 +180,16 @@ def instantiate(wsrc: str, lib, seg_codes: dict, constants: dict, consts: list, 
         f.restype = ctypes.c_int
         seg_funcs[si] = fastcall.kernel(f, len(f.argtypes)) or f
     ptrs = {k: v.data_ptr() for k, v in constants.items()}
+    # each call of the wrapper gets its own caches of packed weights (render: packed_weight)
+    consts = [PackedWeightCache(c.input_index, c.rows, c.stored_kn) if isinstance(c, PackedWeight)
+              else c for c in consts]
     ns: dict = {}
     exec(compile(wsrc, source_file(wsrc, f"wrapper {label}"), "exec"), ns)
     alloc = nativeautograd.empty_strided()
     call = ns["make"](seg_funcs, constants, ptrs, consts, alloc, torch.as_strided, _index_error)
     call.allocator = "torch.empty_strided" if alloc is torch.empty_strided else "extension"
     call._keepalive = (lib, constants)
+    call.packed_weights = [c for c in consts if isinstance(c, PackedWeightCache)]
     kinds = {"ctypes" if isinstance(f, ctypes._CFuncPtr) else "extension" for f in seg_funcs.values()}
     call.segment_calls = "+".join(sorted(kinds))
     return call

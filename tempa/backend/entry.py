@@ -129,7 +129,7 @@ def tempa_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None 
         # symbolic sizes: one shape-generic compile for every size (dynamic.py)
         from .dynamic import DynamicTarget
         return build(gm, example_inputs, DynamicTarget(dims))
-    return build(gm, example_inputs, CpuTarget())
+    return build(gm, example_inputs, CpuTarget(freezing=bool((options or {}).get("freezing"))))
 
 
 def _overrides(cls, name: str) -> bool:

@@ -138,6 +138,17 @@ class ExternCall:
     multi: bool = False             # the op returns a tuple
 
 
+@dataclass(frozen=True)
+class PackedWeight:
+    """An extern's argument: graph input ``input_index`` (a parameter's weight matrix, N x K
+    as nn.Linear stores it, or K x N: ``stored_kn``) packed for MKL's GEMM at ``rows`` rows,
+    by a cache the wrapper calls on every call (runtime/packed_weights.py: packed once,
+    again when the weight changes)."""
+    input_index: int
+    rows: int
+    stored_kn: bool = False
+
+
 class LoopValue:
     """A lowered tensor value: sizes, dtype and a loader; maybe backed by a buffer."""
     __slots__ = ("sizes", "dtype", "load", "strided", "cost")

@@ -17,6 +17,8 @@ target answers with what it does by data (``shape_generic``) where the steps dif
 """
 from __future__ import annotations
 
+import torch
+
 from ..configuration import config
 from .. import logs
 from .lower.layout import CONV_LAYOUTS
@@ -60,8 +62,24 @@ class VariantTarget:
 
 
 class CpuTarget(VariantTarget):
-    """C++ kernels (gcc) at the example's sizes; training through tempa's native autograd node."""
+    """C++ kernels (gcc) at the example's sizes; training through tempa's native autograd node.
+
+    ``freezing`` (options={"freezing": True}): the inference variant's GEMMs may read the
+    graph's parameters packed once (lower/matmul.py _packed_linear); ``params``: which inputs
+    are parameters, once bound to a graph's examples. Training variants never pack: their
+    weights change every step."""
     name = "cpu"
+
+    def __init__(self, freezing: bool = False, params: frozenset = frozenset(), info=None):
+        self.freezing = freezing
+        self.params = params
+        self.info = info                 # the graph's BackendInfo, once bound
+
+    def bind(self, pgm, examples, info) -> "CpuTarget":
+        if not self.freezing:
+            return self
+        return CpuTarget(True, frozenset(i for i, t in enumerate(examples)
+                                         if isinstance(t, torch.nn.Parameter)), info)
 
     def decomps(self) -> dict:
         from .lower.decomps import table
@@ -69,7 +87,12 @@ class CpuTarget(VariantTarget):
 
     def compile_graph(self, gm, num_outputs, mutated, n_in, label):
         from .compile_graph import compile_graph
-        return compile_graph(gm, num_outputs, mutated, n_in, label)
+        # a weight the graph itself writes would be packed again on every call
+        pack = self.params - set(mutated)
+        call, info = compile_graph(gm, num_outputs, mutated, n_in, label, pack_weights=pack)
+        if self.freezing:
+            _say_packed(self.info, info)
+        return call, info
 
     def build_training(self, joint, n_in, single):
         from .autograd import build_training
@@ -77,6 +100,18 @@ class CpuTarget(VariantTarget):
 
     def conv_layout(self) -> str:
         return conv_layout_option("cpu_conv_layout")
+
+
+FREEZING_CONTRACT = "in-place changes through .data are not seen"
+
+
+def _say_packed(backend_info, graph_info) -> None:
+    """options={"freezing": True}: how many weights an inference graph packs, and the
+    option's contract (runtime/packed_weights.py), in tempa_info.notes and on the perf log."""
+    line = f"freezing: {len(graph_info.packed_weights)} weights packed; {FREEZING_CONTRACT}"
+    if backend_info is not None:
+        backend_info.notes.append(line)
+    logs.get("perf").info("tempa backend: %s", line)
 
 
 # The config values of a convolution layout policy: layout.CONV_LAYOUTS for every graph, or

@@ -30,6 +30,7 @@ class ExplainOutput:
     compile_times: list[float] = field(default_factory=list)
     graph_functions: list[str] = field(default_factory=list)   # the function of each graph
     recompile_reasons: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)   # what the compiled object's options imply
 
     @property
     def graph_count(self) -> int:
@@ -69,4 +70,7 @@ class ExplainOutput:
             for i, gs in enumerate(self.guards, 1):
                 lines.append(f"  entry {i}:")
                 lines.extend(f"    - {g}" for g in gs)
+        if self.notes:
+            lines.append("Notes:")
+            lines.extend(f"  {n}" for n in self.notes)
         return "\n".join(lines)

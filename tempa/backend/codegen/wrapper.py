@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ir import Buffer, ComputedBuffer, ExternCall, LoopValue
+from ..ir import Buffer, ComputedBuffer, ExternCall, LoopValue, PackedWeight
 from ..schedule import Schedule
 
 _DTYPE_NAMES = {dt: str(dt).replace("torch.", "") for dt in [
@@ -25,6 +25,7 @@ class WrapperGen:
         self.serializable = True
         self.ops: dict = {}             # op -> local name bound once in make()
         self.reshaped: dict = {}        # buffer -> the shape it is allocated with
+        self.packed: dict = {}          # PackedWeight -> its cache's local name in make()
 
     def const(self, v) -> str:
         """A Python expression for a constant argument."""
@@ -53,6 +54,8 @@ class WrapperGen:
         if isinstance(tv, (list, tuple)):
             inner = ", ".join(self.tensor(x) for x in tv)
             return f"[{inner}]" if isinstance(tv, list) else f"({inner}{',' if len(tv) == 1 else ''})"
+        if isinstance(tv, PackedWeight):
+            return self.packed_weight(tv)
         if not isinstance(tv, LoopValue):
             return self.const(tv)
         b, st, off = tv.strided
@@ -63,6 +66,15 @@ class WrapperGen:
         if b.base_offset or b.kind == "input":   # as_strided takes an absolute storage offset
             return f"_as_strided({name}, {list(tv.sizes)}, {list(st)}, {name}.storage_offset() + {off})"
         return f"_as_strided({name}, {list(tv.sizes)}, {list(st)}, {off})"
+
+    def packed_weight(self, pw: PackedWeight) -> str:
+        """``_pw0(a3)``: a call of the packed-weight cache of ``pw`` (one per weight and row
+        count), bound once in make() from the consts, where instantiate puts a runtime cache
+        in place of the marker."""
+        if pw not in self.packed:
+            self.packed[pw] = f"_pw{len(self.packed)}"
+            self.ops[self.const(pw)] = self.packed[pw]
+        return f"{self.packed[pw]}(a{pw.input_index})"
 
     def bufname(self, b: Buffer) -> str:
         if b.kind == "input":

@@ -57,6 +57,10 @@ class LowerOptions:
     # a value stored in a permuted layout is computed in memory order (LowerCtx.store; the
     # CPU at fixed sizes)
     memory_order_stores: bool = False
+    # options={"freezing": True}, an inference graph at fixed sizes: the inputs (parameters
+    # no graph writes) whose weight matrices a GEMM may read packed, where that is measured
+    # faster (matmul.py _packed_linear; runtime/packed_weights.py)
+    pack_weights: frozenset = frozenset()
 
     def admits(self, dt) -> bool:
         return dt in CTYPES or dt in self.extra_dtypes

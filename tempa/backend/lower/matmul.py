@@ -8,7 +8,7 @@ import torch
 import torch.fx as fx
 
 from ..index import contiguous_strides
-from ..ir import Unlowerable
+from ..ir import LoopValue, PackedWeight, Unlowerable
 from .core import aten, pointwise, probe, register, SMALL_MATMUL_MACS
 
 
@@ -73,7 +73,8 @@ def _mm(ctx, node, a, b):
     m, k = a.sizes
     n = b.sizes[1]
     if not _small(ctx, m * n * k, a, b) or k == 0:
-        return ctx.extern(node, (a, b), {}, fallback=False)
+        packed = _packed_linear(ctx, node, a, b, None, x_node=node.args[0])
+        return packed if packed is not None else ctx.extern(node, (a, b), {}, fallback=False)
     return _mm_tv(ctx, node, a, b, False)
 
 
@@ -97,6 +98,10 @@ def _addmm(ctx, node, bias, a, b, beta=1, alpha=1):
             mm = ctx.extern(node, (a, b), {}, fallback=False, op=aten.mm.default, arg_nodes=node.args[1:3])
             half = mm.dtype in (torch.float16, torch.bfloat16)
             return pointwise(node, "add", [mm, bias], compute=torch.float32 if half else None)
+        packed = _packed_linear(ctx, node, a, b, bias, x_node=node.args[1], bias_node=node.args[0]) \
+            if beta == 1 and alpha == 1 else None
+        if packed is not None:
+            return packed
         return ctx.extern(node, (bias, a, b), {"beta": beta, "alpha": alpha}, fallback=False)
     mm = _mm_tv(ctx, node, a, b, False)
     if alpha != 1 or beta != 1:
@@ -108,6 +113,99 @@ def _scaled_sum(k, vals, dt):
     """mm * alpha + bias * beta"""
     mm, bias, alpha, beta = vals
     return k.op("add", [k.op("mul", [mm, alpha], dt), k.op("mul", [bias, beta], dt)], dt)
+
+
+# --- freezing: a parameter's weight packed once for MKL's GEMM ----------------------------
+
+# Eager's Linear (``addmm(b, x, w.t())``, ``mm`` without a bias; HF's Conv1D: ``addmm(b, x,
+# w)`` with ``w`` stored K x N) has MKL repack the weight into its blocked layout on every
+# call. With options={"freezing": True}, an inference graph at fixed sizes calls
+# ``mkl::_mkl_linear`` instead, with the weight packed for its row count by a cache that
+# packs it again when the weight changes (runtime/packed_weights.py), where that is measured
+# faster at compile time: both calls timed on example tensors of the node's layouts,
+# interleaved, the best of a few each, once per process per shape and thread count. Why
+# measured: the gain is 5-30% at transformer sizes, and a loss at some (2 rows, 768 x 768).
+PACKED_GAIN = 1.02     # the margin by which packed must win (a near tie is noise)
+_packing_seconds: dict = {}    # key -> (plain, packed) best seconds
+
+
+def _packed_linear(ctx, node, x, b, bias, x_node, bias_node=None):
+    """``x @ b (+ bias)`` as ``mkl::_mkl_linear`` with the weight packed, where ``b`` is a
+    weight matrix ``ctx.options.pack_weights`` allows (a parameter of an inference graph at
+    fixed sizes: lower/core.py LowerOptions) read transposed (Linear's N x K weight) or as
+    it is (a K x N weight), all fp32, the bias a vector, and packed is measured faster;
+    else None (the plain extern)."""
+    if not ctx.options.pack_weights or b.strided is None:
+        return None
+    w, strides, offset = b.strided
+    m, k = x.sizes
+    n = b.sizes[1]
+    if not (w.kind == "input" and w.input_index in ctx.options.pack_weights and offset == 0):
+        return None
+    if tuple(w.sizes) == (n, k) and tuple(w.strides) == (k, 1) and tuple(strides) == (1, k):
+        stored_kn = False                 # nn.Linear: x @ w.t()
+    elif tuple(w.sizes) == (k, n) and tuple(w.strides) == (n, 1) and tuple(strides) == (n, 1):
+        stored_kn = True                  # HF's Conv1D (GPT-2): x @ w
+    else:
+        return None
+    out, x_meta = node.meta.get("traced_meta"), x_node.meta.get("traced_meta")
+    bias_meta = bias_node.meta.get("traced_meta") if bias_node is not None else None
+    if out is None or x_meta is None or (bias is not None and (bias_meta is None or tuple(bias.sizes) != (n,))):
+        return None
+    if any(v.dtype != torch.float32 for v in (x, b) + ((bias,) if bias is not None else ())) \
+            or tuple(out.stride) != (n, 1) or out.offset != 0 or m == 0 or n == 0 \
+            or not torch.backends.mkl.is_available():
+        return None
+    if not _packing_faster(x_meta, bias_meta, n, k, stored_kn):
+        return None
+    # _mkl_linear reads the weight as N x K (its sizes; and all of it where it runs linear
+    # instead: a weight the cache could not pack); x and the bias in their traced layouts,
+    # as the plain extern has them (ctx.extern)
+    weight_nk = LoopValue.view_of(w, (n, k), (1, n), 0) if stored_kn else LoopValue.of_buffer(w)
+    return ctx.extern(node, (x, PackedWeight(w.input_index, m, stored_kn), weight_nk, bias, m), {},
+                      fallback=False, op=torch.ops.mkl._mkl_linear.default,
+                      arg_nodes=(x_node, None, None, bias_node, None))
+
+
+def _packing_faster(x_meta, bias_meta, n, k, stored_kn) -> bool:
+    """Is ``_mkl_linear`` with a packed weight PACKED_GAIN times faster than eager's
+    ``addmm``/``mm`` on tensors of these layouts? Timed once per process and key."""
+    key = (tuple(x_meta.shape), tuple(x_meta.stride), bias_meta is not None, n, k, stored_kn,
+           torch.get_num_threads())
+    if key not in _packing_seconds:
+        with torch.no_grad():
+            x = _example(x_meta)
+            w_nk = torch.randn(k, n).t() if stored_kn else torch.randn(n, k)
+            b = _example(bias_meta) if bias_meta is not None else None
+            m = x.shape[0]
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(w_nk.contiguous(), m)
+            mkl_linear = torch.ops.mkl._mkl_linear.default
+            wt = w_nk.t()                 # eager's operand: a view (Linear) or the K x N weight
+            plain = (lambda: torch.addmm(b, x, wt)) if b is not None else (lambda: torch.mm(x, wt))
+            _packing_seconds[key] = _best_interleaved(plain, lambda: mkl_linear(x, packed, w_nk, b, m))
+    plain_s, packed_s = _packing_seconds[key]
+    return packed_s * PACKED_GAIN < plain_s
+
+
+def _best_interleaved(f, g, budget_s=0.05):
+    """The best times of ``f`` and ``g`` over alternating calls: 3 each, more for fast ones
+    (up to ``budget_s`` of timing each, 15 at most). On one thread by the thread's CPU time,
+    which other processes' load does not inflate; else by the wall clock."""
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+    best_f = best_g = float("inf")
+    f(), g()
+    reps = r = 0
+    while r < max(reps, 3):
+        t0 = clock()
+        f()
+        t1 = clock()
+        g()
+        t2 = clock()
+        best_f, best_g = min(best_f, t1 - t0), min(best_g, t2 - t1)
+        if r == 0:
+            reps = min(15, int(budget_s / max(t1 - t0, 1e-6)))
+        r += 1
+    return best_f, best_g
 
 
 EXTERN_OPS = [aten.convolution.default, aten.convolution_backward.default,
