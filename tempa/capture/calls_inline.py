@@ -43,7 +43,9 @@ def runs_uncompiled(fn) -> bool:
 
 
 def inline(tracer, frame, fn: types.FunctionType, args, kwargs):
-    fn = higher_order.unpatched_optimizer_method(fn) or fn
+    # the originals of what torch.compile's first call patched for its own tracer
+    fn = higher_order.unpatched_optimizer_method(fn) or higher_order.untagged_module_method(fn) \
+        or fn
     code = fn.__code__
     higher_order.check_not_disabled(fn)   # its own message: marked torch.compiler.disable
     if _is_tempa_code(fn):

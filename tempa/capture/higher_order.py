@@ -11,6 +11,7 @@ class's base), never by importing the compiler it rebuilds.
 from __future__ import annotations
 
 import inspect
+import types
 
 import torch
 import torch.utils.checkpoint as checkpoint_module
@@ -38,6 +39,30 @@ def unpatched_optimizer_method(fn):
             getattr(original, "__module__", "").startswith("torch.optim."):
         return original
     return None
+
+
+# Dynamo's first compile replaces nn.Module.__init__ and __setstate__ for the whole process
+# by wrappers that call the original, then tag the new module in a weak dictionary of its
+# own (torch._dynamo.mutation_guard.install_generation_tagging_init), so that its guards
+# can tell modules built inside a forward from the model's. The tag is Dynamo's bookkeeping,
+# read only by Dynamo, and only under torch.export (for torch.compile every module counts as
+# dynamic); tracing it meant tracing weakref.ref into Dynamo's dictionary, a graph break at
+# every module built inside a forward (HF DistilBERT's `nn.ReLU()(x)`) in any process that
+# had run torch.compile before.
+_GENERATION_TAGGING = {"patched_init": "init", "patched_setstate": "setstate"}
+
+
+def untagged_module_method(fn):
+    """The original ``nn.Module.__init__``/``__setstate__`` where ``fn`` is Dynamo's
+    generation-tagging wrapper of it, else None. Tracing the original leaves new modules
+    untagged: modules built in the graph are not in Dynamo's dictionary, the one difference
+    from eager, seen only by a later torch.export of such a module."""
+    original = _GENERATION_TAGGING.get(getattr(fn, "__name__", None))
+    if original is None or getattr(fn, "__module__", None) != "torch._dynamo.mutation_guard":
+        return None
+    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+    inner = cells[original].cell_contents if original in cells else None
+    return inner if isinstance(inner, types.FunctionType) else None
 
 
 def check_not_disabled(fn) -> None:

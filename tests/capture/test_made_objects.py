@@ -382,3 +382,46 @@ def test_tensor_class_attribute_is_its_type():
     fast = tempa.compile(f, backend="eager", fullgraph=True)
     assert torch.equal(fast(torch.ones(2)), torch.full((2,), 2.0))
     assert tempa.stats().captures == 1    # it ran eagerly: x.__class__ was a tensor method
+
+
+# -- modules built inside a forward, in a process where torch.compile ran ------------------
+
+@pytest.fixture
+def dynamo_tags_new_modules():
+    """nn.Module.__init__/__setstate__ as torch.compile's first call leaves them for the rest
+    of the process (Dynamo's generation tagging), restored afterwards."""
+    from torch._dynamo import mutation_guard
+    module = torch.nn.Module
+    saved = {k: module.__dict__[k] for k in ("__init__", "__setstate__")}
+    flag = module.__dict__.get("___needs_generation_tag_patch")
+    mutation_guard.install_generation_tagging_init()
+    assert module.__init__.__name__ == "patched_init"      # the state this test is about
+    yield
+    for k, v in saved.items():
+        setattr(module, k, v)
+    if flag is None:
+        delattr(module, "___needs_generation_tag_patch")
+    else:
+        setattr(module, "___needs_generation_tag_patch", flag)
+
+
+class _Head(torch.nn.Module):
+    """HF DistilBERT's classifier head: a module built inside the forward, called at once."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.nn.ReLU()(self.proj(x)) * 2
+
+
+def test_module_built_in_a_forward_after_torch_compile_patched_init(dynamo_tags_new_modules):
+    # Dynamo's patched __init__ tags the new module in its own weak dictionary: tracing that
+    # was a break (weakref.ref) at every module built inside a forward, fullgraph refused
+    head = _Head()
+    compiled = tempa.compile(head, fullgraph=True)
+    for x in (torch.randn(3, 4), torch.randn(3, 4)):
+        torch.testing.assert_close(compiled(x), head(x))
+    assert counts() == (1, 0, 0, 0), tempa.stats()
+
