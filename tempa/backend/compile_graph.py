@@ -72,6 +72,10 @@ class CppTarget(Target):
     """The C++ renderer's passes of pipeline.GRAPH_PASSES, and its finish."""
     name = "cpp"
     memory_order_stores = True
+    # between convolutions run channels-last (config.cpu_conv_layout), a value stored for
+    # several users keeps that layout: stored contiguous, each reader (the next convolution's
+    # NHWC copy, the BatchNorm and activation after it) read it transposed
+    channels_last_stores = True
     # a value with several users that reads two or more buffers is stored once (lower_graph):
     # a transformer's residual stream (each layer's sum read by its LayerNorm's passes and
     # by the next add) is otherwise recomputed from every earlier sublayer's output in every
