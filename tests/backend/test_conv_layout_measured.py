@@ -136,3 +136,15 @@ def test_measured_on_real_timings_runs_and_matches():
     layout_timing._seconds.clear()
     info = _compile_and_check()
     assert "inference: measured: " in info.passes.get("layout", "")
+
+
+def test_channel_means_of_a_channels_last_value_run_with_the_channels_innermost(monkeypatch):
+    """The gate's mean over H and W of the NHWC SiLU output, computed in the kernel that
+    makes that value: a column sum (an accumulator per channel, the channels innermost,
+    codegen/cpp.py _render_member_columns), not a strided row loop per channel."""
+    _timed_as(monkeypatch, 0.5)
+    info = _compile_and_check()
+    src = info.inference.cpp_source
+    sums = re.findall(r"alignas\(64\) float acc_(buf\d+)\[32\];", src)
+    assert sums, src
+    assert re.search(r"^\s*float acc_%s = " % sums[0], src, re.M) is None
