@@ -148,3 +148,21 @@ def test_channel_means_of_a_channels_last_value_run_with_the_channels_innermost(
     sums = re.findall(r"alignas\(64\) float acc_(buf\d+)\[32\];", src)
     assert sums, src
     assert re.search(r"^\s*float acc_%s = " % sums[0], src, re.M) is None
+
+
+def test_batchnorm_then_silu_is_one_expression_not_a_stored_value(monkeypatch):
+    """SiLU decomposes to ``x * sigmoid(x)``: the BatchNorm output ``x`` has two FX users
+    that are one expression (lowerings._consumers), so it is inlined into the kernel that
+    makes the next convolution's input, not stored and read back."""
+    monkeypatch.setattr(tempa.config, "cpu_conv_layout", "eager")
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(4, 8, 1), nn.BatchNorm2d(8), nn.SiLU(), nn.Conv2d(8, 8, 3)).eval()
+    m[1].running_var.uniform_(0.5, 2.0)
+    x = torch.randn(2, 4, 10, 10)
+    c = tempa.compile(m)
+    with torch.no_grad():
+        got, want = c(x), m(x)
+    assert close(got, want, atol=1e-5, rtol=1e-5) and got.stride() == want.stride()
+    lowered = str(entries(c)[0].kernels.inference.passes["lower"])
+    stored = re.findall(r"^buf\d+: .* = pointwise of .*\[(.*)\]$", lowered, re.M)
+    assert stored == ["input of aten.convolution.default"], stored
