@@ -166,3 +166,26 @@ def test_batchnorm_then_silu_is_one_expression_not_a_stored_value(monkeypatch):
     lowered = str(entries(c)[0].kernels.inference.passes["lower"])
     stored = re.findall(r"^buf\d+: .* = pointwise of .*\[(.*)\]$", lowered, re.M)
     assert stored == ["input of aten.convolution.default"], stored
+
+
+def test_a_value_reduced_and_used_elementwise_is_still_stored_once(monkeypatch):
+    """softmax's ``exp(x - amax(x))``: amax's only user is the subtraction, another user of
+    ``x``, but amax is a loop of its own: ``x`` (an expensive value) is stored once, not
+    recomputed in the max loop and again in the subtraction (lowerings._consumers counts
+    only users of ``x``'s shape as part of one expression)."""
+    from tempa.backend.lower import lowerings
+
+    def f(a, b):
+        s = ((a * b + 1).tanh() * a + b).sin() * 3 + (a - b).cos() * (a + 2).exp()
+        return torch.softmax(s, dim=-1)
+    a, b = torch.randn(4, 64), torch.randn(4, 64)
+
+    def stored():
+        c = tempa.compile(f)
+        got = c(a, b)
+        assert close(got, f(a, b), atol=1e-5, rtol=1e-5)
+        lowered = str(entries(c)[0].kernels.inference.passes["lower"])
+        return re.findall(r"^buf\d+: float32\[4, 64\] = pointwise of \(in0, in1\)", lowered, re.M)
+    assert stored()
+    monkeypatch.setattr(lowerings, "_shape", lambda n: ())      # every user "elementwise"
+    assert not stored()
