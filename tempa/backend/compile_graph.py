@@ -13,7 +13,7 @@ from .. import counters, logs
 from .codegen import cpp, wrapper
 from .ir import PackedWeight, failed_check
 from ..sourcefiles import source_file
-from .pipeline import Target, memory_summary, plan_graph as run_passes, show
+from .pipeline import Target, memory_summary, plan_graph as run_passes, reuse_dead_buffers, show
 from .runtime import build as _build, fastcall, nativeautograd
 from .runtime.packed_weights import PackedWeightCache
 from .schedule import plan_memory
@@ -72,6 +72,10 @@ class CppTarget(Target):
     """The C++ renderer's passes of pipeline.GRAPH_PASSES, and its finish."""
     name = "cpp"
     memory_order_stores = True
+    # between convolutions run channels-last (config.cpu_conv_layout), a value stored for
+    # several users keeps that layout: stored contiguous, each reader (the next convolution's
+    # NHWC copy, the BatchNorm and activation after it) read it transposed
+    channels_last_stores = True
     # a value with several users that reads two or more buffers is stored once (lower_graph):
     # a transformer's residual stream (each layer's sum read by its LayerNorm's passes and
     # by the next add) is otherwise recomputed from every earlier sublayer's output in every
@@ -80,7 +84,11 @@ class CppTarget(Target):
 
     def plan_memory(self, job):
         plan_memory(job.sched, job.lowered.inputs, job.lowered.outputs, job.lowered.steps)
-        return memory_summary(job.lowered.steps)
+        reused = reuse_dead_buffers(job.lowered, job.sched) if job.nsizes == 0 else []
+        summary = memory_summary(job.lowered.steps)
+        if reused:
+            summary = f"{summary}\nwritten over a dying buffer: " + ", ".join(f"{b} over {d}" for b, d in reused)
+        return summary
 
     def render(self, job):
         kernel_no = [0]

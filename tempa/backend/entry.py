@@ -14,6 +14,7 @@ from ..configuration import config
 from .compile_graph import CompiledGraphInfo
 from .lower.joint import trace_training
 from .lower.layout import is_channels_last
+from .lower.layout_timing import channels_last_faster
 from .lower.replay import relayout_convolutions
 from .lower.trace import UntraceableGraph, prepare, trace_forward, with_output_views
 from .pipeline import show
@@ -494,15 +495,26 @@ class GraphVariants:
         without a policy (the shape-generic ones: a conversion that is a no-op at one size
         is not at another) keeps eager's."""
         layout = self.target.conv_layout()
-        if layout == "inference":
-            return "channels_last" if variant == "inference" else "eager"
+        if layout in ("inference", "measured"):
+            return (layout if layout == "measured" else "channels_last") if variant == "inference" else "eager"
         return layout
 
     def _in_conv_layout(self, tr):
-        """The inference trace ``tr`` with its convolutions in the target's layout."""
-        if self._conv_layout("inference") != "channels_last":
+        """The inference trace ``tr`` with its convolutions in the target's layout ("measured":
+        channels-last where that is timed faster, lower/layout_timing.py)."""
+        layout = self._conv_layout("inference")
+        if layout not in ("channels_last", "measured"):
             return tr
         relaid = relayout_convolutions(tr, self.examples, self.target.decomps())
+        if relaid is not None and layout == "measured":
+            faster, eager_s, cl_s = channels_last_faster(tr.gm, relaid.gm)
+            line = (f"inference: measured: convolutions {eager_s * 1e3:.2f} ms in eager's layouts, "
+                    f"{cl_s * 1e3:.2f} ms channels-last with its conversions: "
+                    f"{'channels-last' if faster else 'eager layouts'}")
+            old = self.info.passes.get("layout")
+            self.info.passes["layout"] = f"{old}\n{line}" if old else line
+            if not faster:
+                return tr
         if relaid is not None:
             self._note_layout("inference", relaid.gm.graph)
         return relaid or tr

@@ -120,7 +120,10 @@ def _say_packed(backend_info, graph_info) -> None:
 # inference from 3.06 to 1.99 ms a call in reduce-overhead, and its training step from 17.0
 # to 38.0 ms (BatchNorm's statistics over channels-last activations become column
 # reductions run on few Triton programs; benchmarks/gpu_layout_ab.py).
-CONV_LAYOUT_OPTIONS = CONV_LAYOUTS + ("inference",)
+# "measured": in inference graphs, channels-last where its convolutions (with the
+# conversions it adds) are timed faster at compile time (lower/layout_timing.py), else
+# eager's layouts; training graphs keep eager's.
+CONV_LAYOUT_OPTIONS = CONV_LAYOUTS + ("inference", "measured")
 _warned: set = set()
 
 

@@ -157,6 +157,12 @@ def render_wrapper(sched: Schedule, lowered, seg_codes: dict, num_inputs: int, n
         # a nonzero result: an index was out of range; code i is the segment's i-th check
         checks = tuple((c.error, c.message) for c in code.checks)
         L.append(f"    if (_e := _S{si}({', '.join(ptrs)})): _index_error(_e, {checks!r})")
+        for g in seg:
+            for m in g.members:
+                if m.kind == "alias" and getattr(m.target, "kind", None) == "py":
+                    # computed over a buffer that died in this kernel (reuse_dead_buffers)
+                    L.append(f"    {m.name} = {m.target.name}")
+                    allocated.add(m)
     outs = []
     for v in lowered.outputs:
         outs.append(w.tensor(v))

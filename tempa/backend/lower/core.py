@@ -137,9 +137,15 @@ class LowerCtx:
 
     # -- making memory ------------------------------------------------------------------
     def realize(self, tv: LoopValue, origin="", strides=None) -> LoopValue:
-        """``tv`` as memory: contiguous, or in ``strides``."""
+        """``tv`` as memory: contiguous, or in ``strides`` (computed in memory order where
+        the target asks for it: ``store``)."""
         if tv.buffer is not None:
             return tv
+        if strides is not None and self.options.memory_order_stores \
+                and tuple(strides) != contiguous_strides(tv.sizes):
+            out = self.store(tv, strides, origin)
+            self.realized[id(tv)] = (tv, out)
+            return out
         buf = ComputedBuffer(self.name(), tv.sizes, tuple(strides or contiguous_strides(tv.sizes)), 0,
                              tv.dtype, body=Pointwise(tv.load), origin=origin)
         self.g.steps.append(buf)

@@ -81,10 +81,11 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
                         env[a] = hit[1]
                 ctx.realized.clear()
             v = env[n]
-            if isinstance(v, LoopValue) and v.cost > INLINE_COST and (len(n.users) > 1 or v.cost > 4 * INLINE_COST):
+            users = _consumers(n)
+            if isinstance(v, LoopValue) and v.cost > INLINE_COST and (users > 1 or v.cost > 4 * INLINE_COST):
                 env[n] = ctx.realize(v, str(n.target), _stored_strides(ctx, n))
             elif (shared_reads and isinstance(v, LoopValue) and v.strided is None
-                  and v.cost > 1 and len(n.users) > 1 and _buffers_read(v) >= shared_reads):
+                  and v.cost > 1 and users > 1 and _buffers_read(v) >= shared_reads):
                 env[n] = ctx.realize(v, str(n.target), _stored_strides(ctx, n))
         elif n.op == "output":
             outs = list(n.args[0])
@@ -108,6 +109,29 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
                 cb.source = _copied_buffer(src)
                 g.copy_backs.append(cb)
     return g
+
+
+def _consumers(n) -> int:
+    """How many of ``n``'s users read it as separate expressions: a user whose only user is
+    another user of ``n`` is part of that one's expression (``x * sigmoid(x)``, SiLU's
+    decomposition; ``x * hardtanh(x + 3)``), where the kernel computes ``x`` once (its loads
+    and ops are shared within an expression). Only a user of ``x``'s shape (elementwise):
+    a reduction's result (softmax's ``x - amax(x)``) is a loop of its own, which would
+    compute ``x`` again (T5's attention scores: 162 -> 219 us a call when counted once). Why: counted as two readers, a BatchNorm
+    followed by SiLU was stored and read back (EfficientNet's expansion and depthwise
+    outputs, 3 MB each at b2 128x128) instead of fused into the kernel after it."""
+    users = list(n.users)
+    if len(users) <= 1:
+        return len(users)
+    inside = set(users)
+    shape = _shape(n)
+    return sum(not (len(u.users) == 1 and next(iter(u.users)) in inside
+                    and shape is not None and _shape(u) == shape) for u in users)
+
+
+def _shape(n):
+    tm = n.meta.get("traced_meta")
+    return tuple(tm.shape) if tm is not None and hasattr(tm, "shape") else None
 
 
 def _stored_strides(ctx, n):
