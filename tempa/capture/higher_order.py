@@ -43,7 +43,7 @@ def unpatched_optimizer_method(fn):
 
 # Dynamo's first compile replaces nn.Module.__init__ and __setstate__ for the whole process
 # by wrappers that call the original, then tag the new module in a weak dictionary of its
-# own (torch._dynamo.mutation_guard.install_generation_tagging_init), so that its guards
+# own (its mutation_guard module's install_generation_tagging_init), so that its guards
 # can tell modules built inside a forward from the model's. The tag is Dynamo's bookkeeping,
 # read only by Dynamo, and only under torch.export (for torch.compile every module counts as
 # dynamic); tracing it meant tracing weakref.ref into Dynamo's dictionary, a graph break at
@@ -58,7 +58,8 @@ def untagged_module_method(fn):
     untagged: modules built in the graph are not in Dynamo's dictionary, the one difference
     from eager, seen only by a later torch.export of such a module."""
     original = _GENERATION_TAGGING.get(getattr(fn, "__name__", None))
-    if original is None or getattr(fn, "__module__", None) != "torch._dynamo.mutation_guard":
+    if original is None or getattr(fn, "__qualname__", None) != \
+            f"install_generation_tagging_init.<locals>.{fn.__name__}":
         return None
     cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
     inner = cells[original].cell_contents if original in cells else None
