@@ -258,6 +258,14 @@ def _render_group(k: Emitter, g: Group, local: set, need, kernel_no, generic=Fal
 COLUMN_BLOCK = 64
 
 
+def _column_block_size(columns: int):
+    """How many columns one block of a column loop takes: all of them up to COLUMN_BLOCK,
+    else the largest divisor of ``columns`` from COLUMN_BLOCK down to 8 (None: no such)."""
+    if columns <= COLUMN_BLOCK:
+        return columns
+    return next((b for b in range(COLUMN_BLOCK, 7, -1) if columns % b == 0), None)
+
+
 def _column_block(g: Group, ov, local):
     """The block of the group's last outer dim to render it with ``_render_columns``, or None.
 
@@ -288,8 +296,7 @@ def _column_block(g: Group, ov, local):
     if any(member_index(m, ov, "z")[1] for m in g.members[len(reds):]):
         return None
     last = ov[-1]
-    size = last.size if last.size <= COLUMN_BLOCK else \
-        next((b for b in range(COLUMN_BLOCK, 7, -1) if last.size % b == 0), None)
+    size = _column_block_size(last.size)
     if size is None or size < 2:
         return None
     rows_inner = cols_inner = 0
@@ -562,8 +569,7 @@ def _member_column_block(m: ComputedBuffer, idx, inner, rv):
     if not inner or red.rtype not in _FOLDS or red.acc_dtype == torch.bool:
         return None
     last = inner[-1]
-    size = last.size if last.size <= COLUMN_BLOCK else \
-        next((b for b in range(COLUMN_BLOCK, 7, -1) if last.size % b == 0), None)
+    size = _column_block_size(last.size)
     if size is None or size < 2:
         return None
     nonunit = [v for v in rv if v.size > 1]
