@@ -20,16 +20,8 @@ from ... import counters, logs as _logs
 from ...configuration import config
 from . import diskcache
 
-# -mprefer-vector-width=512: on a CPU with AVX-512 gcc's tuning for most cores still
-# vectorises with 256-bit registers (avoiding the clock drop early server cores took on
-# 512-bit code), while ATen's kernels use all 512 bits (torch.backends.cpu
-# .get_cpu_capability() == "AVX512"). Measured on this Rocket Lake, 1 thread, tempa's
-# kernels with 512 against 256 (ms): exact GELU over 512x3072 0.99 / 1.31, tanh GELU 0.90 /
-# 1.59, softmax 24x256x256 1.16 / 1.34, add + layer norm 512x768 0.23 / 0.28, silu * y 0.85 /
-# 0.94, row and column sums level (benchmarks/README.md, issue 18's GELU). A CPU without
-# AVX-512 ignores it.
-FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC",
-         "-std=c++17", "-fno-math-errno", "-w"]
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
+         "-fno-math-errno", "-w"]
 
 
 class BuildError(Exception):
