@@ -202,7 +202,9 @@ class _RandomTensors:
         if t is None:
             span = 1 + sum((s - 1) * abs(st) for s, st in zip(buf.sizes, buf.strides) if s > 0)
             if buf.dtype.is_floating_point:
-                base = torch.randn(span, device=self.device, dtype=buf.dtype)
+                # a generator of its own: tuning never moves the user's CUDA RNG
+                g = torch.Generator(device=self.device).manual_seed(0)
+                base = torch.randn(span, device=self.device, dtype=buf.dtype, generator=g)
             else:
                 base = torch.zeros(span, device=self.device, dtype=buf.dtype)
             t = self.made[buf] = base.as_strided(tuple(buf.sizes), tuple(buf.strides))

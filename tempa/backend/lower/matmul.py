@@ -175,7 +175,8 @@ def _packing_faster(x_meta, bias_meta, n, k, stored_kn) -> bool:
     if key not in _packing_seconds:
         with torch.no_grad():
             x = _example(x_meta)
-            w_nk = torch.randn(k, n).t() if stored_kn else torch.randn(n, k)
+            g = example_generator()
+            w_nk = torch.randn(k, n, generator=g).t() if stored_kn else torch.randn(n, k, generator=g)
             b = _example(bias_meta) if bias_meta is not None else None
             m = x.shape[0]
             packed = torch.ops.mkl._mkl_reorder_linear_weight(w_nk.contiguous(), m)
@@ -238,8 +239,17 @@ def lower_extern(ctx, node, args, kwargs):
     return ctx.extern(node, args, kwargs, fallback=False)
 
 
-def _example(tm):
-    return torch.empty_strided(tm.shape, tm.stride, dtype=tm.dtype).normal_()
+def example_generator() -> torch.Generator:
+    """The random numbers of compile-time timing's example tensors: a generator of their
+    own, so that compiling never moves the user's RNG (after a compiled first call
+    ``torch.randn`` must draw what it draws after eager's)."""
+    return torch.Generator().manual_seed(0)
+
+
+def _example(tm, generator=None):
+    """A tensor of ``tm``'s sizes, strides and dtype with normal values, for timing."""
+    return torch.empty_strided(tm.shape, tm.stride, dtype=tm.dtype).normal_(
+        generator=generator or example_generator())
 
 
 def _best_seconds(fn, reps=3):
