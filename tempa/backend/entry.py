@@ -16,7 +16,7 @@ from .lower.joint import trace_training
 from .lower.layout import is_channels_last
 from .lower.layout_timing import channels_last_faster
 from .lower.replay import relayout_convolutions
-from .lower.trace import UntraceableGraph, prepare, trace_forward, with_output_views
+from .lower.trace import UntraceableGraph, prepare, rng_untouched, trace_forward, with_output_views
 from .pipeline import show
 from .results import bumping_versions, with_eager_results
 from .runtime.build import BuildError
@@ -419,7 +419,7 @@ def raises_in_eager(gm, inputs) -> bool:
               if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
               else t.detach().clone() if isinstance(t, torch.Tensor) else t
               for t in list(inputs)[:n_user]]
-    with torch.random.fork_rng(devices=[]):
+    with rng_untouched():
         try:
             gm.forward(*copies)
         except Exception:  # noqa: BLE001 - any error of the graph's own ops
@@ -637,7 +637,7 @@ class GraphVariants:
         copies = [mode.from_tensor(t.detach()).requires_grad_(t.requires_grad)
                   if isinstance(t, torch.Tensor) else t for t in self.examples]
         try:
-            with mode, torch.enable_grad(), torch.random.fork_rng(devices=[]):
+            with mode, torch.enable_grad(), rng_untouched():
                 outs = tree_leaves(self.pgm(*copies))
         except Exception:  # noqa: BLE001 - eager's error, or ops fakes cannot run: the ATen graph
             return False
@@ -713,7 +713,7 @@ class GraphVariants:
         """Run the graph on ``make_copies()``; UntraceableGraph if it raised one of eager's
         refusals of an in-place write. Any other failure is left to the trace."""
         try:
-            with torch.random.fork_rng(devices=[]):
+            with rng_untouched():
                 self.pgm(*make_copies())
         except RuntimeError as e:
             first = str(e).splitlines()[0] if str(e) else ""

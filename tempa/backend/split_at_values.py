@@ -42,6 +42,7 @@ from torch.amp import autocast_mode
 from .. import logs
 from .dynamic import _resize, dynamic_dims, from_values, symbol_ranges
 from .entry import BackendInfo, _writes_in_place, run_graph, tempa_backend
+from .lower.trace import rng_untouched
 
 # How a node runs in the driver
 CUT = "cut"          # a value-dependent operation: its ATen call
@@ -95,7 +96,7 @@ def compile_in_pieces(gm: fx.GraphModule, example_inputs, *, mode=None, options=
     for p in pieces:
         p.compile_piece, p.whole = compile_piece, info
     copies = [_private_copy(t) for t in example_inputs]
-    with torch.random.fork_rng(devices=[]):
+    with rng_untouched():
         driver.forward(*copies)
     info.pieces = [p.info for p in pieces]
     info.kernel_count = sum(p.info.kernel_count for p in pieces)
