@@ -48,3 +48,21 @@ def test_the_first_compiled_call_leaves_the_global_rng_where_eager_leaves_it(cas
     # the compile did time (else this test would check nothing)
     assert layout_timing._seconds or matmul._packing_seconds
     assert torch.equal(got, _draws_after_first_call(model, inp))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_trial_run_at_compile_time_leaves_the_cuda_rng_where_eager_leaves_it():
+    # a graph with a value-sized op is compiled in pieces and run once on copies of its
+    # inputs (split_at_values); its dropout drew from CUDA's generator, which the trial run
+    # used to restore only on the CPU
+    def f(x):
+        return torch.nn.functional.dropout(x[x > 0] * 3, p=0.5, training=True).exp()
+
+    x = torch.randn(4096, device="cuda")
+    compiled = tempa.compile(f)
+    outs = []
+    for fn in (compiled, f):
+        torch.manual_seed(0)
+        fn(x)
+        outs.append(torch.rand(8, device="cuda"))
+    assert torch.equal(outs[0], outs[1])
