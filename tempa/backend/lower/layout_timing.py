@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from .matmul import _best_interleaved, _example
+
 aten = torch.ops.aten
 
 MEASURED_GAIN = 1.05
@@ -50,7 +52,6 @@ def _meta_key(tm):
 
 def _call_of(n):
     """``n`` as a call on example tensors of its traced layouts; (callable, key) or None."""
-    from .matmul import _example
     metas = fx.node.map_arg(n.args, lambda a: a.meta.get("traced_meta"))
     kwargs = fx.node.map_arg(n.kwargs, lambda a: a.meta.get("traced_meta"))
     if any(isinstance(a, fx.Node) and not hasattr(m, "stride") for a, m in zip(n.args, metas)):
@@ -72,8 +73,8 @@ def _call_of(n):
 
 
 def _time_pair(f, g, budget_s=0.05):
-    """The best seconds of ``f`` and ``g``, timed interleaved (matmul._best_interleaved)."""
-    from .matmul import _best_interleaved
+    """The best seconds of ``f`` and ``g``, timed interleaved (matmul._best_interleaved);
+    tests put fixed timings here."""
     return _best_interleaved(f, g, budget_s)
 
 

@@ -246,10 +246,10 @@ def example_generator() -> torch.Generator:
     return torch.Generator().manual_seed(0)
 
 
-def _example(tm, generator=None):
+def _example(tm):
     """A tensor of ``tm``'s sizes, strides and dtype with normal values, for timing."""
     return torch.empty_strided(tm.shape, tm.stride, dtype=tm.dtype).normal_(
-        generator=generator or example_generator())
+        generator=example_generator())
 
 
 def _best_seconds(fn, reps=3):
