@@ -6,6 +6,8 @@ the return. Outputs are allocated fresh on every call, so two threads can call a
 """
 from __future__ import annotations
 
+import re
+
 import torch
 
 from ..ir import Buffer, ComputedBuffer, ExternCall, LoopValue, PackedWeight
@@ -135,6 +137,8 @@ def render_wrapper(sched: Schedule, lowered, seg_codes: dict, num_inputs: int, n
                 for i, b in enumerate(outs):
                     if b is not None:
                         L.append(f"    {b.name} = _r[{i}]")
+                if nsizes or any(b is not None and _may_be_large(b) for b in outs):
+                    L.append("    del _r")    # its outputs are released at their last use
             else:
                 L.append(f"    {outs[0].name} = {opname}({call_args})")
             continue
@@ -167,12 +171,76 @@ def render_wrapper(sched: Schedule, lowered, seg_codes: dict, num_inputs: int, n
     for v in lowered.outputs:
         outs.append(w.tensor(v))
     L.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    L[1:] = release_after_last_use(L[1:], _released_buffers(sched, every=nsizes > 0))
     L[1:] = ["    " + x for x in L[1:]]
     head = ["import torch", "",
             "def make(_S, _C, _P, _K, _empty_strided, _as_strided, _index_error):"]
     head += [f"    _S{si} = _S[{si}]" for si, seg in enumerate(sched.segments) if not isinstance(seg, ExternCall)]
     head += [f"    {name} = {expr}" for expr, name in w.ops.items()]
     return "\n".join(head + L + ["    return call"]) + "\n", w.consts, w.serializable
+
+
+# A buffer of at least this many bytes is released right after its last use in a call.
+# Why: held until the call returned, every intermediate of a BERT-base forward (b2 T128,
+# ~50 MB) was live at once; freeing them all at the return left glibc's heap with a free
+# top larger than its trim threshold, which it handed back to the kernel, so the next call
+# page-faulted ~7 MB of fresh memory (1875 faults a call; eager and Inductor, which free
+# at last use: none), and each GEMM's output was cold. Smaller buffers are not worth a
+# ``del`` statement (~15 ns a call each) on the small graphs whose calls take microseconds.
+RELEASE_BYTES = 1 << 16
+
+
+def _released_buffers(sched, every: bool) -> set:
+    """Names of the buffers the wrapper binds (its allocations, the names it gives buffers
+    written over a dying one, extern results) whose memory may be RELEASE_BYTES or more;
+    ``every``: all of them (shape-generic code, rendered at sample sizes whose texts must
+    agree, backend/dynamic.py)."""
+    bound = [b for seg in sched.segments if isinstance(seg, ExternCall) for b in seg.outputs]
+    bound += [m for seg in sched.segments if not isinstance(seg, ExternCall)
+              for g in seg for m in g.members if m.kind in ("py", "alias")]
+    return {b.name for b in bound if b is not None and b.kind != "input" and (every or _may_be_large(b))}
+
+
+def _may_be_large(b) -> bool:
+    """Whether ``b`` may hold RELEASE_BYTES or more (a size not known until the call: yes)."""
+    n = 1
+    for size in b.sizes:
+        if not isinstance(size, int):
+            return True
+        n *= size
+    return n * b.dtype.itemsize >= RELEASE_BYTES
+
+
+def release_after_last_use(lines: list, names: set) -> list:
+    """``lines`` (a call's straight-line body, one statement per line, the return last) with
+    ``del name`` after the last line that mentions each of ``names`` before the return:
+    Python then frees the tensor there (unless a view of it lives on), as eager frees an
+    intermediate when its last user has run. Mentions are found as identifiers in the text
+    Python runs, so a name is never deleted before a line that reads it."""
+    last = {}
+    for i, line in enumerate(lines[:-1]):
+        for ident in _IDENT.findall(line):
+            if ident in names:
+                last[ident] = i
+    returned = set(_IDENT.findall(lines[-1]))
+    after: dict = {}
+    for name, i in last.items():
+        if name not in returned:
+            after.setdefault(i, []).append(name)
+    out = []
+    for i, line in enumerate(lines):
+        out.append(line)
+        if i in after:
+            out.append(f"    del {', '.join(sorted(after[i], key=_natural))}")
+    return out
+
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _natural(name):
+    digits = name.lstrip("abcdefghijklmnopqrstuvwxyz_")
+    return (name[:len(name) - len(digits)], int(digits) if digits.isdigit() else 0, name)
 
 
 def _contig(sizes):

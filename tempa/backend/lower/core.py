@@ -213,8 +213,20 @@ class LowerCtx:
                 if a.strided is not None and (want is None or tuple(a.strided[1]) == tuple(want)
                                               and a.strided[2] == offset):
                     return a
-                if want is None or offset != 0:
+                if a.strided is not None and a.strided[2] == offset and \
+                        same_addresses(a.sizes, a.strided[1], want):
+                    # The same elements at the same addresses; only the strides of size-1
+                    # dims differ (a batch-1 view of a matmul's output handed to attention:
+                    # lowering's view gives such a dim stride 0, ATen the next dim's
+                    # extent). A view with the traced strides, not a copy: ATen may read a
+                    # size-1 dim's stride when it picks its output's layout.
+                    return LoopValue.view_of(a.strided[0], a.sizes, want, offset)
+                if want is None:
                     return self.realize(a, f"input of {node.target}")
+                if offset != 0:
+                    # new memory starts at offset 0, but in the traced strides: ATen picks
+                    # output layouts from input strides, never from the offset
+                    want = tuple(want)
                 out = self.store(a, want, f"input of {node.target}")
                 self.realized[id(a)] = (a, out)
                 return out
@@ -249,6 +261,14 @@ class LowerCtx:
         (self.g.fallbacks if fallback else self.g.externs).append(name)
         tvs = [LoopValue.of_buffer(b) if b is not None else None for b in outs]
         return tuple(tvs) if multi else tvs[0]
+
+
+def same_addresses(sizes, strides, other) -> bool:
+    """Whether two layouts of ``sizes`` put every element at the same address: equal strides
+    on every dim but those of size 1, whose stride is never multiplied by anything but 0."""
+    if other is None or 0 in sizes:
+        return False
+    return all(n == 1 or int(a) == int(b) for n, a, b in zip(sizes, strides, other))
 
 
 def memory_order(sizes, strides):
