@@ -298,7 +298,7 @@ class DynamicTarget(VariantTarget):
             try:
                 inputs = self._inputs_at(tuple(ax[k] for ax, k in zip(self.axes, ix)))
                 self.traced[key] = (trace_training(self.pgm, inputs, self.decomps()) if joint
-                                    else trace_forward(self.pgm, inputs, self.decomps()))
+                                    else trace_forward(self.pgm, inputs, self.decomps(), differentiable=False))
             finally:
                 torch.set_num_threads(old)
             self.used_points.add(ix)
@@ -333,7 +333,7 @@ class DynamicTarget(VariantTarget):
             self._generic(label)
             if self.ties:
                 def one(inputs):
-                    tr = trace_forward(self.pgm, inputs, self.decomps())
+                    tr = trace_forward(self.pgm, inputs, self.decomps(), differentiable=False)
                     return self._static_compile(tr.gm, tr.num_outputs, tr.mutated, n_in, label)[0]
                 call = _with_fallback(call, per_shape(one, "tied sizes differ"))
             return call, gi
@@ -342,7 +342,7 @@ class DynamicTarget(VariantTarget):
             self._refuse_per_value(e)
             self._per_shape_note(label, e)
             def one(inputs):
-                tr = trace_forward(self.pgm, inputs, self.decomps())
+                tr = trace_forward(self.pgm, inputs, self.decomps(), differentiable=False)
                 call = self._static_compile(tr.gm, tr.num_outputs, tr.mutated, n_in, label)[0]
                 return with_output_views(call, tr.aliases)
             call, gi = self._static_compile(gm, num_outputs, mutated, n_in, label)

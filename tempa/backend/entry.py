@@ -465,7 +465,7 @@ class GraphVariants:
         if self.traced is None:
             self._check_no_write_to_overlapping_memory()
             self._check_in_place_result_types()
-            self.traced = trace_forward(self.pgm, self.examples, self.target.decomps())
+            self.traced = trace_forward(self.pgm, self.examples, self.target.decomps(), differentiable=False)
         return self.traced
 
     def inference(self):

@@ -144,7 +144,7 @@ def test_relayout_converts_conv_arguments_and_keeps_output_strides():
     """The trace itself: every convolution gets channels-last input and weight, and the
     returned tensors (a feature map, a permuted view of one) have eager's strides."""
     ins = _block_inputs()
-    tr = trace_forward(fx.symbolic_trace(_block), ins, table())
+    tr = trace_forward(fx.symbolic_trace(_block), ins, table(), differentiable=False)
     assert _conv_args_channels_last(tr.gm)[:2] == [(False, False)] * 2
     relaid = relayout_convolutions(tr, ins, table())
     assert _conv_args_channels_last(relaid.gm) == [(True, True)] * 3
@@ -180,7 +180,7 @@ def test_grouped_convolution_keeps_its_layout():
     def f(x, wg, wd):
         return F.conv2d(F.conv2d(x, wg, groups=2), wd, groups=4)
     ins = [torch.randn(2, 4, 6, 6), torch.randn(4, 2, 3, 3), torch.randn(4, 1, 3, 3)]
-    tr = trace_forward(fx.symbolic_trace(f), ins, table())
+    tr = trace_forward(fx.symbolic_trace(f), ins, table(), differentiable=False)
     relaid = relayout_convolutions(tr, ins, table())
     assert _conv_args_channels_last(relaid.gm) == [(False, False), (True, True)]
 
@@ -227,7 +227,7 @@ def test_gpu_plan_runs_convolutions_channels_last_without_extra_copies(untimed):
     into its cast, each weight's into its cast to bf16)."""
     ins = _block_inputs()
     with torch.autocast("cpu", torch.bfloat16):
-        tr = trace_forward(fx.symbolic_trace(_block), ins, table())
+        tr = trace_forward(fx.symbolic_trace(_block), ins, table(), differentiable=False)
         relaid = relayout_convolutions(tr, ins, table())
     eager_externs, eager_kernels = _externs_and_kernels(tr.gm, tr.num_outputs, tr.mutated, len(ins))
     externs, kernels = _externs_and_kernels(relaid.gm, relaid.num_outputs, relaid.mutated, len(ins))

@@ -10,7 +10,7 @@ from tempa.backend.lower.trace import trace_forward
 
 
 def _kernel_sizes(fn, *inputs):
-    tr = trace_forward(fx.symbolic_trace(fn), list(inputs), table())
+    tr = trace_forward(fx.symbolic_trace(fn), list(inputs), table(), differentiable=False)
     plan = gc.plan_graph(tr.gm, tr.num_outputs, tr.mutated, len(inputs), "inference")
     return [len(it[1].params) for it in plan.items if isinstance(it, tuple)]
 
@@ -42,7 +42,7 @@ def test_eval_batchnorm_after_a_convolution_calls_nothing_but_the_convolution():
         return torch.relu(torch.nn.functional.batch_norm(y, mean, var, g, b, training=False))
     inputs = [torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(4), torch.rand(4) + 0.5,
               torch.randn(4), torch.randn(4)]
-    tr = trace_forward(fx.symbolic_trace(f), inputs, table())
+    tr = trace_forward(fx.symbolic_trace(f), inputs, table(), differentiable=False)
     assert aten.flatten.using_ints in {n.target for n in tr.gm.graph.nodes}   # what is lowered
     plan = gc.plan_graph(tr.gm, tr.num_outputs, tr.mutated, len(inputs), "inference")
     assert [it.op for it in plan.items if isinstance(it, ExternCall)] == [aten.convolution.default]

@@ -62,7 +62,7 @@ def test_the_triton_target_runs_the_same_passes_and_keeps_them():
     def f(x, w):
         return torch.softmax(x @ w, -1) * 2
     x, w = torch.randn(8, 32), torch.randn(32, 16)
-    tr = trace_forward(fx.symbolic_trace(f), [x, w], gpu_decomps())
+    tr = trace_forward(fx.symbolic_trace(f), [x, w], gpu_decomps(), differentiable=False)
     plan = gc.plan_graph(tr.gm, tr.num_outputs, tr.mutated, 2, "inference")
     passes = plan.info.passes
     assert list(passes) == ["aten", "lower", "eliminate_dead", "schedule", "write_in_place", "partition", "plan_memory",

@@ -2,7 +2,8 @@
 attention mask or dropout (ViT, Whisper's encoder, a causal decoder without padding) keeps
 the fused flash kernel and its backward, as eager runs it; one with a mask still goes
 through the math decomposition, whose gradient reaches a mask that requires one (the
-fused kernel's backward gives none)."""
+fused kernel's backward gives none). An inference graph (grad off) keeps the fused kernel
+with or without a mask, as eager runs it."""
 import pytest
 import torch
 import torch.nn as nn
@@ -79,3 +80,22 @@ def test_a_mask_requiring_grad_gets_its_gradient_through_the_math_decomposition(
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
     assert "flash_attention" not in _backward_source(fast)
+
+
+def test_masked_attention_under_no_grad_keeps_the_fused_kernel():
+    # an inference graph is never differentiated: it runs the fused kernel eager runs (Swin's
+    # masked window attention ran as two bmm and a softmax per layer, twice eager's time),
+    # and rows whose keys are all masked out come out as eager's
+    torch.manual_seed(0)
+    model = Attention(False)                      # parameters requiring grad, called under no_grad
+    x = torch.randn(2, 7, 32)
+    mask = torch.randn(2, 1, 7, 7)
+    mask[:, :, 3] = float("-inf")                 # query 3 sees no key
+    fast = tempa.compile(model)
+    with torch.no_grad():
+        got, want = fast(x, mask), model(x, mask)
+    torch.testing.assert_close(got, want, equal_nan=True)
+    (entry,) = tempa.entries(fast)
+    aten_graph = entry.kernels.inference.passes["aten"].code
+    assert "_scaled_dot_product_flash_attention_for_cpu" in aten_graph, aten_graph
+    assert "bmm" not in aten_graph

@@ -77,7 +77,7 @@ def trace_training(gm: fx.GraphModule, inputs: list, decomps: dict, conv_layout:
     convolutions in ``conv_layout`` (see CONV_LAYOUTS)."""
     forward_decomps = {op: fn for op, fn in decomps.items()
                        if op.overloadpacket not in KEEP_WHOLE_FOR_AUTOGRAD}
-    traced = trace_forward(gm, inputs, forward_decomps)
+    traced = trace_forward(gm, inputs, forward_decomps, differentiable=True)
     joint = trace_joint(traced, inputs, decomps, conv_layout)
     joint.single = traced.single
     joint.aliases = traced.aliases

@@ -60,7 +60,7 @@ def relayout_convolutions(traced: "Traced", inputs: list, decomps: dict) -> "Tra
             ph.meta["traced_meta"] = None
             ph.meta["value"] = c
         env[n] = c
-    with _attention_for(traced.gm, inputs), nodynamo.resolved(), rng_untouched(), rec:
+    with _attention_for(traced.gm, inputs, differentiable=False), nodynamo.resolved(), rng_untouched(), rec:
         outs = _replay(traced, env, True)
     graph.output(tuple(rec.lookup(o) if isinstance(o, torch.Tensor) else o for o in outs))
     graph.eliminate_dead_code()

@@ -272,16 +272,19 @@ class Traced:
 _SDPA = (F.scaled_dot_product_attention, aten.scaled_dot_product_attention.default)
 
 
-def _attention_for(gm, inputs):
-    """When the graph may be differentiated (some input requires grad), trace
+def _attention_for(gm, inputs, differentiable: bool):
+    """When the graph may be differentiated (a training trace, some input requires grad), trace
     scaled_dot_product_attention through its math decomposition on the CPU if a call has an
     attention mask or dropout: the fused CPU kernel's backward gives no gradient for a mask
     that requires one (T5's position bias) and NaN for fully masked rows, where the
     decomposed graph matches eager. Calls without either (ViT, Whisper's encoder, a causal
     decoder without padding) keep the fused kernel and its backward, as eager runs them.
     Why: the decomposition's two batched matmuls, softmax and their backward made a ViT-B
-    training step ~15% slower than the fused kernels (benchmarks/README.md)."""
-    needs_grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
+    training step ~15% slower than the fused kernels (benchmarks/README.md). An inference
+    trace (``differentiable`` False: its graph runs with grad off) keeps the fused kernel,
+    as eager does: decomposed, Swin's masked window attention ran as two bmm and a softmax
+    per layer, twice the time of eager's fused kernel."""
+    needs_grad = differentiable and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
     on_cpu = all(not isinstance(t, torch.Tensor) or t.device.type == "cpu" for t in inputs)
     if needs_grad and on_cpu and any(_masked_or_dropped(n) for n in gm.graph.nodes
                                      if n.op == "call_function" and n.target in _SDPA):
@@ -314,7 +317,9 @@ def rng_untouched():
             torch.cuda.set_rng_state_all(cuda)
 
 
-def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict) -> Traced:
+def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict, *, differentiable: bool) -> Traced:
+    """The functional ATen graph of ``gm`` on ``inputs``. ``differentiable``: the trace is a
+    training graph's forward, to be differentiated (``_attention_for``)."""
     graph = fx.Graph()
     rec = _Recorder(graph, decomps)
     clones = [_clone(t) for t in inputs]
@@ -326,7 +331,7 @@ def trace_forward(gm: fx.GraphModule, inputs: list, decomps: dict) -> Traced:
             ph.meta["traced_meta"] = None
             ph.meta["value"] = t
     fn = torch.func.functionalize(gm, remove="mutations")
-    with torch.enable_grad(), _attention_for(gm, inputs), nodynamo.resolved(), rng_untouched(), rec:
+    with torch.enable_grad(), _attention_for(gm, inputs, differentiable), nodynamo.resolved(), rng_untouched(), rec:
         out = fn(*clones)
     single = not isinstance(out, (tuple, list))
     outs = [out] if single else list(out)
