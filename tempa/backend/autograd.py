@@ -42,7 +42,7 @@ _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
 
 
 def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn=finish, graph_calls=None,
-                   native_node: bool = False, absent_variants: bool = True):
+                   native_node: bool = False, absent_variants: bool = True, saved_layouts: bool = False):
     """``plan_fn``/``finish_fn``: the renderer's passes (C++ here; the GPU path passes its own).
     ``native_node``: use tempa's native autograd node where it is built (the CPU targets
     ask for it; the GPU targets keep ``autograd.Function`` until it is tested there).
@@ -52,12 +52,19 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
     next replay need not copy it away (a ctx attribute lives as long as the outputs do).
     ``absent_variants``: a call whose backward gets no gradient for some outputs runs a
     backward compiled for their absence (``_AbsentTangents``); off (and under CUDA graphs,
-    whose backward is one recording), autograd gives zeros for them, as before."""
+    whose backward is one recording), autograd gives zeros for them, as before.
+    ``saved_layouts`` (the C++ target at fixed sizes): the forward hands out saved values in
+    its own layouts and the backward is compiled for them (``_own_layout_outputs``)."""
     n_fixed = len(joint.saved_inputs) + joint.num_saved
     n_bw_in = n_fixed + len(joint.diff_outputs)
     all_saved_variables = graph_calls is not None
     absent_variants = absent_variants and not all_saved_variables
-    fw_plan = plan_fn(joint.fw, joint.num_outputs, joint.mutated, n_in, "forward", "f_")
+    if saved_layouts:
+        fw_plan = plan_fn(joint.fw, joint.num_outputs, joint.mutated, n_in, "forward", "f_",
+                          own_layout_outputs=_own_layout_outputs(joint))
+        _adopt_saved_layouts(joint, fw_plan.lowered.outputs)
+    else:
+        fw_plan = plan_fn(joint.fw, joint.num_outputs, joint.mutated, n_in, "forward", "f_")
     if absent_variants and _backward_likely_partial(joint):
         # the backward is compiled by the first call that needs it (_AbsentTangents)
         ((fw_call, fw_info),) = finish_fn([fw_plan])
@@ -172,6 +179,54 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
             setattr(Fn, name, owner.__dict__[name])
     # single output: forward returns the tensor itself, so apply returns it unwrapped
     return _C_APPLY.__get__(None, Fn), fw_info, bw_info
+
+
+# Backward ops that address a tensor's storage rather than its elements: a saved value read
+# by one keeps the layout eager gave it.
+_STORAGE_READERS = frozenset({torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_scatter.default})
+
+
+def _own_layout_outputs(joint) -> frozenset:
+    """The positions of the forward's outputs that may be saved in the forward's own layout:
+    saved values that are not also user outputs (those the caller holds in eager's layout)
+    and that the backward reads only through ops that index elements. Why: a saved value in
+    eager's layout is a copy the forward makes only to save it (Whisper's residual stream is
+    channels-first after its convolutions, so each layer's was saved transposed: 12 ms of a
+    650 ms step) and a backward reading it across rows."""
+    outs = next(n for n in joint.fw.graph.nodes if n.op == "output").args[0]
+    first = len(outs) - joint.num_saved
+    users_outputs = set(outs[:first])
+    phs = [n for n in joint.bw.graph.nodes if n.op == "placeholder"]
+    skip = len(joint.saved_inputs)
+    own = set()
+    for k in range(joint.num_saved):
+        node, ph = outs[first + k], phs[skip + k]
+        if not isinstance(node, torch.fx.Node) or node in users_outputs or node.op == "placeholder":
+            continue
+        if ph.meta.get("traced_meta") is None or any(u.target in _STORAGE_READERS for u in ph.users):
+            continue
+        own.add(first + k)
+    return frozenset(own)
+
+
+def _adopt_saved_layouts(joint, outputs) -> None:
+    """The backward's saved-value placeholders take the strides (and storage offset) of the
+    values the lowered forward hands out (``outputs``: user outputs, then saved values), so
+    the backward is lowered for the memory it will read."""
+    import dataclasses
+    from .ir import LoopValue
+    phs = [n for n in joint.bw.graph.nodes if n.op == "placeholder"]
+    skip = len(joint.saved_inputs)
+    saved = outputs[len(outputs) - joint.num_saved:] if joint.num_saved else []
+    for k, v in enumerate(saved):
+        ph = phs[skip + k]
+        tm = ph.meta.get("traced_meta")
+        if tm is None or not isinstance(v, LoopValue) or v.strided is None:
+            continue
+        base, strides, offset = v.strided
+        if tuple(strides) != tuple(tm.stride):
+            ph.meta["traced_meta"] = dataclasses.replace(
+                tm, stride=tuple(strides), offset=getattr(base, "base_offset", 0) + offset)
 
 
 def _backward_likely_partial(joint) -> bool:

@@ -121,10 +121,11 @@ CPP = CppTarget()
 
 
 def plan_graph(gm, num_outputs: int, mutated: list, num_inputs: int, label: str = "graph",
-               prefix: str = "", nsizes: int = 0, choices=None, pack_weights=frozenset()) -> Plan:
+               prefix: str = "", nsizes: int = 0, choices=None, pack_weights=frozenset(),
+               own_layout_outputs=frozenset()) -> Plan:
     """The pipeline's graph passes with the C++ target (pipeline.plan_graph says more)."""
     return run_passes(CPP, gm, num_outputs, mutated, num_inputs, label, prefix, nsizes, choices,
-                      pack_weights)
+                      pack_weights, own_layout_outputs)
 
 
 def finish(plans: list) -> list:

@@ -209,7 +209,7 @@ class DynamicTarget(VariantTarget):
     def _static_training(self, joint, n_in, single, plan_fn=None, finish_fn=None):
         from .autograd import build_training
         if plan_fn is None:
-            return build_training(joint, n_in, single, native_node=True)
+            return build_training(joint, n_in, single, native_node=True, saved_layouts=True)
         # shape-generic: no backward variants for outputs without a gradient (autograd.py
         # _AbsentTangents): one would need the grid traced again; autograd gives zeros
         return build_training(joint, n_in, single, plan_fn, finish_fn, native_node=True,

@@ -370,17 +370,20 @@ class Target:
 
 def plan_graph(target: Target, gm, num_outputs: int, mutated: list, num_inputs: int,
                label: str = "graph", prefix: str = "", nsizes: int = 0, choices=None,
-               pack_weights: frozenset = frozenset(), **extra):
+               pack_weights: frozenset = frozenset(), own_layout_outputs: frozenset = frozenset(),
+               **extra):
     """GRAPH_PASSES over one functional ATen graph with ``target``: the target's plan (to be
     finished with ``target.finish``). ``nsizes`` > 0: one rendering of a shape-generic graph
     taking that many size symbols; ``choices``: a lower.core.SizeChoices log that records or
     replays size-driven choices; ``pack_weights``: LowerOptions.pack_weights (fixed sizes
-    only); ``extra``: the target's own settings for this graph."""
+    only); ``own_layout_outputs``: LowerOptions.own_layout_outputs (fixed sizes only);
+    ``extra``: the target's own settings for this graph."""
     fixed = not nsizes and choices is None
     options = LowerOptions(DYNAMIC_SIZE_SCALE if nsizes else 1, choices, target.addmm_as_mm_macs,
                            frozenset(target.extra_dtypes), target.channels_last_stores,
                            target.memory_order_stores and not nsizes,
-                           frozenset(pack_weights) if fixed else frozenset())
+                           frozenset(pack_weights) if fixed else frozenset(),
+                           frozenset(own_layout_outputs) if fixed else frozenset())
     job = GraphJob(gm, num_outputs, mutated, num_inputs, label, prefix, nsizes, options, settings=extra)
     job.kept["aten"] = gm
     for name in GRAPH_PASSES:

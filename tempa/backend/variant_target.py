@@ -96,7 +96,7 @@ class CpuTarget(VariantTarget):
 
     def build_training(self, joint, n_in, single):
         from .autograd import build_training
-        return build_training(joint, n_in, single, native_node=True)
+        return build_training(joint, n_in, single, native_node=True, saved_layouts=True)
 
     def conv_layout(self) -> str:
         return conv_layout_option("cpu_conv_layout")

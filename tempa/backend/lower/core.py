@@ -61,6 +61,10 @@ class LowerOptions:
     # no graph writes) whose weight matrices a GEMM may read packed, where that is measured
     # faster (matmul.py _packed_linear; runtime/packed_weights.py)
     pack_weights: frozenset = frozenset()
+    # a training forward (the CPU at fixed sizes): the positions of its outputs that are
+    # saved values handed out in the layout the forward computes them in rather than eager's,
+    # the backward then compiled for those layouts (lowerings._as_saved, autograd.py)
+    own_layout_outputs: frozenset = frozenset()
 
     def admits(self, dt) -> bool:
         return dt in CTYPES or dt in self.extra_dtypes

@@ -92,8 +92,11 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
             vals = [env[o] if isinstance(o, fx.Node) else o for o in outs]
             # Outputs must be memory the wrapper can hand out, in the layout seen at trace
             # time: a backward graph indexes its saved inputs with the traced strides.
-            vals = [_as_traced(ctx, v, o.meta.get("traced_meta"), o.meta.get(HANDED_OUT_AS_INPUT, False))
-                    if isinstance(o, fx.Node) else _as_traced(ctx, v, None) for v, o in zip(vals, outs)]
+            own = ctx.options.own_layout_outputs
+            vals = [_as_saved(ctx, v, user_outputs=vals[:num_outputs]) if i in own else
+                    _as_traced(ctx, v, o.meta.get("traced_meta"), o.meta.get(HANDED_OUT_AS_INPUT, False))
+                    if isinstance(o, fx.Node) else _as_traced(ctx, v, None)
+                    for i, (v, o) in enumerate(zip(vals, outs))]
             g.outputs = vals[:num_outputs] + vals[num_outputs + len(mutated):]
             for inp, v in zip(mutated, vals[num_outputs:num_outputs + len(mutated)]):
                 dst = g.inputs[inp]
@@ -182,6 +185,26 @@ def _as_traced(ctx, v, tm, handed_out_as_input=False):
     # was realized contiguous, which a backward then read with the traced strides: wrong
     # values once a computed value's piece was saved.)
     return ctx.store(v, tm.stride, "output")
+
+
+def _as_saved(ctx, v, user_outputs):
+    """A value the forward saves for its backward, in the layout the forward has it in: a
+    view of memory the forward computed as it is (a transposed or sliced view of it: no
+    copy), anything else stored contiguous. The backward is compiled for these layouts
+    (autograd.py _adopt_saved_layouts). Not a view of an input or of a user output: a later
+    in-place write by the caller would change what the backward reads. Why: eager's layouts
+    made the forward copy values into them just to save them (Whisper's residual stream,
+    channels-first after its convolutions, saved transposed per layer: 12 ms of a 650 ms
+    step) and the backward read them back across rows."""
+    if not isinstance(v, LoopValue):
+        return v
+    if v.strided is None:
+        return ctx.realize(v, "saved")
+    base = v.strided[0]
+    handed = {u.strided[0] for u in user_outputs if isinstance(u, LoopValue) and u.strided is not None}
+    if base.kind in ("input", "const") or base in handed:
+        return _new_memory(ctx, v, None)
+    return v
 
 
 def _new_memory(ctx, v, tm):
