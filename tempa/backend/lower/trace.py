@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import nodynamo
@@ -272,33 +273,60 @@ class Traced:
 _SDPA = (F.scaled_dot_product_attention, aten.scaled_dot_product_attention.default)
 
 
+# An inference trace keeps eager's fused CPU attention kernel for a call with a mask only
+# from this many attention scores (batch x heads x queries x keys) up; below, the math
+# decomposition, whose small matmuls and softmax tempa fuses, is the faster. Measured: the
+# zoo's HF models (1152 scores a call) ran 8-19% slower a call fused (hf_gpt2_sdpa x0.81,
+# hf_gpt2_cache x0.84, hf_t5_encoder_sdpa x0.92), Swin-T's windows (12288-98304 scores a
+# call) 2x faster fused (benchmarks/README.md).
+FUSED_MASKED_ATTENTION_MIN_SCORES = 4096
+
+
 def _attention_for(gm, inputs, differentiable: bool):
-    """When the graph may be differentiated (a training trace, some input requires grad), trace
-    scaled_dot_product_attention through its math decomposition on the CPU if a call has an
-    attention mask or dropout: the fused CPU kernel's backward gives no gradient for a mask
-    that requires one (T5's position bias) and NaN for fully masked rows, where the
-    decomposed graph matches eager. Calls without either (ViT, Whisper's encoder, a causal
-    decoder without padding) keep the fused kernel and its backward, as eager runs them.
-    Why: the decomposition's two batched matmuls, softmax and their backward made a ViT-B
-    training step ~15% slower than the fused kernels (benchmarks/README.md). An inference
-    trace (``differentiable`` False: its graph runs with grad off) keeps the fused kernel,
-    as eager does: decomposed, Swin's masked window attention ran as two bmm and a softmax
-    per layer, twice the time of eager's fused kernel."""
-    needs_grad = differentiable and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
+    """Which CPU kernel scaled_dot_product_attention is traced through, per call (a mode
+    that sees each call's tensors). A call with an attention mask or dropout goes through
+    the math decomposition (1) when the graph may be differentiated (a training trace, some
+    input requires grad): the fused CPU kernel's backward gives no gradient for a mask that
+    requires one (T5's position bias) and NaN for fully masked rows, where the decomposed
+    graph matches eager; (2) in an inference trace, below FUSED_MASKED_ATTENTION_MIN_SCORES.
+    Everything else keeps the fused kernel, as eager runs it. Why not always the
+    decomposition: its two batched matmuls, softmax and their backward made a ViT-B training
+    step ~15% slower than the fused kernels, and Swin's masked window attention in inference
+    twice as slow."""
     on_cpu = all(not isinstance(t, torch.Tensor) or t.device.type == "cpu" for t in inputs)
-    if needs_grad and on_cpu and any(_masked_or_dropped(n) for n in gm.graph.nodes
-                                     if n.op == "call_function" and n.target in _SDPA):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        return sdpa_kernel([SDPBackend.MATH])
-    return contextlib.nullcontext()
+    if not on_cpu or not any(n.op == "call_function" and n.target in _SDPA for n in gm.graph.nodes):
+        return contextlib.nullcontext()
+    needs_grad = differentiable and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
+    return _AttentionKernel(needs_grad)
 
 
-def _masked_or_dropped(node) -> bool:
-    """An SDPA call whose mask may be a tensor or whose dropout may be nonzero."""
-    def arg(i, name, default):
-        return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
-    dropout = arg(4, "dropout_p", 0.0)
-    return arg(3, "attn_mask", None) is not None or not isinstance(dropout, (int, float)) or dropout != 0
+class _AttentionKernel(TorchFunctionMode):
+    """Runs each masked (or dropped-out) attention call of a trace under the math backend
+    where ``_attention_for`` says so."""
+
+    def __init__(self, differentiated: bool):
+        super().__init__()
+        self.differentiated = differentiated
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _SDPA and self._math(args, kwargs):
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            with sdpa_kernel([SDPBackend.MATH]):
+                return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+    def _math(self, args, kwargs) -> bool:
+        def arg(i, name, default):
+            return args[i] if len(args) > i else kwargs.get(name, default)
+        mask, dropout = arg(3, "attn_mask", None), arg(4, "dropout_p", 0.0)
+        if mask is None and not (not isinstance(dropout, (int, float)) or dropout != 0):
+            return False
+        if self.differentiated:
+            return True
+        q, k = arg(0, "query", None), arg(1, "key", None)
+        scores = q.shape[:-1].numel() * k.shape[-2] if q.dim() >= 2 and k.dim() >= 2 else 0
+        return scores < FUSED_MASKED_ATTENTION_MIN_SCORES
 
 
 @contextlib.contextmanager
