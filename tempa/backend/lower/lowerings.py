@@ -20,7 +20,7 @@ from ..index import contiguous_strides
 from ..ir import Buffer, ComputedBuffer, LoweredGraph, Pointwise, LoopValue, Unlowerable
 from . import pointwise, reductions, views  # importing them registers their lowerings
 from .core import (INLINE_COST, LOWERINGS, SMALL_MATMUL_MACS, LowerCtx, LowerOptions, SizeChoices,
-                   literal, probe, register)
+                   literal, probe, register, same_addresses)
 from .matmul import EXTERN_OPS, lower_extern
 from .layout import is_channels_last
 from .trace import HANDED_OUT_AS_INPUT
@@ -164,7 +164,7 @@ def _as_traced(ctx, v, tm, handed_out_as_input=False):
         buf, strides, offset = v.strided
         if tuple(strides) == tuple(tm.stride):
             return v
-        if all(a == b or n == 1 for a, b, n in zip(strides, tm.stride, tm.shape)):
+        if same_addresses(tm.shape, strides, tm.stride):
             # the same memory, the strides differ only on dims of size 1 (a view computes 0
             # there, eager the contiguous stride): hand it out with the traced strides rather
             # than copy it (GPT b1's logits, 6.4 MB and one launch a call)
