@@ -12,6 +12,8 @@ Two ways this went wrong:
   next dim's extent) was copied into new memory before the call: every BERT layer copied
   q, k and v before attention at batch 1.
 """
+import re
+
 import torch
 import torch.nn.functional as F
 
@@ -57,3 +59,18 @@ def test_batch_one_attention_reads_the_projections_in_place():
     # q, k and v are views of the GEMMs' outputs: no C++ copy, no new buffer before attention
     assert "_S" not in wrapper.split("_o1(")[0].split("def call")[1], wrapper
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_linear_weight_reaches_its_gemm_as_a_transposed_view():
+    # an input matrix's transpose is ``t()`` in the wrapper, one cheap view call, where
+    # ``as_strided`` parsed three lists on every call (the zoo's hf_bert x1.08 a call)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 128)
+    tempa.reset()
+    c = tempa.compile(lin)
+    x = torch.randn(512, 256)
+    with torch.no_grad():
+        torch.testing.assert_close(c(x), lin(x))
+    wrapper = _wrapper(c)
+    assert re.search(r"\ba\d+\.t\(\)", wrapper), wrapper
+    assert "_as_strided(a" not in wrapper, wrapper

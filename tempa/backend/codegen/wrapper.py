@@ -65,6 +65,13 @@ class WrapperGen:
         if tv.storage_buffer is not None or (b in self.reshaped and tuple(tv.sizes) == tuple(self.reshaped[b])
                                      and st == _contig(tv.sizes) and off == 0):
             return name
+        if b.kind == "input" and off == 0 and len(tv.sizes) == 2 and len(b.sizes) == 2 \
+                and tuple(tv.sizes) == tuple(b.sizes)[::-1] and tuple(st) == tuple(b.strides)[::-1]:
+            # an input matrix's transpose (a Linear weight handed to a GEMM): ``t()`` is one
+            # cheap view call where as_strided parses three lists (0.8 vs 1.2 µs here, ~4 µs
+            # on the H100's host; a Llama decode step made 226 of them). Inputs only: the
+            # tensor a wrapper allocates for a buffer may be its view (view_layout, reshaped)
+            return f"{name}.t()"
         if b.base_offset or b.kind == "input":   # as_strided takes an absolute storage offset
             return f"_as_strided({name}, {list(tv.sizes)}, {list(st)}, {name}.storage_offset() + {off})"
         return f"_as_strided({name}, {list(tv.sizes)}, {list(st)}, {off})"
