@@ -27,6 +27,7 @@ instead of returning a different gradient.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import torch
@@ -34,6 +35,7 @@ import torch
 from .. import logs
 from ..configuration import config
 from .compile_graph import finish, plan_graph
+from .ir import LoopValue
 from .lower.absent import without_tangents
 from .runtime import nativeautograd
 from ..sourcefiles import source_file
@@ -59,12 +61,10 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
     n_bw_in = n_fixed + len(joint.diff_outputs)
     all_saved_variables = graph_calls is not None
     absent_variants = absent_variants and not all_saved_variables
+    own = {"own_layout_outputs": _own_layout_outputs(joint)} if saved_layouts else {}
+    fw_plan = plan_fn(joint.fw, joint.num_outputs, joint.mutated, n_in, "forward", "f_", **own)
     if saved_layouts:
-        fw_plan = plan_fn(joint.fw, joint.num_outputs, joint.mutated, n_in, "forward", "f_",
-                          own_layout_outputs=_own_layout_outputs(joint))
         _adopt_saved_layouts(joint, fw_plan.lowered.outputs)
-    else:
-        fw_plan = plan_fn(joint.fw, joint.num_outputs, joint.mutated, n_in, "forward", "f_")
     if absent_variants and _backward_likely_partial(joint):
         # the backward is compiled by the first call that needs it (_AbsentTangents)
         ((fw_call, fw_info),) = finish_fn([fw_plan])
@@ -196,11 +196,9 @@ def _own_layout_outputs(joint) -> frozenset:
     outs = next(n for n in joint.fw.graph.nodes if n.op == "output").args[0]
     first = len(outs) - joint.num_saved
     users_outputs = set(outs[:first])
-    phs = [n for n in joint.bw.graph.nodes if n.op == "placeholder"]
-    skip = len(joint.saved_inputs)
     own = set()
-    for k in range(joint.num_saved):
-        node, ph = outs[first + k], phs[skip + k]
+    for k, ph in enumerate(_saved_placeholders(joint)):
+        node = outs[first + k]
         if not isinstance(node, torch.fx.Node) or node in users_outputs or node.op == "placeholder":
             continue
         if ph.meta.get("traced_meta") is None or any(u.target in _STORAGE_READERS for u in ph.users):
@@ -213,13 +211,8 @@ def _adopt_saved_layouts(joint, outputs) -> None:
     """The backward's saved-value placeholders take the strides (and storage offset) of the
     values the lowered forward hands out (``outputs``: user outputs, then saved values), so
     the backward is lowered for the memory it will read."""
-    import dataclasses
-    from .ir import LoopValue
-    phs = [n for n in joint.bw.graph.nodes if n.op == "placeholder"]
-    skip = len(joint.saved_inputs)
     saved = outputs[len(outputs) - joint.num_saved:] if joint.num_saved else []
-    for k, v in enumerate(saved):
-        ph = phs[skip + k]
+    for ph, v in zip(_saved_placeholders(joint), saved):
         tm = ph.meta.get("traced_meta")
         if tm is None or not isinstance(v, LoopValue) or v.strided is None:
             continue
@@ -227,6 +220,13 @@ def _adopt_saved_layouts(joint, outputs) -> None:
         if tuple(strides) != tuple(tm.stride):
             ph.meta["traced_meta"] = dataclasses.replace(
                 tm, stride=tuple(strides), offset=getattr(base, "base_offset", 0) + offset)
+
+
+def _saved_placeholders(joint) -> list:
+    """The backward's placeholders of the forward's saved values (after the saved inputs)."""
+    phs = [n for n in joint.bw.graph.nodes if n.op == "placeholder"]
+    skip = len(joint.saved_inputs)
+    return phs[skip:skip + joint.num_saved]
 
 
 def _backward_likely_partial(joint) -> bool:

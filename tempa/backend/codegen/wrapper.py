@@ -238,16 +238,11 @@ def release_after_last_use(lines: list, names: set) -> list:
     for i, line in enumerate(lines):
         out.append(line)
         if i in after:
-            out.append(f"    del {', '.join(sorted(after[i], key=_natural))}")
+            out.append(f"    del {', '.join(after[i])}")
     return out
 
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _natural(name):
-    digits = name.lstrip("abcdefghijklmnopqrstuvwxyz_")
-    return (name[:len(name) - len(digits)], int(digits) if digits.isdigit() else 0, name)
 
 
 def _contig(sizes):

@@ -227,10 +227,8 @@ class LowerCtx:
                     return LoopValue.view_of(a.strided[0], a.sizes, want, offset)
                 if want is None:
                     return self.realize(a, f"input of {node.target}")
-                if offset != 0:
-                    # new memory starts at offset 0, but in the traced strides: ATen picks
-                    # output layouts from input strides, never from the offset
-                    want = tuple(want)
+                # new memory in the traced strides, at offset 0 whatever the traced offset:
+                # ATen picks output layouts from input strides, never from the offset
                 out = self.store(a, want, f"input of {node.target}")
                 self.realized[id(a)] = (a, out)
                 return out

@@ -93,7 +93,9 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
             # Outputs must be memory the wrapper can hand out, in the layout seen at trace
             # time: a backward graph indexes its saved inputs with the traced strides.
             own = ctx.options.own_layout_outputs
-            vals = [_as_saved(ctx, v, user_outputs=vals[:num_outputs]) if i in own else
+            handed = {u.strided[0] for u in vals[:num_outputs]
+                      if isinstance(u, LoopValue) and u.strided is not None} if own else set()
+            vals = [_as_saved(ctx, v, handed) if i in own else
                     _as_traced(ctx, v, o.meta.get("traced_meta"), o.meta.get(HANDED_OUT_AS_INPUT, False))
                     if isinstance(o, fx.Node) else _as_traced(ctx, v, None)
                     for i, (v, o) in enumerate(zip(vals, outs))]
@@ -187,21 +189,17 @@ def _as_traced(ctx, v, tm, handed_out_as_input=False):
     return ctx.store(v, tm.stride, "output")
 
 
-def _as_saved(ctx, v, user_outputs):
+def _as_saved(ctx, v, handed):
     """A value the forward saves for its backward, in the layout the forward has it in: a
     view of memory the forward computed as it is (a transposed or sliced view of it: no
-    copy), anything else stored contiguous. The backward is compiled for these layouts
-    (autograd.py _adopt_saved_layouts). Not a view of an input or of a user output: a later
-    in-place write by the caller would change what the backward reads. Why: eager's layouts
-    made the forward copy values into them just to save them (Whisper's residual stream,
-    channels-first after its convolutions, saved transposed per layer: 12 ms of a 650 ms
-    step) and the backward read them back across rows."""
+    copy), anything else stored contiguous (why: autograd.py _own_layout_outputs). Not a
+    view of an input or of a buffer the user outputs are (``handed``): a later in-place
+    write by the caller would change what the backward reads."""
     if not isinstance(v, LoopValue):
         return v
     if v.strided is None:
         return ctx.realize(v, "saved")
     base = v.strided[0]
-    handed = {u.strided[0] for u in user_outputs if isinstance(u, LoopValue) and u.strided is not None}
     if base.kind in ("input", "const") or base in handed:
         return _new_memory(ctx, v, None)
     return v

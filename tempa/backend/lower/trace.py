@@ -320,7 +320,8 @@ class _AttentionKernel(TorchFunctionMode):
         def arg(i, name, default):
             return args[i] if len(args) > i else kwargs.get(name, default)
         mask, dropout = arg(3, "attn_mask", None), arg(4, "dropout_p", 0.0)
-        if mask is None and not (not isinstance(dropout, (int, float)) or dropout != 0):
+        dropped = not isinstance(dropout, (int, float)) or dropout != 0
+        if mask is None and not dropped:
             return False
         if self.differentiated:
             return True
