@@ -37,6 +37,8 @@ from ..configuration import config
 from .compile_graph import finish, plan_graph
 from .ir import LoopValue
 from .lower.absent import without_tangents
+from .lower.core import EAGER_LAYOUT, LOWERINGS
+from .lower.matmul import EXTERN_OPS
 from .runtime import nativeautograd
 from ..sourcefiles import source_file
 
@@ -186,6 +188,20 @@ def build_training(joint, n_in: int, single: bool, plan_fn=plan_graph, finish_fn
 _STORAGE_READERS = frozenset({torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_scatter.default})
 
 
+def _reads_layout(user) -> bool:
+    """Whether a backward node's result depends on its argument's strides, not only on its
+    elements: ``as_strided`` (it addresses storage), and an ATen call run from the wrapper (a
+    convolution's gradient comes out in its input's memory format, and is indexed with the
+    strides seen at trace time, in eager's layout). Why: a ConvNeXt-like block's GELU output,
+    saved contiguous where eager has it channels-last, gave a channels-last-indexed
+    convolution gradient contiguous memory: wrong gradients."""
+    if user.op != "call_function":
+        return False
+    if user.target in _STORAGE_READERS or user.target in EXTERN_OPS:
+        return True
+    return isinstance(user.target, torch._ops.OpOverload) and user.target not in LOWERINGS
+
+
 def _own_layout_outputs(joint) -> frozenset:
     """The positions of the forward's outputs that may be saved in the forward's own layout:
     saved values that are not also user outputs (those the caller holds in eager's layout)
@@ -201,7 +217,7 @@ def _own_layout_outputs(joint) -> frozenset:
         node = outs[first + k]
         if not isinstance(node, torch.fx.Node) or node in users_outputs or node.op == "placeholder":
             continue
-        if ph.meta.get("traced_meta") is None or any(u.target in _STORAGE_READERS for u in ph.users):
+        if ph.meta.get("traced_meta") is None or any(_reads_layout(u) for u in ph.users):
             continue
         own.add(first + k)
     return frozenset(own)
@@ -220,6 +236,7 @@ def _adopt_saved_layouts(joint, outputs) -> None:
         if tuple(strides) != tuple(tm.stride):
             ph.meta["traced_meta"] = dataclasses.replace(
                 tm, stride=tuple(strides), offset=getattr(base, "base_offset", 0) + offset)
+            ph.meta[EAGER_LAYOUT] = tm        # what an ATen fallback is handed (core.extern)
 
 
 def _saved_placeholders(joint) -> list:

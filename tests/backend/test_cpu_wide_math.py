@@ -1,13 +1,15 @@
 """Issue 18's GELU: the float erf is the prelude's own (fused multiply-adds and an inline
 exp, codegen/prelude.py ERF_F32), not libmvec's erff, so the GELU loop stays vectorised
 with no call in it. (Building with ``-mprefer-vector-width=512`` as well made the kernels
-in isolation faster but the zoo x0.884 slower, and was taken back: benchmarks/README.md.)"""
+in isolation faster but the zoo x0.884 slower, and was taken back: benchmarks/README.md.
+Instead a long loop asks for 16 lanes itself, on a CPU with AVX-512: emit.WIDE_SIMD_MIN.)"""
 import shutil
 import subprocess
 
 import torch
 import torch.nn.functional as F
 
+from tempa.backend.codegen import cpp, emit
 from tempa.backend.codegen import prelude as pre
 
 from .helpers import compile_fn
@@ -52,3 +54,23 @@ def test_gelu_loop_is_vectorised_without_calls():
                                    text=True).stdout
         assert "erf" not in undefined, undefined
 
+
+
+def test_long_loops_ask_for_sixteen_lanes_on_a_wide_cpu(monkeypatch):
+    """On a CPU with 512-bit vectors a long row (3072) is an ``omp simd simdlen(16)`` loop, a
+    short one (48) keeps gcc's choice; without such vectors no loop asks. The values are the
+    same either way."""
+    def sources(wide):
+        monkeypatch.setattr(cpp, "wide_vectors", lambda: wide)
+        out = []
+        for cols in (3072, 48):
+            x = torch.randn(8, cols)
+            c = compile_fn(lambda t: F.gelu(t) * 2, x)
+            assert torch.allclose(c(x).double(), F.gelu(x.double()) * 2, rtol=1e-5, atol=1e-6)
+            out.append(c.tempa_info.cpp_source)
+        return out
+    long_row, short_row = sources(True)
+    assert "simdlen(16)" in long_row, long_row
+    assert "simdlen(16)" not in short_row, short_row
+    assert emit.WIDE_SIMD_MIN > 48
+    assert not any("simdlen" in src for src in sources(False))

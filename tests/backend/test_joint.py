@@ -161,3 +161,24 @@ def test_a_recomputed_value_reading_a_returned_output_gets_that_output_saved():
     torch.testing.assert_close(x.grad, xe.grad)
     torch.testing.assert_close(w.grad, we.grad)
     assert tempa.stats().kernels_compiled > 0
+
+
+def test_cpu_keeps_a_gelu_output_rather_than_recompute_its_erf():
+    """GELU between two Linears on the CPU: its output (the second Linear's input) is saved, as
+    eager saves it, not recomputed in the backward from the GELU's input: that is an erf per
+    element, where keeping costs nothing the forward does not write anyway."""
+    def f(x, w1, w2):
+        return (F.gelu(x @ w1) @ w2).sum()
+    torch.manual_seed(0)
+    joint = _joint(f, torch.randn(4, 8), torch.randn(8, 16, requires_grad=True),
+                   torch.randn(16, 8, requires_grad=True))
+    recomputed = [n for n in _calls(joint.bw) if not n.meta.get("bw")]
+    assert not any(n.target is aten.erf.default for n in recomputed), [n.format_node() for n in recomputed]
+    saved_ops = {n.target for n in _saved(joint)}
+    assert aten.mul.Tensor in saved_ops, [n.format_node() for n in _saved(joint)]
+    x, w1, w2 = torch.randn(4, 8), torch.randn(8, 16, requires_grad=True), torch.randn(16, 8, requires_grad=True)
+    ref = [t.detach().clone().requires_grad_() for t in (w1, w2)]
+    f(x, *ref).backward()
+    tempa.compile(f)(x, w1, w2).backward()
+    for a, b in zip((w1, w2), ref):
+        torch.testing.assert_close(a.grad, b.grad)

@@ -41,3 +41,28 @@ def test_a_saved_transposed_view_of_the_forwards_memory_gives_eagers_gradient():
     for got, want in zip(grads[1], grads[0]):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert tempa.stats().eager_fallbacks == 0
+
+
+def test_a_saved_value_a_convolution_gradient_reads_keeps_eagers_layout(monkeypatch):
+    """A channels-last net whose first convolution runs on contiguous arguments (chosen so):
+    the GELU between the convolutions comes out contiguous, eager's is channels-last. Its
+    value is saved for the second convolution's backward, whose gradient ATen lays out like
+    that input and the backward indexes as traced: so it is saved in eager's layout. (Saved
+    in the forward's own, the gradients came out wrong by up to 6.)"""
+    from tempa.backend.lower import matmul
+    monkeypatch.setattr(matmul, "CONTIGUOUS_GAIN", 0.0)
+
+    def net(x, w1, b1, w2):
+        F = torch.nn.functional
+        return F.conv2d(F.gelu(F.conv2d(x, w1, b1, padding=3, groups=8)), w2).square().mean()
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 5, 5).contiguous(memory_format=torch.channels_last).requires_grad_()
+    ws = [torch.randn(8, 1, 7, 7, requires_grad=True), torch.randn(8, requires_grad=True),
+          torch.randn(4, 8, 1, 1, requires_grad=True)]
+    tempa.compile(net)(x, *ws).backward()
+    got = [t.grad for t in (x, *ws)]
+    for t in (x, *ws):
+        t.grad = None
+    net(x, *ws).backward()
+    for a, t in zip(got, (x, *ws)):
+        torch.testing.assert_close(a, t.grad, rtol=1e-4, atol=1e-4)

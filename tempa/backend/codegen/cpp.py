@@ -15,7 +15,7 @@ from ..ir import ComputedBuffer, ScalarExpr, Reduction
 from ..schedule import Group, _reads, member_index, red_vars
 from ..lower.core import LowerOptions
 from .emit import Emitter, ctype
-from .prelude import prelude, reduction_clause  # noqa: F401  (prelude: used by the build step)
+from .prelude import prelude, reduction_clause, wide_vectors  # noqa: F401  (prelude: used by the build step)
 from .reuse import reuse_pairs
 
 # Work (element-operations) below which a loop nest runs on one thread: waking the OpenMP
@@ -66,6 +66,7 @@ def render_segment(name: str, groups: list, local: set, kernel_no: list, nsizes:
     params: dict = {}
     internal: list = []
     body = Emitter()
+    body.wide_simd = wide_vectors()
 
     def need(buf):
         if buf.kind == "local":

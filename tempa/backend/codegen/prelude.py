@@ -106,6 +106,20 @@ _MVEC_FULL = _MVEC_BASIC + ["acos", "acosh", "asin", "asinh", "atan", "atanh", "
 
 
 @functools.lru_cache(None)
+def wide_vectors() -> bool:
+    """Whether this CPU has 512-bit vectors (AVX-512F), which ``-march=native`` code may use
+    (emit.WIDE_SIMD_MIN says where)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "avx512f" in line.split()
+    except OSError:
+        pass
+    return False
+
+
+@functools.lru_cache(None)
 def mvec_functions() -> tuple:
     """The libm functions with vector versions on this system (empty without libmvec)."""
     try:

@@ -62,8 +62,12 @@ class WrapperGen:
             return self.const(tv)
         b, st, off = tv.strided
         name = self.bufname(b)
-        if tv.storage_buffer is not None or (b in self.reshaped and tuple(tv.sizes) == tuple(self.reshaped[b])
-                                     and st == _contig(tv.sizes) and off == 0):
+        shape = self.reshaped.get(b)
+        if shape is not None and off == 0 and st == _contig(tv.sizes):
+            # allocated in an output's shape (reshape_outputs_at_allocation): the same memory
+            # in another shape (the GEMM argument a saved output shares) is a view of it
+            return name if tuple(tv.sizes) == tuple(shape) else f"{name}.view({list(tv.sizes)})"
+        if tv.storage_buffer is not None and shape is None:
             return name
         if b.kind == "input" and off == 0 and len(tv.sizes) == 2 and len(b.sizes) == 2 \
                 and tuple(tv.sizes) == tuple(b.sizes)[::-1] and tuple(st) == tuple(b.strides)[::-1]:

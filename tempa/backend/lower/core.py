@@ -102,6 +102,10 @@ class SizeChoices:
         return self.log[self.pos - 1][1]
 
 
+# The node meta key of a backward placeholder's traced metadata in eager's layout, where the
+# forward hands the saved value out in another (autograd._adopt_saved_layouts).
+EAGER_LAYOUT = "eager_traced_meta"
+
 # A pointwise value read by several consumers is recomputed in each (inlined) unless its
 # expression is bigger than this many ops; then it is stored once.
 INLINE_COST = 12
@@ -236,9 +240,13 @@ class LowerCtx:
                 ms = meta if isinstance(meta, (list, tuple)) and len(meta) == len(a) else [None] * len(a)
                 return type(a)(prep(x, m) for x, m in zip(a, ms))
             return a
-        arg_metas = fx.node.map_arg(tuple(arg_nodes) if arg_nodes is not None else node.args,
-                                    lambda n: n.meta.get("traced_meta"))
-        kw_metas = fx.node.map_arg(node.kwargs, lambda n: n.meta.get("traced_meta"))
+        def meta_of(n):
+            # an ATen fallback gets a saved value in eager's layout, where the forward hands it
+            # out in another (autograd._adopt_saved_layouts): its output layout follows its
+            # inputs', and is indexed as traced
+            return n.meta.get(EAGER_LAYOUT, n.meta.get("traced_meta")) if fallback else n.meta.get("traced_meta")
+        arg_metas = fx.node.map_arg(tuple(arg_nodes) if arg_nodes is not None else node.args, meta_of)
+        kw_metas = fx.node.map_arg(node.kwargs, meta_of)
         args = tuple(prep(a, m) for a, m in zip(args, arg_metas))
         kwargs = {k: prep(v, kw_metas.get(k)) for k, v in kwargs.items()}
         tm = node.meta.get("traced_meta")

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import operator
 
+import torch
+
 import torch.fx as fx
 
 from ..index import contiguous_strides
@@ -24,6 +26,8 @@ from .core import (INLINE_COST, LOWERINGS, SMALL_MATMUL_MACS, LowerCtx, LowerOpt
 from .matmul import EXTERN_OPS, lower_extern
 from .layout import is_channels_last
 from .trace import HANDED_OUT_AS_INPUT
+
+aten = torch.ops.aten
 
 # what other packages use from here (the lowerings themselves live in the modules above)
 __all__ = ["lower_graph", "LOWERINGS", "register", "literal", "LowerOptions", "SizeChoices",
@@ -45,6 +49,7 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
     ctx = LowerCtx(options)
     g = ctx.g
     env: dict = {}
+    stored_anyway = _outputs_read_inside(gm, num_outputs, mutated)
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for i, n in enumerate(phs):
         tm = n.meta.get("traced_meta")
@@ -79,6 +84,7 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
                     hit = ctx.realized.get(id(env.get(a)))
                     if hit is not None and hit[0] is env[a]:
                         env[a] = hit[1]
+                        _reshaped_source_reads_it(env, a, hit[1])
                 ctx.realized.clear()
             v = env[n]
             users = _consumers(n)
@@ -87,6 +93,8 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
             elif (shared_reads and isinstance(v, LoopValue) and v.strided is None
                   and v.cost > 1 and users > 1 and _buffers_read(v) >= shared_reads):
                 env[n] = ctx.realize(v, str(n.target), _stored_strides(ctx, n))
+            elif n in stored_anyway and isinstance(v, LoopValue) and v.strided is None and v.cost > 0:
+                env[n] = ctx.realize(v, "output")
         elif n.op == "output":
             outs = list(n.args[0])
             vals = [env[o] if isinstance(o, fx.Node) else o for o in outs]
@@ -114,6 +122,47 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
                 cb.source = _copied_buffer(src)
                 g.copy_backs.append(cb)
     return g
+
+
+def _outputs_read_inside(gm, num_outputs, mutated) -> set:
+    """The graph's outputs (user outputs, saved values) that its own nodes read too, in eager's
+    contiguous layout: stored where they are computed, and read from there. Why: such a value
+    left as an expression was computed in each reader and once more for the output, at the
+    graph's end: DistilBERT's training forward recomputed each residual sum its LayerNorm
+    reads, only to save it, 12 extra passes over (tokens, d). Not the new values of mutated
+    inputs, which are written into those inputs."""
+    outs = list(gm.graph.output_node().args[0])
+    picked = outs[:num_outputs] + outs[num_outputs + len(mutated):]
+    kept = set()
+    for o in picked:
+        tm = o.meta.get("traced_meta") if isinstance(o, fx.Node) else None
+        if tm is not None and len(o.users) > 1 and not tm.offset \
+                and tuple(tm.stride) == contiguous_strides(tm.shape):
+            kept.add(o)
+    return kept
+
+
+_RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def _reshaped_source_reads_it(env, node, memory):
+    """``node`` (a reshape of a computed value) was made contiguous memory for an extern
+    call: later users of the value it reshapes read that memory too, through the inverse
+    reshape, rather than compute the value again. Why: a Linear's input is its 2-D view, so
+    a GELU output the backward needs (saved, as eager saves it) was computed twice, for the
+    GEMM and again as the saved output, an erf per element each time. A reshape of an
+    unstored value is its row-major order, which a contiguous buffer of the reshape has."""
+    if node.op != "call_function" or node.target not in _RESHAPES or not node.args:
+        return
+    src = node.args[0]
+    value = env.get(src) if isinstance(src, fx.Node) else None
+    if not isinstance(value, LoopValue) or value.strided is not None or memory.strided is None:
+        return
+    buf, strides, offset = memory.strided
+    if offset or getattr(buf, "base_offset", 0) or tuple(strides) != contiguous_strides(memory.sizes) \
+            or memory.numel != value.numel:
+        return
+    env[src] = LoopValue.view_of(buf, value.sizes, contiguous_strides(value.sizes), 0)
 
 
 def _consumers(n) -> int:
