@@ -23,6 +23,7 @@ from ..ir import Buffer, ComputedBuffer, LoweredGraph, Pointwise, LoopValue, Unl
 from . import pointwise, reductions, views  # importing them registers their lowerings
 from .core import (INLINE_COST, LOWERINGS, SMALL_MATMUL_MACS, LowerCtx, LowerOptions, SizeChoices,
                    literal, probe, register, same_addresses)
+from .embedding_grad import add_rows_in_place
 from .matmul import EXTERN_OPS, lower_extern
 from .layout import is_channels_last
 from .trace import HANDED_OUT_AS_INPUT
@@ -298,6 +299,10 @@ def _has_bad_dtype(args, options):
 
 
 def _lower_node(ctx: LowerCtx, n: fx.Node, args, kwargs):
+    if n.target is aten.add.Tensor:
+        v = add_rows_in_place(ctx, n, args, kwargs)     # a tied embedding's gradient
+        if v is not None:
+            return v
     fn = LOWERINGS.get(n.target)
     tm = n.meta.get("traced_meta")
     if n.target in EXTERN_OPS:
