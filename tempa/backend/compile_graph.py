@@ -72,6 +72,7 @@ class CppTarget(Target):
     """The C++ renderer's passes of pipeline.GRAPH_PASSES, and its finish."""
     name = "cpp"
     memory_order_stores = True
+    outputs_stored_once = True
     # between convolutions run channels-last (config.cpu_conv_layout), a value stored for
     # several users keeps that layout: stored contiguous, each reader (the next convolution's
     # NHWC copy, the BatchNorm and activation after it) read it transposed

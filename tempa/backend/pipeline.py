@@ -342,6 +342,7 @@ class Target:
     in_place_within_kernel = True   # write_in_place: a kernel's other members may read the input
     channels_last_stores = False    # LowerOptions.channels_last_stores
     memory_order_stores = False     # LowerOptions.memory_order_stores (at fixed sizes)
+    outputs_stored_once = False     # LowerOptions.outputs_stored_once
 
     def lower(self, job: GraphJob):
         job.lowered = lower_graph(job.gm, job.num_outputs, job.mutated, self.shared_reads, job.options)
@@ -383,7 +384,8 @@ def plan_graph(target: Target, gm, num_outputs: int, mutated: list, num_inputs: 
                            frozenset(target.extra_dtypes), target.channels_last_stores,
                            target.memory_order_stores and not nsizes,
                            frozenset(pack_weights) if fixed else frozenset(),
-                           frozenset(own_layout_outputs) if fixed else frozenset())
+                           frozenset(own_layout_outputs) if fixed else frozenset(),
+                           outputs_stored_once=target.outputs_stored_once)
     job = GraphJob(gm, num_outputs, mutated, num_inputs, label, prefix, nsizes, options, settings=extra)
     job.kept["aten"] = gm
     for name in GRAPH_PASSES:

@@ -65,6 +65,10 @@ class LowerOptions:
     # saved values handed out in the layout the forward computes them in rather than eager's,
     # the backward then compiled for those layouts (lowerings._as_saved, autograd.py)
     own_layout_outputs: frozenset = frozenset()
+    # a value the graph returns and also reads is stored where it is computed, and a value a
+    # reshape of it was made memory for reads that memory (lowerings._outputs_read_inside,
+    # _reshaped_source_reads_it; the CPU: not yet measured on a GPU)
+    outputs_stored_once: bool = False
 
     def admits(self, dt) -> bool:
         return dt in CTYPES or dt in self.extra_dtypes

@@ -50,7 +50,7 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
     ctx = LowerCtx(options)
     g = ctx.g
     env: dict = {}
-    stored_anyway = _outputs_read_inside(gm, num_outputs, mutated)
+    stored_anyway = _outputs_read_inside(gm, num_outputs, mutated) if ctx.options.outputs_stored_once else set()
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for i, n in enumerate(phs):
         tm = n.meta.get("traced_meta")
@@ -85,7 +85,8 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
                     hit = ctx.realized.get(id(env.get(a)))
                     if hit is not None and hit[0] is env[a]:
                         env[a] = hit[1]
-                        _reshaped_source_reads_it(env, a, hit[1])
+                        if ctx.options.outputs_stored_once:
+                            _reshaped_source_reads_it(env, a, hit[1])
                 ctx.realized.clear()
             v = env[n]
             users = _consumers(n)
