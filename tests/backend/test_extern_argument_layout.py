@@ -14,6 +14,7 @@ Two ways this went wrong:
 """
 import re
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -74,3 +75,21 @@ def test_a_linear_weight_reaches_its_gemm_as_a_transposed_view():
     wrapper = _wrapper(c)
     assert re.search(r"\ba\d+\.t\(\)", wrapper), wrapper
     assert "_as_strided(a" not in wrapper, wrapper
+
+
+@pytest.mark.parametrize("n", [16, 768])
+def test_a_value_stored_in_memory_order_reaches_a_gemm_in_either_layout(n):
+    # sin(x.t()) keeps x.t()'s strides, so it is computed in memory order and allocated as
+    # that transposed view; g.t() is then its memory as computed. The wrapper handed the
+    # allocated view instead: a shape error at n=16, and at n=768 (square) the transpose of
+    # the right product, silently (max error 129)
+    def f(x, w1, w2):
+        g = torch.sin(x.t())
+        return g @ w1, g.t() @ w2
+    torch.manual_seed(0)
+    x, w1, w2 = torch.randn(768, n), torch.randn(768, 300), torch.randn(n, 200)
+    tempa.reset()
+    with torch.no_grad():
+        got, want = tempa.compile(f)(x, w1, w2), f(x, w1, w2)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)

@@ -67,7 +67,11 @@ class WrapperGen:
             # allocated in an output's shape (reshape_outputs_at_allocation): the same memory
             # in another shape (the GEMM argument a saved output shares) is a view of it
             return name if tuple(tv.sizes) == tuple(shape) else f"{name}.view({list(tv.sizes)})"
-        if tv.storage_buffer is not None and shape is None:
+        view = getattr(b, "view_layout", None)
+        if tv.storage_buffer is not None and shape is None and (
+                view is None or off == 0 and (tuple(tv.sizes), tuple(st)) == (tuple(view[0]), tuple(view[1]))):
+            # (a buffer computed in memory order is allocated as its view: the buffer in its
+            # own layout is then another view of that memory, below)
             return name
         if b.kind == "input" and off == 0 and len(tv.sizes) == 2 and len(b.sizes) == 2 \
                 and tuple(tv.sizes) == tuple(b.sizes)[::-1] and tuple(st) == tuple(b.strides)[::-1]:
