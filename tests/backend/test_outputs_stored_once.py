@@ -55,3 +55,28 @@ def test_a_saved_gelu_output_is_the_memory_its_linear_reads(stored_once):
     fw = tempa.entries(c)[0].compiled.tempa_info.forward.cpp_source
     stored = fw.count("=saved")
     assert stored == 0 if stored_once else stored == 1, fw
+
+
+def test_rope_tables_read_by_every_head_are_computed_once(stored_once):
+    """cos and sin of (tokens, head_dim) positions, read broadcast by every head of q and k in
+    every layer (RoPE): stored once (lowerings.BROADCAST_READS), not recomputed per element
+    of each reader."""
+    def f(q, k, inv_freq):
+        pos = torch.arange(q.shape[2], dtype=torch.float32)
+        angles = torch.outer(pos, inv_freq)
+        emb = torch.cat([angles, angles], -1)
+        cos, sin = emb.cos(), emb.sin()
+        outs = []
+        for _ in range(3):                                 # layers sharing the tables
+            q = q * cos + q.flip(-1) * sin
+            k = k * cos + k.flip(-1) * sin
+            outs.append(q + k)
+        return outs
+    q, k = torch.randn(2, 8, 64, 32), torch.randn(2, 8, 64, 32)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 16, dtype=torch.float32) / 16))
+    with torch.no_grad():
+        c = compile_fn(f, q, k, inv_freq)
+        for got, ref in zip(c(q, k, inv_freq), f(q, k, inv_freq)):
+            torch.testing.assert_close(got, ref)
+    cosines = c.tempa_info.cpp_source.count("m::cos(")
+    assert cosines == 1 if stored_once else cosines > 1, c.tempa_info.cpp_source
