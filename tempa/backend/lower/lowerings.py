@@ -98,7 +98,7 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
             elif n in stored_anyway and isinstance(v, LoopValue) and v.strided is None and v.cost > 0:
                 env[n] = ctx.realize(v, "output")
             elif ctx.options.outputs_stored_once and isinstance(v, LoopValue) and v.strided is None \
-                    and _read_broadcast(n) and _transcendental_inside(n, env):
+                    and v.dtype.is_floating_point and _read_broadcast(n) and _transcendental_inside(n, env):
                 env[n] = ctx.realize(v, str(n.target), _stored_strides(ctx, n))
         elif n.op == "output":
             outs = list(n.args[0])
