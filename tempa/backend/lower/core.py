@@ -106,6 +106,14 @@ class SizeChoices:
         return self.log[self.pos - 1][1]
 
 
+# Pointwise ops that cost a CPU a polynomial of a dozen or more vector instructions per
+# element: worth storing rather than recomputing where that is the choice
+# (joint._recompute_pointwise, lowerings.BROADCAST_READS).
+TRANSCENDENTAL = frozenset(getattr(aten, name) for name in (
+    "erf", "erfc", "erfinv", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "tanh",
+    "sigmoid", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh",
+    "acosh", "atanh", "lgamma", "digamma"))
+
 # The node meta key of a backward placeholder's traced metadata in eager's layout, where the
 # forward hands the saved value out in another (autograd._adopt_saved_layouts).
 EAGER_LAYOUT = "eager_traced_meta"

@@ -13,6 +13,7 @@ import torch
 import torch.fx as fx
 
 from . import nodynamo
+from .core import TRANSCENDENTAL
 from .layout import _CHANNELS_LAST_BACKWARD, _grad_in_input_layout, converts_convolutions
 from .replay import _replay
 from .trace import (Traced, UntraceableGraph, _Recorder, _alias, graph_module, rng_untouched,
@@ -329,23 +330,17 @@ def _recompute_pointwise(fw_nodes, needed, live_bw, user_outputs, walk):
                 recompute(n, memo)
 
 
-# Pointwise ops that cost a CPU more to recompute than to keep: a polynomial of a dozen or
-# more vector instructions per element. Why: a transformer's GELU output (the input of the
+# On the CPU a saved value is never recomputed through a TRANSCENDENTAL op (core.py): it
+# costs more to recompute than to keep. Why: a transformer's GELU output (the input of the
 # next Linear, materialised in the forward anyway) was recomputed in the backward from the
 # GELU's input, which the GELU's own backward keeps: free in bytes, but an erf over
 # (tokens, 4 * d) per layer, 1.2-1.6 ms of DistilBERT's training step per layer. Eager keeps
 # that value (the Linear saves its input). On a GPU the same recompute is memory traffic
 # saved, and the arithmetic is free.
-_COSTLY_ON_CPU = frozenset(getattr(aten, name) for name in (
-    "erf", "erfc", "erfinv", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "tanh",
-    "sigmoid", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh",
-    "acosh", "atanh", "lgamma", "digamma"))
-
-
 def _costly_on_cpu(n) -> bool:
     tm = n.meta.get("traced_meta")
     return (tm is not None and getattr(tm.device, "type", None) == "cpu"
-            and getattr(n.target, "overloadpacket", None) in _COSTLY_ON_CPU)
+            and getattr(n.target, "overloadpacket", None) in TRANSCENDENTAL)
 
 
 def _pure_pointwise(n) -> bool:

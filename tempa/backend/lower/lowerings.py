@@ -21,7 +21,7 @@ import torch.fx as fx
 from ..index import contiguous_strides
 from ..ir import Buffer, ComputedBuffer, LoweredGraph, Pointwise, LoopValue, Unlowerable
 from . import pointwise, reductions, views  # importing them registers their lowerings
-from .core import (INLINE_COST, LOWERINGS, SMALL_MATMUL_MACS, LowerCtx, LowerOptions, SizeChoices,
+from .core import (INLINE_COST, LOWERINGS, SMALL_MATMUL_MACS, TRANSCENDENTAL, LowerCtx, LowerOptions, SizeChoices,
                    literal, probe, register, same_addresses)
 from .embedding_grad import add_rows_in_place
 from .matmul import EXTERN_OPS, lower_extern
@@ -135,9 +135,6 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
 # inference recomputed cos and sin per element of q and k, 16 heads x 6 layers of them: 1.6 ms
 # of each layer's 40.
 BROADCAST_READS = 4
-_TRANSCENDENTAL = frozenset(getattr(aten, name) for name in (
-    "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sin", "cos", "tan", "tanh",
-    "sigmoid", "erf", "erfc", "pow", "atan", "atan2", "asin", "acos", "sinh", "cosh"))
 _VIEWS = frozenset((aten.view.default, aten._unsafe_view.default, aten.reshape.default,
                     aten.unsqueeze.default, aten.squeeze.dim, aten.expand.default,
                     aten.permute.default, aten.transpose.int, aten.t.default, aten.slice.Tensor))
@@ -181,7 +178,7 @@ def _transcendental_inside(n, env) -> bool:
         if x in seen or not isinstance(x, fx.Node) or x.op != "call_function":
             continue
         seen.add(x)
-        if getattr(x.target, "overloadpacket", None) in _TRANSCENDENTAL:
+        if getattr(x.target, "overloadpacket", None) in TRANSCENDENTAL:
             return True
         v = env.get(x)
         if x is not n and isinstance(v, LoopValue) and v.strided is not None:
