@@ -114,6 +114,11 @@ TRANSCENDENTAL = frozenset(getattr(aten, name) for name in (
     "sigmoid", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh",
     "acosh", "atanh", "lgamma", "digamma"))
 
+# Ops that only view their first argument (new sizes and strides over the same memory).
+VIEW_OPS = frozenset((aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+                      aten.unsqueeze.default, aten.squeeze.dim, aten.expand.default,
+                      aten.permute.default, aten.transpose.int, aten.t.default, aten.slice.Tensor))
+
 # The node meta key of a backward placeholder's traced metadata in eager's layout, where the
 # forward hands the saved value out in another (autograd._adopt_saved_layouts).
 EAGER_LAYOUT = "eager_traced_meta"

@@ -23,15 +23,12 @@ import torch.fx as fx
 
 from ..index import contiguous_strides, flat_index, unflatten
 from ..ir import Buffer, ComputedBuffer, ExternCall, LoopValue
+from .core import VIEW_OPS
 from .views import _view_of
 
 aten = torch.ops.aten
 
 _FRESH_PRODUCERS = (aten.mm.default, aten.addmm.default)
-# views the GEMM's result may reach the sum through (its transpose: the output layer's
-# weight gradient is (d x vocab) transposed, which the matmul lowering computes as is)
-_VIEWS = (aten.t.default, aten.transpose.int, aten.permute.default, aten.view.default,
-          aten._unsafe_view.default)
 
 
 def add_rows_in_place(ctx, node: fx.Node, args, kwargs):
@@ -87,11 +84,14 @@ def _into(ctx, node, gemm, emb, x, e):
 
 
 def _only_reader_of_a_gemm(n) -> bool:
-    """Whether ``n`` is a GEMM's result, or a view of one, that only the sum reads."""
+    """Whether ``n`` is a GEMM's result, or a view of one, that only the sum reads (the
+    output layer's weight gradient is a (d x vocab) product transposed, which the matmul
+    lowering computes in place as the (vocab x d) one; ``_fresh_extern_output`` then checks
+    that the value is all of that memory)."""
     while len(n.users) == 1:
         if n.target in _FRESH_PRODUCERS:
             return True
-        if n.target not in _VIEWS or not isinstance(n.args[0], fx.Node):
+        if n.target not in VIEW_OPS or not isinstance(n.args[0], fx.Node):
             return False
         n = n.args[0]
     return False

@@ -15,14 +15,13 @@ from __future__ import annotations
 import operator
 
 import torch
-
 import torch.fx as fx
 
 from ..index import contiguous_strides
 from ..ir import Buffer, ComputedBuffer, LoweredGraph, Pointwise, LoopValue, Unlowerable
 from . import pointwise, reductions, views  # importing them registers their lowerings
-from .core import (INLINE_COST, LOWERINGS, SMALL_MATMUL_MACS, TRANSCENDENTAL, LowerCtx, LowerOptions, SizeChoices,
-                   literal, probe, register, same_addresses)
+from .core import (INLINE_COST, LOWERINGS, SMALL_MATMUL_MACS, TRANSCENDENTAL, VIEW_OPS, LowerCtx,
+                   LowerOptions, SizeChoices, literal, probe, register, same_addresses)
 from .embedding_grad import add_rows_in_place
 from .matmul import EXTERN_OPS, lower_extern
 from .layout import is_channels_last
@@ -135,9 +134,6 @@ def lower_graph(gm: fx.GraphModule, num_outputs: int, mutated: list, shared_read
 # inference recomputed cos and sin per element of q and k, 16 heads x 6 layers of them: 1.6 ms
 # of each layer's 40.
 BROADCAST_READS = 4
-_VIEWS = frozenset((aten.view.default, aten._unsafe_view.default, aten.reshape.default,
-                    aten.unsqueeze.default, aten.squeeze.dim, aten.expand.default,
-                    aten.permute.default, aten.transpose.int, aten.t.default, aten.slice.Tensor))
 
 
 def _read_broadcast(n) -> bool:
@@ -152,7 +148,7 @@ def _read_broadcast(n) -> bool:
         if u in seen or u.op != "call_function":
             continue
         seen.add(u)
-        if u.target in _VIEWS:
+        if u.target in VIEW_OPS:
             stack.extend(u.users)
             continue
         reads += max(_numel(u) or own, own)
