@@ -21,10 +21,10 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..index import contiguous_strides, flat_index, unflatten
+from ..index import contiguous_strides
 from ..ir import Buffer, ComputedBuffer, ExternCall, LoopValue
 from .core import VIEW_OPS
-from .views import _view_of
+from .views import reshaped
 
 aten = torch.ops.aten
 
@@ -62,9 +62,8 @@ def _into(ctx, node, gemm, emb, x, e):
     if not (isinstance(x, LoopValue) and isinstance(e, LoopValue)) or x.sizes != e.sizes \
             or x.sizes != tuple(tm.shape) or x.dtype != tm.dtype or e.dtype != tm.dtype:
         return None
-    target = _fresh_extern_output(ctx, x)
     emb_call = _producer(ctx, e)
-    if target is None or emb_call is None:
+    if not _fresh_extern_output(ctx, x) or emb_call is None:
         return None
     grad, ids = emb_call.args[0], emb_call.args[1]
     if not (isinstance(grad, LoopValue) and isinstance(ids, LoopValue)):
@@ -72,8 +71,8 @@ def _into(ctx, node, gemm, emb, x, e):
     rows, width = ids.numel, tm.shape[1]
     if grad.sizes != ids.sizes + (width,):
         return None
-    ids_flat = ctx.strided_or_realize(_reshaped(ids, (rows,)), "index of index_add_")
-    rows_flat = ctx.strided_or_realize(_reshaped(grad, (rows, width)), "source of index_add_")
+    ids_flat = ctx.strided_or_realize(reshaped(ids, (rows,)), "index of index_add_")
+    rows_flat = ctx.strided_or_realize(reshaped(grad, (rows, width)), "source of index_add_")
     out = Buffer(ctx.name(), tuple(tm.shape), tuple(tm.stride), 0, tm.dtype)
     op = aten.index_add_.default
     ctx.g.steps.append(ExternCall(str(op), op, (x, 0, ids_flat, rows_flat), {}, [out], False))
@@ -97,16 +96,16 @@ def _only_reader_of_a_gemm(n) -> bool:
     return False
 
 
-def _fresh_extern_output(ctx, x):
-    """The buffer ``x`` is all of, when an ATen call of this graph allocated it."""
+def _fresh_extern_output(ctx, x) -> bool:
+    """Whether ``x`` is all of a buffer an ATen call of this graph allocated."""
     if x.strided is None:
-        return None
+        return False
     buf, strides, offset = x.strided
     if isinstance(buf, ComputedBuffer) or buf.kind != "py" or offset or buf.base_offset \
             or tuple(buf.sizes) != x.sizes or tuple(strides) != contiguous_strides(x.sizes) \
             or tuple(buf.strides) != tuple(strides):
-        return None
-    return buf if _producer(ctx, x) is not None else None
+        return False
+    return _producer(ctx, x) is not None
 
 
 def _producer(ctx, v):
@@ -119,9 +118,3 @@ def _producer(ctx, v):
             return st
     return None
 
-
-def _reshaped(v: LoopValue, sizes) -> LoopValue:
-    """``v`` in ``sizes``, row-major (a view where ``v`` is strided memory)."""
-    def remap(idx):
-        return unflatten(flat_index(idx, contiguous_strides(sizes)), v.sizes)
-    return _view_of(v, sizes, remap)

@@ -37,15 +37,15 @@ def _view_of(x: LoopValue, sizes, remap, cost_extra=0):
 @register(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default,
           aten._reshape_alias.default)
 def _reshape(ctx, node, x, sizes=None, *rest):
-    tm = _traced_meta(node)
-    new = tm.shape
-    if tuple(new) == x.sizes:
-        return x
+    new = _traced_meta(node).shape
+    return x if tuple(new) == x.sizes else reshaped(x, new)
 
+
+def reshaped(x: LoopValue, sizes) -> LoopValue:
+    """``x`` in ``sizes``, row-major (a view where ``x`` is strided memory)."""
     def remap(idx):
-        flat = flat_index(idx, contiguous_strides(new))
-        return unflatten(flat, x.sizes)
-    return _view_of(x, new, remap)
+        return unflatten(flat_index(idx, contiguous_strides(sizes)), x.sizes)
+    return _view_of(x, sizes, remap)
 
 
 @register(aten.flatten.using_ints, aten.unflatten.int)
