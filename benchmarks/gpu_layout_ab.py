@@ -1,10 +1,15 @@
 """A/B of tempa's convolution layout policy (config.gpu_conv_layout, lower/layout.py
-CONV_LAYOUTS): torchvision ResNet-50 inference and training step, tempa default and
-reduce-overhead with convolutions channels-last and in eager's layouts, next to eager, in
-one process, bf16 autocast (issue 19).
+CONV_LAYOUTS) and of split reductions (config.gpu_split_reductions, lower/reductions.py):
+torchvision ResNet-50 inference and training step, tempa default and reduce-overhead with
+convolutions channels-last and in eager's layouts, next to eager, in one process, bf16
+autocast (issue 19).
 
     python benchmarks/gpu_layout_ab.py [--rows resnet50_tv,resnet50_tv_train] [--reps N]
                                        [--torch-compile] [--out results.json]
+                                       [--cells reduce-overhead:eager:nosplit,...]
+
+--cells: the tempa cells as MODE:LAYOUT:SPLIT (split or nosplit), default every mode and
+layout with reductions split.
 
 Each tempa cell's first call is checked against eager's: the output (inference) or the
 loss, every parameter gradient and BatchNorm's running stats after one backward (training),
@@ -141,7 +146,7 @@ def make(key):
     return gpu_real.Row(key, "small convnet", m.eval(), {"x": x})
 
 
-def run_cell(row, system, mode, layout, ref):
+def run_cell(row, system, mode, layout, ref, split=True):
     import tempa
     model = copy.deepcopy(row.model)
     model.train() if row.kind == "train" else model.eval()
@@ -149,6 +154,7 @@ def run_cell(row, system, mode, layout, ref):
     if system == "tempa":
         tempa.reset()
         tempa.config.gpu_conv_layout = tempa.config.cpu_conv_layout = layout
+        tempa.config.gpu_split_reductions = split
         fn = tempa.compile(wrapped, mode=None if mode == "default" else mode)
     elif system == "torch.compile":
         import importlib
@@ -162,7 +168,9 @@ def run_cell(row, system, mode, layout, ref):
     sync()
     compile_s = time.perf_counter() - t0
     ms = median_call_ms(timed_call(row, fn, model), warmup=5, reps=row.reps)
-    r = dict(row=row.key, system=system, mode=mode, layout=layout, ms=ms, compile_s=compile_s)
+    r = dict(row=row.key, system=system, mode=mode, layout=layout, ms=ms, compile_s=compile_s,
+             split="split" if split else "nosplit") if system == "tempa" else \
+        dict(row=row.key, system=system, mode=mode, layout=layout, ms=ms, compile_s=compile_s, split="-")
     if ref is None:
         r.update(err=0.0, grad_err=0.0, notes="")
         return r, got
@@ -176,13 +184,13 @@ def run_cell(row, system, mode, layout, ref):
 
 
 def table(results) -> str:
-    lines = ["| row | system | mode | conv layout | ms | vs eager | compile s | err | grad err | notes |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| row | system | mode | conv layout | reductions | ms | vs eager | compile s | err | grad err | notes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     eager = {r["row"]: r["ms"] for r in results if r["system"] == "eager"}
     for r in results:
         e = eager.get(r["row"])
         speed = f"{e / r['ms']:.2f}x" if e and r["ms"] == r["ms"] and r["ms"] > 0 else "—"
-        lines.append(f"| {r['row']} | {r['system']} | {r['mode']} | {r['layout']} | {r['ms']:.2f} | "
+        lines.append(f"| {r['row']} | {r['system']} | {r['mode']} | {r['layout']} | {r.get('split', '-')} | {r['ms']:.2f} | "
                      f"{speed} | {r['compile_s']:.1f} | {r['err']:.1e} | {r['grad_err']:.1e} | "
                      f"{r['notes']} |")
     return "\n".join(lines)
@@ -197,6 +205,7 @@ def main():
     ap.add_argument("--out", default="", help="results JSON (and a .md table beside it)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--size", choices=["quick", "larger"], default="larger")
+    ap.add_argument("--cells", default="", help="tempa cells, MODE:LAYOUT:split|nosplit, comma-separated")
     a = ap.parse_args()
     started = time.time()
     gpu_real.DEVICE, gpu_real.SIZE = a.device, a.size
@@ -206,9 +215,13 @@ def main():
     import tempa
     tempa.config.cache_dir = os.environ["TEMPA_CACHE_DIR"]
     warnings.filterwarnings("ignore")
-    cells = [("eager", "-", "-")] + [("tempa", m, lay) for lay in LAYOUTS for m in MODES]
+    if a.cells:
+        tempa_cells = [tuple(c.split(":")) for c in a.cells.split(",")]
+    else:
+        tempa_cells = [(m, lay, "split") for lay in LAYOUTS for m in MODES]
+    cells = [("eager", "-", "-", "-")] + [("tempa",) + c for c in tempa_cells]
     if a.torch_compile:
-        cells.append(("torch.compile", "reduce-overhead", "-"))
+        cells.append(("torch.compile", "reduce-overhead", "-", "-"))
     results = []
     for key in a.rows.split(","):
         row = make(key)
@@ -218,20 +231,20 @@ def main():
         if a.reps:
             row.reps = a.reps
         ref = None
-        for system, mode, layout in cells:
+        for system, mode, layout, split in cells:
             if time.time() - started > a.budget_s:
-                print(f"  {key} {system} {mode} {layout}: not run (over the {a.budget_s:.0f} s budget)")
+                print(f"  {key} {system} {mode} {layout} {split}: not run (over the {a.budget_s:.0f} s budget)")
                 continue
             try:
-                r, got = run_cell(row, system, mode, layout, ref)
+                r, got = run_cell(row, system, mode, layout, ref, split != "nosplit")
                 ref = got if system == "eager" else ref
             except Exception as e:  # noqa: BLE001 - one cell failing must not end the run
                 traceback.print_exc()
-                r = dict(row=key, system=system, mode=mode, layout=layout, ms=float("nan"),
+                r = dict(row=key, system=system, mode=mode, layout=layout, split=split, ms=float("nan"),
                          compile_s=float("nan"), err=float("nan"), grad_err=float("nan"),
                          notes=f"FAILED {type(e).__name__}: {str(e)[:150]}")
             results.append(r)
-            print(f"  {key:18s} {system:13s} {mode:16s} {layout:13s} {r['ms']:8.2f} ms  "
+            print(f"  {key:18s} {system:13s} {mode:16s} {layout:13s} {split:7s} {r['ms']:8.2f} ms  "
                   f"compile {r['compile_s']:5.1f} s  err {r['err']:.1e}  grad {r['grad_err']:.1e}  "
                   f"{r['notes']}", flush=True)
             if a.device == "cuda":

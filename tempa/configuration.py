@@ -74,6 +74,10 @@ class Config:
     # also times contiguous against its traced layout (lower/matmul.py).
     # TEMPA_CPU_CONV_LAYOUT=eager for an A/B measurement.
     cpu_conv_layout: str = "measured"
+    # GPU reductions with few results over many values (BatchNorm's statistics, a bias
+    # gradient, a sum over everything) split in two kernels, so they fill the GPU's SMs
+    # (lower/reductions.py split_plan). TEMPA_GPU_SPLIT_REDUCTIONS=0 for an A/B measurement.
+    gpu_split_reductions: bool = True
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")

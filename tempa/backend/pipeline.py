@@ -343,6 +343,7 @@ class Target:
     channels_last_stores = False    # LowerOptions.channels_last_stores
     memory_order_stores = False     # LowerOptions.memory_order_stores (at fixed sizes)
     outputs_stored_once = False     # LowerOptions.outputs_stored_once
+    split_reduction_results = 0     # LowerOptions.split_reduction_results (at fixed sizes)
 
     def lower(self, job: GraphJob):
         job.lowered = lower_graph(job.gm, job.num_outputs, job.mutated, self.shared_reads, job.options)
@@ -385,7 +386,8 @@ def plan_graph(target: Target, gm, num_outputs: int, mutated: list, num_inputs: 
                            target.memory_order_stores and not nsizes,
                            frozenset(pack_weights) if fixed else frozenset(),
                            frozenset(own_layout_outputs) if fixed else frozenset(),
-                           outputs_stored_once=target.outputs_stored_once)
+                           outputs_stored_once=target.outputs_stored_once,
+                           split_reduction_results=target.split_reduction_results if fixed else 0)
     job = GraphJob(gm, num_outputs, mutated, num_inputs, label, prefix, nsizes, options, settings=extra)
     job.kept["aten"] = gm
     for name in GRAPH_PASSES:

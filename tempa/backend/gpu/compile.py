@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ... import counters, logs
+from ...configuration import config
 from ..codegen import triton as tr
 from ..codegen.triton_emit import EXTRA_DTYPES
 from ..compile_graph import CompiledGraphInfo
@@ -168,6 +169,12 @@ class TritonTarget(Target):
     extra_dtypes = EXTRA_DTYPES
     in_place_within_kernel = False  # a member's elements may sit on other threads
     channels_last_stores = True
+
+    @property
+    def split_reduction_results(self) -> int:
+        """lower/reductions.split_plan: a reduction with fewer results is split, so that it
+        runs as about two programs of 8 result columns per SM (config.gpu_split_reductions)."""
+        return 16 * tr.GPU_SMS if config.gpu_split_reductions else 0
 
     def lower(self, job):
         out = super().lower(job)

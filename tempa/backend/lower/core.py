@@ -69,6 +69,9 @@ class LowerOptions:
     # reshape of it was made memory for reads that memory (lowerings._outputs_read_inside,
     # _reshaped_source_reads_it; the CPU: not yet measured on a GPU)
     outputs_stored_once: bool = False
+    # a reduction with fewer results than this over many values is split in two (the GPU's:
+    # enough programs for its SMs; reductions.split_plan); 0: never
+    split_reduction_results: int = 0
 
     def admits(self, dt) -> bool:
         return dt in CTYPES or dt in self.extra_dtypes
