@@ -73,6 +73,7 @@ class CppTarget(Target):
     name = "cpp"
     memory_order_stores = True
     outputs_stored_once = True
+    depthwise_weight_grad_loops = True
     # between convolutions run channels-last (config.cpu_conv_layout), a value stored for
     # several users keeps that layout: stored contiguous, each reader (the next convolution's
     # NHWC copy, the BatchNorm and activation after it) read it transposed

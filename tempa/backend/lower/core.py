@@ -72,6 +72,9 @@ class LowerOptions:
     # a reduction with fewer results than this over many values is split in two (the GPU's:
     # enough programs for its SMs; reductions.split_plan); 0: never
     split_reduction_results: int = 0
+    # a depthwise convolution's weight and bias gradients computed as loops, its input
+    # gradient alone asked of ATen (lower/depthwise.py; the C++ target)
+    depthwise_weight_grad_loops: bool = False
 
     def admits(self, dt) -> bool:
         return dt in CTYPES or dt in self.extra_dtypes
@@ -220,7 +223,7 @@ class LowerCtx:
         return LoopValue.of_buffer(buf)
 
     def extern(self, node: fx.Node, args, kwargs, fallback: bool, op=None, arg_nodes=None,
-               out_strides=None):
+               out_strides=None, keep_outputs=None):
         """Run ``node.target`` through ATen from the wrapper; tensor args become buffers.
 
         Why the traced strides: ATen picks output layouts from input layouts (attention's
@@ -231,6 +234,8 @@ class LowerCtx:
         tensor arguments are those FX nodes (addmm run as mm: its a and b).
         ``out_strides``: call with every tensor argument contiguous instead, the outputs then
         having these strides (measured: matmul.py's convolutions).
+        ``keep_outputs``: the indices of a multi-output op's results used (the others are
+        computed elsewhere: lower/depthwise.py asks convolution_backward for one of three).
         """
         def prep(a, meta):
             if isinstance(a, LoopValue):
@@ -277,7 +282,7 @@ class LowerCtx:
             outs_meta = [tm]
         outs = []
         for i, m in enumerate(outs_meta):
-            if m is None:
+            if m is None or keep_outputs is not None and i not in keep_outputs:
                 outs.append(None)
                 continue
             if out_strides is not None:

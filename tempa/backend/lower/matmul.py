@@ -10,6 +10,7 @@ import torch.fx as fx
 from ..index import contiguous_strides
 from ..ir import LoopValue, PackedWeight, Unlowerable
 from .core import aten, pointwise, probe, register, SMALL_MATMUL_MACS
+from .depthwise import depthwise_backward
 
 
 # --- matmul: small ones are loops in the kernel file, big ones call ATen ---------------------
@@ -231,7 +232,11 @@ _CONVOLUTIONS = (aten.convolution.default, aten.convolution_backward.default)
 
 
 def lower_extern(ctx, node, args, kwargs):
-    """An EXTERN_OPS node as a library call (convolutions in the layout measured faster)."""
+    """An EXTERN_OPS node as a library call (convolutions in the layout measured faster; a
+    depthwise convolution's weight gradient as loops, lower/depthwise.py)."""
+    lowered = depthwise_backward(ctx, node, args, kwargs)
+    if lowered is not None:
+        return lowered
     if node.target in _CONVOLUTIONS:
         strides = _contiguous_strides_if_faster(ctx, node)
         if strides is not None:
