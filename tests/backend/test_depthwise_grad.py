@@ -91,3 +91,24 @@ def test_a_three_by_three_filter_keeps_atens_backward():
     compiled(x).sum().backward()
     assert WEIGHT_LOOPS not in _backward_schedule(compiled)
     assert any("convolution_backward" in e for e in _externs(compiled))
+
+
+def test_one_value_for_both_dims():
+    """ATen's convolution takes stride, padding and dilation as one value for both dims
+    (EfficientNet's convolutions reach convolution_backward with padding [2])."""
+    torch.manual_seed(3)
+    w = torch.randn(6, 1, 5, 5, requires_grad=True)
+    x = torch.randn(1, 6, 11, 9, requires_grad=True)
+
+    def f(x, w):
+        return torch.ops.aten.convolution(x, w, None, [2], [2], [1], False, [0], 6)
+    tempa.reset()
+    compiled = tempa.compile(f)
+    y = compiled(x, w)
+    g = torch.randn_like(y)
+    gx, gw = torch.autograd.grad(y, (x, w), g)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    rx, rw = torch.autograd.grad(f(x64, w64), (x64, w64), g.double())
+    torch.testing.assert_close(gw.double(), rw, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gx.double(), rx, rtol=1e-5, atol=1e-5)
+    assert WEIGHT_LOOPS in _backward_schedule(compiled)

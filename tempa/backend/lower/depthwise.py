@@ -45,6 +45,11 @@ def _depthwise_2d(node: fx.Node) -> bool:
         and weight.shape[2] * weight.shape[3] >= LOOP_MIN_TAPS
 
 
+def _pair(v) -> list:
+    v = [int(x) for x in v]
+    return v * 2 if len(v) == 1 else v
+
+
 def depthwise_backward(ctx, node: fx.Node, args, kwargs):
     """The lowered (grad_input, grad_weight, grad_bias) of ``node``, or None where it is not
     a depthwise convolution's backward this lowering covers."""
@@ -53,7 +58,9 @@ def depthwise_backward(ctx, node: fx.Node, args, kwargs):
     grad, inp, weight = args[:3]
     if not all(isinstance(v, LoopValue) for v in (grad, inp, weight)) or not ctx.options.admits(inp.dtype):
         return None
-    stride, padding, dilation, mask = args[4], args[5], args[6], args[10]
+    # ATen takes one value for both dims as well (EfficientNet's convolutions pass [2])
+    stride, padding, dilation = (_pair(v) for v in args[4:7])
+    mask = args[10]
     n, c, oh, ow = grad.sizes
     _, _, h, w = inp.sizes
     kh, kw = weight.sizes[2:]
