@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..index import Cond, IndexExpr
+from ..index import Cond, IndexExpr, contiguous_strides
 from ..ir import LoopValue
 from .core import aten
 
@@ -45,6 +45,14 @@ def _depthwise_2d(node: fx.Node) -> bool:
         and weight.shape[2] * weight.shape[3] >= LOOP_MIN_TAPS
 
 
+def _rows_contiguous(ctx, value: LoopValue, node: fx.Node, origin: str) -> LoopValue:
+    """``value`` where its traced layout is contiguous, else a contiguous copy of it."""
+    tm = node.meta.get("traced_meta")
+    if tm is not None and tuple(tm.stride) == contiguous_strides(tm.shape):
+        return value
+    return ctx.realize(LoopValue(value.sizes, value.dtype, value.load), origin)
+
+
 def _pair(v) -> list:
     v = [int(x) for x in v]
     return v * 2 if len(v) == 1 else v
@@ -61,6 +69,11 @@ def depthwise_backward(ctx, node: fx.Node, args, kwargs):
     # ATen takes one value for both dims as well (EfficientNet's convolutions pass [2])
     stride, padding, dilation = (_pair(v) for v in args[4:7])
     mask = args[10]
+    # the loops run along a row of pixels: a channels-last input or gradient is read from a
+    # contiguous copy (ConvNeXt's 96 channels on 32x32: 8.7 ms read in place, against
+    # 4.2 ms for ATen's channels-last backward)
+    grad_rows, inp_rows = (_rows_contiguous(ctx, v, a, "depthwise weight gradient")
+                           for v, a in ((grad, node.args[0]), (inp, node.args[1])))
     n, c, oh, ow = grad.sizes
     _, _, h, w = inp.sizes
     kh, kw = weight.sizes[2:]
@@ -78,8 +91,8 @@ def depthwise_backward(ctx, node: fx.Node, args, kwargs):
         inside = Cond.within(ih, 0, h) & Cond.within(iw, 0, w)
 
         def product(k):
-            g = k.cast(grad.load(k, [b, ch, y, x]), acc)
-            return k.op("mul", [g, k.cast(inp.load(k, [b, ch, ih, iw]), acc)], acc)
+            g = k.cast(grad_rows.load(k, [b, ch, y, x]), acc)
+            return k.op("mul", [g, k.cast(inp_rows.load(k, [b, ch, ih, iw]), acc)], acc)
         if inside.always:
             return product(k)
         return k.piecewise([(inside, product), (Cond(), lambda k: k.const(0, acc))], acc)
@@ -89,7 +102,7 @@ def depthwise_backward(ctx, node: fx.Node, args, kwargs):
     if mask[2]:
         def bias_grad(k, idx, ridx):
             b, y, x = ridx
-            return k.cast(grad.load(k, [b, idx[0], y, x]), acc)
+            return k.cast(grad_rows.load(k, [b, idx[0], y, x]), acc)
         grad_bias = ctx.reduction((c,), (n, oh, ow), "sum", bias_grad, dt, acc,
                                   "convolution_backward(depthwise bias)")
     grad_input = None
