@@ -137,8 +137,9 @@ def finish(plans: list) -> list:
     cached = False
     if parts:
         fastcall.prebuild()          # its one-time gcc run overlaps this graph's
-        source = cpp.prelude() + "\n\n" + "\n\n".join(parts) + "\n"
-        lib, so, cached = _build.build(source)
+        prelude = cpp.prelude()
+        source = prelude + "\n\n" + "\n\n".join(parts) + "\n"
+        lib, so, cached = _build.build(source, prelude, parts)
     out = []
     for p in plans:
         info = p.info

@@ -707,7 +707,8 @@ def finish(dplans: list) -> list:
     lib = so = None
     cached = False
     if parts:
-        lib, so, cached = _build.build(cpp.prelude() + "\n\n" + "\n\n".join(parts) + "\n")
+        prelude = cpp.prelude()
+        lib, so, cached = _build.build(prelude + "\n\n" + "\n\n".join(parts) + "\n", prelude, parts)
     out = []
     for p in dplans:
         info = p.info
