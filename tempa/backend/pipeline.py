@@ -344,7 +344,7 @@ class Target:
     memory_order_stores = False     # LowerOptions.memory_order_stores (at fixed sizes)
     outputs_stored_once = False     # LowerOptions.outputs_stored_once
     split_reduction_results = 0     # LowerOptions.split_reduction_results (at fixed sizes)
-    depthwise_weight_grad_loops = False   # LowerOptions.depthwise_weight_grad_loops
+    depthwise_weight_grad_loops = False   # LowerOptions.depthwise_weight_grad_loops (at fixed sizes)
 
     def lower(self, job: GraphJob):
         job.lowered = lower_graph(job.gm, job.num_outputs, job.mutated, self.shared_reads, job.options)
@@ -389,7 +389,7 @@ def plan_graph(target: Target, gm, num_outputs: int, mutated: list, num_inputs: 
                            frozenset(own_layout_outputs) if fixed else frozenset(),
                            outputs_stored_once=target.outputs_stored_once,
                            split_reduction_results=target.split_reduction_results if fixed else 0,
-                           depthwise_weight_grad_loops=target.depthwise_weight_grad_loops)
+                           depthwise_weight_grad_loops=target.depthwise_weight_grad_loops and fixed)
     job = GraphJob(gm, num_outputs, mutated, num_inputs, label, prefix, nsizes, options, settings=extra)
     job.kept["aten"] = gm
     for name in GRAPH_PASSES:

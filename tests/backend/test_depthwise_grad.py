@@ -112,3 +112,20 @@ def test_one_value_for_both_dims():
     torch.testing.assert_close(gw.double(), rw, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gx.double(), rx, rtol=1e-5, atol=1e-5)
     assert WEIGHT_LOOPS in _backward_schedule(compiled)
+
+
+def test_gradients_stay_right_when_the_batch_size_changes():
+    """A second batch size (a recompile, shape-generic under dynamic=True, where the loops are
+    not used): every step's gradients are eager's."""
+    torch.manual_seed(4)
+    conv = nn.Conv2d(6, 6, 7, padding=3, groups=6)
+    ref = copy.deepcopy(conv).double()
+    tempa.reset()
+    compiled = tempa.compile(conv, dynamic=True)
+    for batch in (2, 3, 5):
+        x = torch.randn(batch, 6, 10, 10)
+        g = torch.randn(batch, 6, 10, 10)
+        compiled(x).backward(g)
+        ref(x.double()).backward(g.double())
+        torch.testing.assert_close(conv.weight.grad.double(), ref.weight.grad, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(conv.bias.grad.double(), ref.bias.grad, rtol=1e-5, atol=1e-5)

@@ -73,7 +73,8 @@ class LowerOptions:
     # enough programs for its SMs; reductions.split_plan); 0: never
     split_reduction_results: int = 0
     # a depthwise convolution's weight and bias gradients computed as loops, its input
-    # gradient alone asked of ATen (lower/depthwise.py; the C++ target)
+    # gradient alone asked of ATen (lower/depthwise.py; the C++ target at fixed sizes: a
+    # shape-generic graph keeps ATen's whole backward)
     depthwise_weight_grad_loops: bool = False
 
     def admits(self, dt) -> bool:
