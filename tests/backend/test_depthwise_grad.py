@@ -125,7 +125,10 @@ def test_gradients_stay_right_when_the_batch_size_changes():
     for batch in (2, 3, 5):
         x = torch.randn(batch, 6, 10, 10)
         g = torch.randn(batch, 6, 10, 10)
+        conv.zero_grad()
+        ref.zero_grad()
         compiled(x).backward(g)
         ref(x.double()).backward(g.double())
-        torch.testing.assert_close(conv.weight.grad.double(), ref.weight.grad, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(conv.bias.grad.double(), ref.bias.grad, rtol=1e-5, atol=1e-5)
+        # sums of up to 500 products: float32 rounding against float64
+        torch.testing.assert_close(conv.weight.grad.double(), ref.weight.grad, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(conv.bias.grad.double(), ref.bias.grad, rtol=1e-5, atol=1e-4)
