@@ -169,8 +169,7 @@ def run_cell(row, system, mode, layout, ref, split=True):
     compile_s = time.perf_counter() - t0
     ms = median_call_ms(timed_call(row, fn, model), warmup=5, reps=row.reps)
     r = dict(row=row.key, system=system, mode=mode, layout=layout, ms=ms, compile_s=compile_s,
-             split="split" if split else "nosplit") if system == "tempa" else \
-        dict(row=row.key, system=system, mode=mode, layout=layout, ms=ms, compile_s=compile_s, split="-")
+             split=("split" if split else "nosplit") if system == "tempa" else "-")
     if ref is None:
         r.update(err=0.0, grad_err=0.0, notes="")
         return r, got

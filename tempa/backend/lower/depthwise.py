@@ -16,12 +16,12 @@ than eager, 5x5 at 240 channels on 16x16 2.4x; 3x3 at 32-960 channels 0.81-0.96x
 """
 from __future__ import annotations
 
-import torch
 import torch.fx as fx
 
 from ..index import Cond, IndexExpr, contiguous_strides
 from ..ir import LoopValue
 from .core import aten
+from .reductions import long_sum_accumulator
 
 _BACKWARD = aten.convolution_backward.default
 LOOP_MIN_TAPS = 25      # 5x5 filters and larger (above)
@@ -98,10 +98,7 @@ def depthwise_backward(ctx, node: fx.Node, args, kwargs):
     n, c, oh, ow = grad.sizes
     kh, kw = weight.sizes[2:]
     dt = node.args[2].meta["traced_meta"].dtype      # the weight's, as its gradient's
-    values = n * oh * ow
-    # float64 for long sums, as lower/reductions.py: one accumulator drifts (ATen sums pairwise)
-    acc = torch.float64 if dt == torch.float32 and ctx.options.size_choice(
-        "f64 accumulator", values * ctx.options.dyn_scale > 4096) else dt
+    acc = long_sum_accumulator(ctx, dt, n * oh * ow)
 
     def weight_grad(k, idx, ridx):
         ch, tap_h, tap_w = idx[0], idx[2], idx[3]

@@ -26,6 +26,15 @@ def _norm_dims(dims, nd):
     return sorted({d % nd for d in dims}) if nd else []
 
 
+def long_sum_accumulator(ctx, dtype, values: int):
+    """The accumulator of a sum of ``values`` values of ``dtype``: float64 for a long float32
+    sum. Why: a long float sum in one accumulator drifts (eager sums pairwise)."""
+    if dtype == torch.float32 and ctx.options.size_choice("f64 accumulator",
+                                                          values * ctx.options.dyn_scale > 4096):
+        return torch.float64
+    return dtype
+
+
 def _reduce(ctx, node, x, dims, keepdim, rtype, out_dtype, pre=None, origin=""):
     """Reduction of ``x`` over ``dims``; ``pre(k, v)`` maps each loaded element first."""
     nd = len(x.sizes)
@@ -33,10 +42,7 @@ def _reduce(ctx, node, x, dims, keepdim, rtype, out_dtype, pre=None, origin=""):
     rsizes = [x.sizes[d] for d in dims]
     kept = [d for d in range(nd) if d not in dims]
     out_sizes = [1 if d in dims else x.sizes[d] for d in range(nd)] if keepdim else [x.sizes[d] for d in kept]
-    acc = out_dtype
-    if rtype in ("sum", "prod") and out_dtype == torch.float32 and \
-            ctx.options.size_choice("f64 accumulator", math.prod(rsizes) * ctx.options.dyn_scale > 4096):
-        acc = torch.float64   # why: a long float sum in one accumulator drifts (eager sums pairwise)
+    acc = long_sum_accumulator(ctx, out_dtype, math.prod(rsizes)) if rtype in ("sum", "prod") else out_dtype
     if rtype in ("argmax", "argmin"):
         acc = x.dtype
 
