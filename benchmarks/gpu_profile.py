@@ -62,7 +62,26 @@ def graph_replay_ms(model):
     return gpu_real.median_call_ms(replay, warmup=3, reps=20), len(graphs)
 
 
-def profile_cell(row, system, mode, report):
+def write_code(model, path):
+    """Every compiled part's schedule, fusion report, Triton source and wrapper, to ``path``:
+    the kernel names of the profiler's tables (k12_pw, k40_red) are defined there."""
+    import tempa
+    with open(path, "w") as out:
+        for i, e in enumerate(tempa.entries(model)):
+            info = getattr(e.compiled, "tempa_info", None)
+            for part in ("forward", "backward", "inference"):
+                p = getattr(info, part, None)
+                if p is None:
+                    continue
+                out.write(f"######## entry {i} {part}\n")
+                for name in ("schedule",):
+                    out.write(f"---- {name}\n{p.passes.get(name, '')}\n")
+                out.write(f"---- fusion\n{getattr(p, 'fusion_report', '')}\n")
+                out.write(f"---- wrapper\n{getattr(p, 'wrapper_source', '')}\n")
+                out.write(f"---- triton\n{getattr(p, 'triton_source', '')}\n")
+
+
+def profile_cell(row, system, mode, report, code_dir=None):
     call = row.cell(gpu_real.compiler(system, mode))
     call()
     torch.cuda.synchronize()
@@ -76,6 +95,8 @@ def profile_cell(row, system, mode, report):
         if model is not None and mode == "reduce-overhead":
             gms, n = graph_replay_ms(model)
             line += f", {n} CUDA graph(s) replay alone {gms:.3f} ms"
+        if model is not None and code_dir:
+            write_code(model, os.path.join(code_dir, f"{row.key}-{mode}-code.txt"))
         if model is not None:
             import tempa
             for e in tempa.entries(model):
@@ -110,6 +131,8 @@ def main():
     ap.add_argument("--rows", default="resnet50_tv,bert")
     ap.add_argument("--systems", default=DEFAULT_SYSTEMS, help="system:mode,... (gpu_real.py's)")
     ap.add_argument("--outdir", default=".")
+    ap.add_argument("--code", action="store_true",
+                    help="also write tempa's schedules, kernels and wrappers to DIR/<row>-<mode>-code.txt")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("gpu_profile.py needs CUDA")
@@ -129,7 +152,7 @@ def main():
         with open(os.path.join(a.outdir, f"{key}.txt"), "w") as report:
             for system, mode in systems:
                 try:
-                    profile_cell(row, system, mode, report)
+                    profile_cell(row, system, mode, report, a.outdir if a.code else None)
                 except Exception as e:  # noqa: BLE001 - one cell failing must not end the run
                     traceback.print_exc()
                     print(f"{key} {system} {mode}: FAILED {type(e).__name__}: {e}", flush=True)

@@ -63,12 +63,19 @@ class Joint:
 # backward made five passes over the rows, storing an fp32 copy in between, where
 # _log_softmax_backward_data needs one (grad - exp(out) * sum(grad)). Likewise softmax,
 # logsumexp, layer norm (mean and rstd saved), GELU and SiLU (only their input saved).
+# Batch norm in training likewise: through its decomposition autograd recomputed the batch
+# mean from the input (var's derivative) and wrote the gradient of x_hat as a full-size
+# buffer in between, three reductions and two pointwise passes a BatchNorm, where
+# native_batch_norm_backward reads the saved mean and invstd: one kernel of two sums over
+# (grad, input), then one pointwise pass (ResNet-50's backward on a GPU is bound by them).
 # The hard activations are kept whole for a different reason, their kinks: they decompose
 # into clamp, whose gradient passes at the bounds (and at NaN) where eager's own backward
 # passes none (hardtanh_backward is zero at x <= min_val and x >= max_val, so ReLU6 at
 # exactly 0 and 6; hardsigmoid's at x = +-3; hardswish's is 0 at -3 and 1 at 3).
 KEEP_WHOLE_FOR_AUTOGRAD = frozenset({aten._softmax, aten._log_softmax, aten.logsumexp,
                                      aten.native_layer_norm, aten.gelu, aten.silu,
+                                     aten.native_batch_norm, aten._native_batch_norm_legit,
+                                     aten._native_batch_norm_legit_functional,
                                      aten.hardtanh, aten.hardsigmoid, aten.hardswish})
 
 
