@@ -246,6 +246,9 @@ def render_kernel(plan: KernelPlan, r_contiguous: bool = True, blocks=None, nsiz
         k.line("rindex = rbase")
         k.rlevel.add("rindex")
     summary = []
+    shares = _shared_loops(plan, ov) if not persistent else set()
+    pending = []                  # reductions whose loop is still open: results come after it
+    in_loop = False
     for j, m in enumerate(plan.members):
         tag = f"m{j}"
         idx, inner = member_index(m, ov, f"i_{tag}_")
@@ -260,13 +263,14 @@ def render_kernel(plan: KernelPlan, r_contiguous: bool = True, blocks=None, nsiz
             _finish_x(k, m, idx, v, plan, locals_here, pname, tag=tag)
             continue
         looped = not persistent
-        if looped:
+        if looped and not in_loop:
             k.line(f"for r0 in range(0, {ext}, {RB}):")
             k.depth += 1
             k.push()
             k.line("rindex = r0 + rbase")
             k.rlevel.add("rindex")
             rscope = {"defs": {}, "masks": {}}
+            in_loop = True
         if red is None:
             r_vars([v.size for v in inner], [v.name for v in inner], None)
             v = k.cast(m.body.fn(k, idx), m.dtype)
@@ -310,26 +314,23 @@ def render_kernel(plan: KernelPlan, r_contiguous: bool = True, blocks=None, nsiz
                     _insert_before_loop(k, [f"{acc} = tl.full([{XB}, {RB}], {init}, {TL[acc_dt]})"])
                     k.line(f"{acc} = {_combine(red.rtype, acc, f'tl.where({full}, {vexpr}, {init})')}")
                 res = _reduce_expr(red.rtype, acc, acc)
+            pending.append((m, idx, tag, res, acc_dt, arg))
+            if looped and j in shares:
+                continue          # the next member accumulates in the same loop
             if looped:
                 k.pop()
                 k.depth -= 1
                 k.rmask = None
-            name = f"v_{tag}"
-            k.line(f"{name} = {res}")
-            out_dt = m.dtype
-            if out_dt == torch.bool:
-                k.line(f"{name} = {name} != 0")
-            elif phys(out_dt) != acc_dt and not arg:
-                k.line(f"{name} = {name}.to({TL[phys(out_dt)]})")
-            if out_dt in HALF:
-                k.line(f"{name} = {name}.to({TL[out_dt]}).to(tl.float32)")
-            k.rmask = None
-            _finish_x(k, m, idx, ScalarExpr(name, m.dtype), plan, locals_here, pname, named=True, tag=tag)
+                in_loop = False
+            for pm, pidx, ptag, pres, pacc, parg in pending:
+                _reduction_result(k, pm, pidx, ptag, pres, pacc, parg, plan, locals_here, pname)
+            pending = []
             continue
         if looped:
             k.pop()
             k.depth -= 1
             k.rmask = None
+            in_loop = False
         if m in plan.barrier_after:
             k.line("tl.debug_barrier()")
     kc.params = list(params)
@@ -374,6 +375,47 @@ def _insert_before_loop(k: TritonEmitter, lines):
             k.lines[i:i] = [ind + ln for ln in lines]
             return
     raise AssertionError("no loop open")
+
+
+def _shared_loops(plan: KernelPlan, ov) -> set:
+    """The members ``j`` of a looped kernel whose reduction loop also runs member ``j + 1``:
+    runs of reductions over the same r extent where none reads another of its run.
+
+    Why: each loop reads its inputs from memory again. A BatchNorm backward's two sums over
+    (grad, input), or a variance's sums of deviations and of their squares, made one pass
+    each over the same activation; in one loop the loads common to them are issued once
+    (the emitter's common-subexpression scope is the loop's), so a tensor is read once."""
+    from ..schedule import _reads
+    shares, run = set(), []
+    for j, m in enumerate(plan.members):
+        red = m.body if isinstance(m.body, Reduction) else None
+        ext = r_extent(m, ov)
+        ok = red is not None and ext > 0 and red.rtype not in ("argmax", "argmin")
+        if ok and run:
+            prev = plan.members[run[-1]]
+            if (ext == r_extent(prev, ov) and tuple(red.rsizes) == tuple(prev.body.rsizes)
+                    and prev not in plan.barrier_after
+                    and not _reads(m) & {plan.members[i] for i in run}):
+                shares.add(run[-1])
+                run.append(j)
+                continue
+        run = [j] if ok else []
+    return shares
+
+
+def _reduction_result(k, m, idx, tag, res, acc_dt, arg, plan, locals_here, pname):
+    """A reduction member's value at x level, once its loop (or tile) is done."""
+    name = f"v_{tag}"
+    k.line(f"{name} = {res}")
+    out_dt = m.dtype
+    if out_dt == torch.bool:
+        k.line(f"{name} = {name} != 0")
+    elif phys(out_dt) != acc_dt and not arg:
+        k.line(f"{name} = {name}.to({TL[phys(out_dt)]})")
+    if out_dt in HALF:
+        k.line(f"{name} = {name}.to({TL[out_dt]}).to(tl.float32)")
+    k.rmask = None
+    _finish_x(k, m, idx, ScalarExpr(name, m.dtype), plan, locals_here, pname, named=True, tag=tag)
 
 
 def _finish_x(k, m, idx, v: ScalarExpr, plan, locals_here, pname, named=False, tag="m"):

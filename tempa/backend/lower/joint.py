@@ -207,7 +207,7 @@ def trace_joint(traced: Traced, inputs: list, decomps: dict, conv_layout: str = 
                 continue
             if n.op == "placeholder":
                 needed.add(n)
-            elif n.meta.get("bw") or n.op == "get_attr" or (n.op == "call_function" and n.target in _RECOMPUTE):
+            elif n.meta.get("bw") or n.op == "get_attr" or _free_view(n):
                 live_bw.add(n)
                 stack.extend(n.all_input_nodes)
             else:
@@ -310,7 +310,7 @@ def _recompute_pointwise(fw_nodes, needed, live_bw, user_outputs, walk):
             return 0
         if n not in memo:
             memo[n] = None                # (a DAG: only guards against surprises)
-            if n.op == "call_function" and n.target in _RECOMPUTE:
+            if _free_view(n):
                 memo[n] = via_inputs(n, memo)     # a view costs what its base costs
             else:
                 via = recompute_cost(n, memo)
@@ -363,6 +363,24 @@ def _pure_pointwise(n) -> bool:
 
 
 _CASTS = {aten._to_copy.default, aten.to.dtype}
+
+
+def _free_view(n) -> bool:
+    """A forward node the backward recomputes for free: a view, or a cast to the dtype its
+    input already has (``x.to(torch.float32)`` of a float32 ``x`` is ``x`` itself in eager).
+    Why the cast: BatchNorm's derivative saves its input as ``input.to(float32)``; saved as
+    a value of its own, a float32 activation was copied in the forward (a write and a read
+    of the whole tensor a BatchNorm) to keep what the convolution's output already holds."""
+    if n.op != "call_function":
+        return False
+    if n.target in _RECOMPUTE:
+        return True
+    if n.target in _CASTS and n.args and isinstance(n.args[0], fx.Node):
+        mine, src = n.meta.get("traced_meta"), n.args[0].meta.get("traced_meta")
+        return (mine is not None and src is not None and mine.dtype == src.dtype
+                and tuple(mine.stride) == tuple(src.stride) and mine.device == src.device
+                and not getattr(mine, "offset", 0) and not getattr(src, "offset", 0))
+    return False
 
 
 _RECOMPUTE = {aten.t.default, aten.permute.default, aten.view.default, aten.detach.default,
