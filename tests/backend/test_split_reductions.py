@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 
 import pytest
 import torch
@@ -125,3 +126,30 @@ def test_whole_tensor_reductions_split(split_setting):
     assert got[1].item() == 9.5 and got[2].item() is True
     torch.testing.assert_close(got[3], want[3], rtol=1e-5, atol=1e-5)
     assert "(split " in _schedules(compiled)
+
+
+@interp
+def test_sums_sharing_a_loop_equal_eager(split_setting):
+    """A BatchNorm's variance sums and its backward's two sums, in one r loop each
+    (codegen/triton.py _shared_loops; whole reductions, split off, so the loop is long):
+    the statistics, the input's and the affine gradients equal eager's float64."""
+    tempa.reset()
+    tempa.config.gpu_split_reductions = False
+    torch.manual_seed(2)
+    bn = nn.BatchNorm2d(4).train()
+    ref = copy.deepcopy(bn).double()
+    x = (torch.randn(8, 4, 48, 48) * 2 + 3).requires_grad_()
+    xr = x.detach().double().requires_grad_()
+    compiled = tempa.compile(bn, backend=_gpu_backend)
+    g = torch.randn(8, 4, 48, 48)
+    compiled(x).backward(g)
+    ref(xr).backward(g.double())
+    torch.testing.assert_close(x.grad.double(), xr.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(bn.weight.grad.double(), ref.weight.grad, rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(bn.bias.grad.double(), ref.bias.grad, rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(bn.running_var.double(), ref.running_var, rtol=1e-5, atol=1e-5)
+    sources = [getattr(getattr(e.compiled.tempa_info, part), "triton_source", "")
+               for e in tempa.entries(compiled) for part in ("forward", "backward")]
+    loops = [body for src in sources for body in src.split("for r0 in range(")[1:]]
+    accumulators = [set(re.findall(r"(acc_m\d+) = acc_m\d+ \+", body)) for body in loops]
+    assert any(len(a) >= 2 for a in accumulators), accumulators   # two sums, one loop

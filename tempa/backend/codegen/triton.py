@@ -393,8 +393,9 @@ def _shared_loops(plan: KernelPlan, ov) -> set:
         ok = red is not None and ext > 0 and red.rtype not in ("argmax", "argmin")
         if ok and run:
             prev = plan.members[run[-1]]
+            # (a reduction's value is read by later members from its register, never
+            # from memory: barrier_after does not concern it)
             if (ext == r_extent(prev, ov) and tuple(red.rsizes) == tuple(prev.body.rsizes)
-                    and prev not in plan.barrier_after
                     and not _reads(m) & {plan.members[i] for i in run}):
                 shares.add(run[-1])
                 run.append(j)
