@@ -50,9 +50,13 @@ def graph_replay_ms(model):
     import tempa
     graphs = []
     for e in tempa.entries(model):
-        runner = getattr(e.compiled, "tempa_cudagraphs", None)
-        if runner is not None:
-            graphs += [r.graph for r in runner.recs.values()]
+        runners = [getattr(e.compiled, "tempa_cudagraphs", None)]
+        # a training graph's forward and backward runners (runtime/cudagraphs.py)
+        info = getattr(e.compiled, "tempa_info", None)
+        runners += list(getattr(info, "training_cudagraphs", None) or ())
+        for runner in runners:
+            if runner is not None:
+                graphs += [r.graph for r in runner.recs.values() if r.graph is not None]
     if not graphs:
         return float("nan"), 0
 
