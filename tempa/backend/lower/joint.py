@@ -68,6 +68,8 @@ class Joint:
 # buffer in between, three reductions and two pointwise passes a BatchNorm, where
 # native_batch_norm_backward reads the saved mean and invstd: one kernel of two sums over
 # (grad, input), then one pointwise pass (ResNet-50's backward on a GPU is bound by them).
+# Group norm too: its decomposition's derivative wrote a copy_ into the recorded backward,
+# which sent a whole GroupNorm training graph's backward to eager ATen calls.
 # The hard activations are kept whole for a different reason, their kinks: they decompose
 # into clamp, whose gradient passes at the bounds (and at NaN) where eager's own backward
 # passes none (hardtanh_backward is zero at x <= min_val and x >= max_val, so ReLU6 at
@@ -76,6 +78,7 @@ KEEP_WHOLE_FOR_AUTOGRAD = frozenset({aten._softmax, aten._log_softmax, aten.logs
                                      aten.native_layer_norm, aten.gelu, aten.silu,
                                      aten.native_batch_norm, aten._native_batch_norm_legit,
                                      aten._native_batch_norm_legit_functional,
+                                     aten.native_group_norm,
                                      aten.hardtanh, aten.hardsigmoid, aten.hardswish})
 
 

@@ -1,5 +1,5 @@
-"""BatchNorm's training backward from its own derivative (lower/joint.py
-KEEP_WHOLE_FOR_AUTOGRAD): autograd records native_batch_norm_backward, which reads the
+"""BatchNorm's and GroupNorm's training backward from their own derivatives (lower/joint.py
+KEEP_WHOLE_FOR_AUTOGRAD). BatchNorm: autograd records native_batch_norm_backward, which reads the
 mean and inverse std the forward saved, so the backward makes one pass of two sums over
 (grad, input) and one pointwise pass. Differentiating the decomposed forward instead
 recomputed the batch mean from the input and wrote an extra full-size gradient in
@@ -81,3 +81,23 @@ def test_batchnorm_input_gradient_without_affine():
     (ref(xr) ** 2).sum().backward()
     torch.testing.assert_close(x.grad.double(), xr.grad, rtol=1e-5, atol=1e-5)
     assert "[mean" not in _backward_schedule(compiled)
+
+
+def test_groupnorm_training_backward_is_compiled():
+    """GroupNorm (a UNet's, a diffusion model's) differentiated through its own derivative:
+    the backward is compiled (it ran as eager ATen calls, a copy_ in the recorded backward),
+    its gradients equal eager's float64 ones."""
+    tempa.reset()
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.SiLU()).train()
+    ref = copy.deepcopy(model).double()
+    x = torch.randn(4, 8, 16, 16) * 2 + 1
+    g = torch.randn(4, 16, 16, 16)
+    compiled = tempa.compile(model)
+    compiled(x).backward(g)
+    ref(x.double()).backward(g.double())
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-5, atol=1e-4, msg=name)
+    info = [e.compiled.tempa_info for e in tempa.entries(compiled)][0]
+    assert info.backward is not None and info.fallback_reason is None, info.fallback_reason
+    assert "convolution_backward" in _backward_schedule(compiled)
