@@ -101,3 +101,4 @@ def test_groupnorm_training_backward_is_compiled():
     info = [e.compiled.tempa_info for e in tempa.entries(compiled)][0]
     assert info.backward is not None and info.fallback_reason is None, info.fallback_reason
     assert "convolution_backward" in _backward_schedule(compiled)
+

@@ -3,6 +3,8 @@ channels-last for inference (``relayout_convolutions``), and with grad by the jo
 (joint.py), each node through ``_replayed``."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.fx as fx
 
@@ -94,8 +96,23 @@ def _is_restride(x, size, stride, offset) -> bool:
             and all(n == 1 or a == b for n, a, b in zip(size, stride, x.stride())))
 
 
+def _is_reshape(x, size, stride, offset) -> bool:
+    """``x.as_strided(size, stride, offset)`` of a contiguous ``x`` that is ``x.view(size)``:
+    the same elements at the same addresses, contiguous in the new shape."""
+    return (x.is_contiguous() and math.prod(size) == x.numel()
+            and (offset is None or offset == x.storage_offset())
+            and all(n == 1 or a == b for n, a, b in zip(size, stride, torch.empty(size, device="meta").stride())))
+
+
 def _replayed(target, args, kwargs):
-    """One node of the functional forward, replayed with grad by the joint trace."""
-    if target is aten.as_strided.default and not kwargs and _is_restride(*args, *[None] * (4 - len(args))):
-        return _Restride.apply(*args, *[None] * (4 - len(args)))
+    """One node of the functional forward, replayed with grad by the joint trace. An
+    ``as_strided`` that keeps every address (``_is_restride``) or is a reshape of a
+    contiguous value (``_is_reshape``: a GroupNorm's decomposition flattens its
+    statistics so) is replayed with a gradient that needs no ``copy_`` (see _Restride)."""
+    if target is aten.as_strided.default and not kwargs:
+        full = (*args, *[None] * (4 - len(args)))
+        if _is_restride(*full):
+            return _Restride.apply(*full)
+        if _is_reshape(*full):
+            return aten.view.default(args[0], list(args[1]))
     return target(*args, **kwargs)

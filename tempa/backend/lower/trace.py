@@ -121,6 +121,30 @@ class _Recorder(TorchDispatchMode):
             return type(a)(self.lookup(x) for x in a)
         return a
 
+    def _functional_in_backward(self, func, args):
+        """The out-of-place op that records ``func``, an in-place write of a derivative
+        formula into a tensor of its own (``copy_`` into fresh zeros, fmin's
+        ``(a >= b).logical_or_(b.isnan())``), or None. Why it is the same graph: nothing
+        else sees that tensor, so binding it to the new value is all the write does. Only
+        where the written tensor is a value the backward computed, not a view and with no
+        view of it recorded (a write through a view, as_strided's gradient scattering
+        into zeros, changes another value: refused, the backward runs as ATen calls)."""
+        packet = func.overloadpacket.__name__
+        if not packet.endswith("_") or not args or not isinstance(args[0], torch.Tensor):
+            return None
+        written = [i for i, a in enumerate(func._schema.arguments)
+                   if a.alias_info is not None and a.alias_info.is_write]
+        node = self.env.get(id(args[0]))
+        if written != [0] or node is None or not node.meta.get("bw") or node.op != "call_function":
+            return None
+        target = args[0]
+        if target._is_view() or any(t is not target and t._is_view() and t._base is target
+                                    for t in self.keep if isinstance(t, torch.Tensor)):
+            return None
+        out_of_place = getattr(getattr(aten, packet[:-1], None), func._overloadname, None)
+        return out_of_place if isinstance(out_of_place, torch._ops.OpOverload) \
+            and not out_of_place._schema.is_mutable else None
+
     def _recorded_target(self, func, args):
         """``func``, or for an in-place view of a value the graph computed, its out-of-place
         view (``_FUNCTIONAL_VIEW``)."""
@@ -143,7 +167,14 @@ class _Recorder(TorchDispatchMode):
         if _DATA_DEPENDENT & set(func.tags) and not _static_index(func, args):
             raise UntraceableGraph(f"data-dependent op {func}")
         if self.strict_functional and func._schema.is_mutable:
-            raise UntraceableGraph(f"mutating op {func} in the backward")
+            functional = self._functional_in_backward(func, args)
+            if functional is None:
+                raise UntraceableGraph(f"mutating op {func} in the backward")
+            out = func(*args, **kwargs)
+            node = self.graph.call_function(functional, self.lookup(args), self.lookup(kwargs))
+            node.meta["grad"] = torch.is_grad_enabled()
+            self.bind(args[0], node)      # the written tensor is the new value from here on
+            return out
         if func is aten.lift_fresh.default or func is aten.lift_fresh_copy.default:
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
