@@ -30,6 +30,7 @@ def _compiled_backward(compiled):
     ("fmin", lambda a, b: torch.fmin(a, b * 2)),
     ("fmax", lambda a, b: torch.fmax(a, b * 2)),
     ("remainder", lambda a, b: torch.remainder(a * 3, b.abs() + 1)),
+    ("copysign", lambda a, b: torch.copysign(a * 2, b)),
 ])
 def test_backward_compiled_with_eager_gradients(name, fn):
     tempa.reset()

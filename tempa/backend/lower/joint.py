@@ -70,7 +70,7 @@ class Joint:
 # (grad, input), then one pointwise pass (ResNet-50's backward on a GPU is bound by them).
 # Group norm too: its decomposition's derivative wrote a copy_ into the recorded backward,
 # which sent a whole GroupNorm training graph's backward to eager ATen calls.
-# flip, hypot, fmin, fmax and remainder decompose into prims ops autograd has no formula
+# flip, hypot, fmin, fmax, remainder and copysign decompose into prims ops autograd has no formula
 # for (prims.rev, prims.fmin, ...): a training graph holding one ran eagerly as a whole.
 # The hard activations are kept whole for a different reason, their kinks: they decompose
 # into clamp, whose gradient passes at the bounds (and at NaN) where eager's own backward
@@ -82,6 +82,7 @@ KEEP_WHOLE_FOR_AUTOGRAD = frozenset({aten._softmax, aten._log_softmax, aten.logs
                                      aten._native_batch_norm_legit_functional,
                                      aten.native_group_norm,
                                      aten.flip, aten.hypot, aten.fmin, aten.fmax, aten.remainder,
+                                     aten.copysign,
                                      aten.hardtanh, aten.hardsigmoid, aten.hardswish})
 
 
