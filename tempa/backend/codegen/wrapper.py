@@ -142,12 +142,19 @@ def render_wrapper(sched: Schedule, lowered, seg_codes: dict, num_inputs: int, n
     alloc_shape = reshape_outputs_at_allocation(lowered, w)
     for si, seg in enumerate(sched.segments):
         if isinstance(seg, ExternCall):
-            call_args = ", ".join([w.tensor(a) for a in seg.args] +
+            grad_mode = _needs_grad_mode(seg)
+            call_args = ", ".join([_detached(w.tensor(a), a) if grad_mode else w.tensor(a) for a in seg.args] +
                                   [f"{k}={w.tensor(v)}" for k, v in seg.kwargs.items()])
             opname = _opname(seg.op, w)
             outs = [b for b in seg.outputs]
             allocated.update(b for b in seg.outputs if b is not None)
-            if seg.multi:
+            if grad_mode:
+                L.append("    with torch.enable_grad():")
+                L.append(f"        _r = {opname}({call_args})")
+                for i, b in enumerate(outs):
+                    if b is not None:
+                        L.append(f"    {b.name} = _r[{i}]")
+            elif seg.multi:
                 L.append(f"    _r = {opname}({call_args})")
                 for i, b in enumerate(outs):
                     if b is not None:
@@ -263,6 +270,23 @@ def _contig(sizes):
 # this machine: convolution 158 -> 123 µs on a small conv, addmm 40 -> 33 µs).
 _FAST = {"aten::convolution": "torch.convolution", "aten::mm": "torch.mm", "aten::addmm": "torch.addmm",
          "aten::bmm": "torch.bmm", "aten::baddbmm": "torch.baddbmm"}
+
+
+# ATen ops whose outputs depend on grad mode, not only on their arguments: oneDNN's RNN
+# layer (an LSTM on the CPU) returns the workspace its backward reads only while grad mode
+# is on, even with train=True. A training graph's forward runs with grad mode off (inside
+# the autograd node), so such a call runs under enable_grad, on detached arguments (no
+# autograd graph is built), where it was traced with train=True.
+_GRAD_MODE_OUTPUTS = {"aten::mkldnn_rnn_layer": 15}   # op -> index of its ``train`` argument
+
+
+def _needs_grad_mode(seg) -> bool:
+    train = _GRAD_MODE_OUTPUTS.get(getattr(getattr(seg.op, "_schema", None), "name", None))
+    return train is not None and seg.multi and len(seg.args) > train and seg.args[train] is True
+
+
+def _detached(expr: str, arg) -> str:
+    return f"{expr}.detach()" if isinstance(arg, LoopValue) else expr
 
 
 def _opname(op, w: WrapperGen) -> str:
