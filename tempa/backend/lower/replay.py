@@ -8,6 +8,7 @@ import math
 import torch
 import torch.fx as fx
 
+from ..index import contiguous_strides
 from . import nodynamo
 from .layout import _in_traced_layout, _wants_channels_last, converts_convolutions
 from .trace import Traced, _Recorder, _alias, _attention_for, graph_module, rng_untouched
@@ -101,7 +102,7 @@ def _is_reshape(x, size, stride, offset) -> bool:
     the same elements at the same addresses, contiguous in the new shape."""
     return (x.is_contiguous() and math.prod(size) == x.numel()
             and (offset is None or offset == x.storage_offset())
-            and all(n == 1 or a == b for n, a, b in zip(size, stride, torch.empty(size, device="meta").stride())))
+            and all(n == 1 or a == b for n, a, b in zip(size, stride, contiguous_strides(size))))
 
 
 def _replayed(target, args, kwargs):

@@ -172,7 +172,6 @@ class _Recorder(TorchDispatchMode):
                 raise UntraceableGraph(f"mutating op {func} in the backward")
             out = func(*args, **kwargs)
             node = self.graph.call_function(functional, self.lookup(args), self.lookup(kwargs))
-            node.meta["grad"] = torch.is_grad_enabled()
             self.bind(args[0], node)      # the written tensor is the new value from here on
             return out
         if func is aten.lift_fresh.default or func is aten.lift_fresh_copy.default:
