@@ -362,8 +362,7 @@ ALL = list(_FACTORIES)
 ONE_GRAPH = [n for n in ALL if n != "graph_break_seed"]
 
 # Cases whose training variant tempa's backend still runs eagerly (said in explain and in
-# tempa_info.fallback_reason), with the reason: GroupNorm's backward, as PyTorch runs it,
-# writes into a view of a fresh buffer (copy_), and the backward graph is traced strictly
-# functional.
-EAGER_IN_TRAINING = {"groupnorm": "mutating op aten.copy_.default in the backward"}
+# tempa_info.fallback_reason), with the reason. None now: GroupNorm's (its decomposition's
+# derivative wrote a copy_ into the backward) is differentiated through its own derivative.
+EAGER_IN_TRAINING: dict = {}
 TRAIN = ["batchnorm2d_train", "gpt_train"]

@@ -78,8 +78,7 @@ class Joint:
 # exactly 0 and 6; hardsigmoid's at x = +-3; hardswish's is 0 at -3 and 1 at 3).
 KEEP_WHOLE_FOR_AUTOGRAD = frozenset({aten._softmax, aten._log_softmax, aten.logsumexp,
                                      aten.native_layer_norm, aten.gelu, aten.silu,
-                                     aten.native_batch_norm, aten._native_batch_norm_legit,
-                                     aten._native_batch_norm_legit_functional,
+                                     aten.native_batch_norm, aten._native_batch_norm_legit_functional,
                                      aten.native_group_norm,
                                      aten.flip, aten.hypot, aten.fmin, aten.fmax, aten.remainder,
                                      aten.copysign,
