@@ -192,3 +192,37 @@ def test_a_value_reduced_and_used_elementwise_is_still_stored_once(monkeypatch):
     assert stored()
     monkeypatch.setattr(lowerings, "_shape", lambda n: ())      # every user "elementwise"
     assert not stored()
+
+
+class FlattenHead(nn.Module):
+    """A classic CNN: convolutions, then ``flatten`` of the last feature map into a Linear."""
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
+        self.head = nn.Linear(16 * 4 * 4, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.head(x.flatten(1)), x.view(x.shape[0], 16, -1)
+
+
+def test_flatten_of_a_channels_last_feature_map(monkeypatch):
+    """The trace's flatten is a view of an eager-layout (contiguous) feature map; replayed on
+    the channels-last one it is no view (the relayout replays it as reshape, which copies
+    contiguous there: lower/replay.py). Before, the replay raised and the whole graph ran
+    eagerly."""
+    _timed_as(monkeypatch, 0.1)                   # channels-last measured faster
+    torch.manual_seed(0)
+    m = FlattenHead().eval()
+    x = torch.randn(2, 3, 16, 16)
+    c = tempa.compile(m)
+    with torch.no_grad():
+        got, want = c(x), m(x)
+    assert close(got, want, atol=1e-5, rtol=1e-5)
+    assert [g.stride() for g in got] == [w.stride() for w in want]
+    (entry,) = entries(c)
+    assert entry.kernels.fallback_reason is None, entry.kernels.fallback_reason
+    said = entry.kernels.passes.get("layout", "")
+    assert "inference: channels_last: 2 of 2 convolution calls" in said, said

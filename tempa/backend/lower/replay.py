@@ -40,8 +40,17 @@ def _replay(traced: "Traced", env: dict, relayout: bool) -> list:
             if relayout and _wants_channels_last(n):
                 args = tuple(a.contiguous(memory_format=torch.channels_last) if i < 2 else a
                              for i, a in enumerate(args))
+            if relayout and n.target in _VIEWS_OF_TRACED_LAYOUT and not kwargs:
+                # a view the trace took of an eager-layout value (a CNN head's flatten of
+                # its last feature map) may be no view of the channels-last value it has
+                # now: reshape views where it can and copies contiguous where it cannot
+                env[n] = aten.reshape.default(*args)
+                continue
             env[n] = _replayed(n.target, args, kwargs)
     raise AssertionError("a graph without an output node")
+
+
+_VIEWS_OF_TRACED_LAYOUT = {aten.view.default, aten._unsafe_view.default}
 
 
 def relayout_convolutions(traced: "Traced", inputs: list, decomps: dict) -> "Traced | None":
