@@ -505,7 +505,11 @@ class GraphVariants:
         layout = self._conv_layout("inference")
         if layout not in ("channels_last", "measured"):
             return tr
-        relaid = relayout_convolutions(tr, self.examples, self.target.decomps())
+        try:
+            relaid = relayout_convolutions(tr, self.examples, self.target.decomps())
+        except UntraceableGraph as e:      # the graph still compiles, in eager's layouts
+            self.info.passes["layout"] = f"inference: eager layouts: {e}"
+            return tr
         if relaid is not None and layout == "measured":
             faster, eager_s, cl_s = channels_last_faster(tr.gm, relaid.gm)
             line = (f"inference: measured: convolutions {eager_s * 1e3:.2f} ms in eager's layouts, "

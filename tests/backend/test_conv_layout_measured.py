@@ -226,3 +226,23 @@ def test_flatten_of_a_channels_last_feature_map(monkeypatch):
     assert entry.kernels.fallback_reason is None, entry.kernels.fallback_reason
     said = entry.kernels.passes.get("layout", "")
     assert "inference: channels_last: 2 of 2 convolution calls" in said, said
+
+
+def test_as_strided_of_a_feature_map_reads_eager_layout_elements(monkeypatch):
+    """``as_strided`` names elements by their place in memory, which the channels-last
+    relayout changes: it is replayed on the value in its traced layout (lower/replay.py
+    _READS_STORAGE); before, it read other elements (a wrong answer)."""
+    _timed_as(monkeypatch, 0.1)
+    torch.manual_seed(1)
+    conv = nn.Conv2d(4, 8, 3, padding=1).eval()
+
+    def f(x):
+        return conv(x).as_strided((2, 8, 4, 4), (512, 64, 16, 2))
+    x = torch.randn(2, 4, 8, 8)
+    c = tempa.compile(f)
+    with torch.no_grad():
+        got, want = c(x), f(x)
+    assert close(got, want, atol=1e-6, rtol=1e-6)
+    (entry,) = entries(c)
+    assert entry.kernels.fallback_reason is None, entry.kernels.fallback_reason
+    assert "inference: channels_last: 1 of 1 convolution calls" in entry.kernels.passes.get("layout", "")

@@ -11,7 +11,8 @@ import torch.fx as fx
 from ..index import contiguous_strides
 from . import nodynamo
 from .layout import _in_traced_layout, _wants_channels_last, converts_convolutions
-from .trace import Traced, _Recorder, _alias, _attention_for, graph_module, rng_untouched
+from .trace import (Traced, UntraceableGraph, _Recorder, _alias, _attention_for, graph_module,
+                    rng_untouched)
 
 aten = torch.ops.aten
 
@@ -40,6 +41,8 @@ def _replay(traced: "Traced", env: dict, relayout: bool) -> list:
             if relayout and _wants_channels_last(n):
                 args = tuple(a.contiguous(memory_format=torch.channels_last) if i < 2 else a
                              for i, a in enumerate(args))
+            if relayout and n.target in _READS_STORAGE and isinstance(n.args[0], fx.Node):
+                args = (_storage_as_traced(args[0], n.args[0]),) + tuple(args[1:])
             if relayout and n.target in _VIEWS_OF_TRACED_LAYOUT and not kwargs:
                 # a view the trace took of an eager-layout value (a CNN head's flatten of
                 # its last feature map) may be no view of the channels-last value it has
@@ -51,6 +54,22 @@ def _replay(traced: "Traced", env: dict, relayout: bool) -> list:
 
 
 _VIEWS_OF_TRACED_LAYOUT = {aten.view.default, aten._unsafe_view.default}
+
+# Ops that address their input's storage (sizes, strides and offset name elements by their
+# place in memory), so that on a channels-last value they would read other elements than
+# the trace did: replayed on the value in its traced layout.
+_READS_STORAGE = {aten.as_strided.default}
+
+
+def _storage_as_traced(t, node):
+    """``t`` in the strides ``node`` was traced with (a copy where they differ), for an op
+    that addresses its storage; a value traced at a storage offset cannot be rebuilt so."""
+    tm = node.meta.get("traced_meta")
+    if isinstance(t, torch.Tensor) and tm is not None and tuple(t.stride()) != tuple(tm.stride):
+        if tm.offset:
+            raise UntraceableGraph("as_strided of a value the relayout changed, at a storage offset")
+        return _in_traced_layout(t, node)
+    return t
 
 
 def relayout_convolutions(traced: "Traced", inputs: list, decomps: dict) -> "Traced | None":
