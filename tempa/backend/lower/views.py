@@ -8,6 +8,7 @@ import torch.fx as fx
 from ..index import Cond, contiguous_strides, flat_index, IndexExpr, unflatten
 from ..ir import IndexCheck, LoopValue, Unlowerable
 from .core import aten, bcast, _multi_metas, prims, register, _traced_meta
+from .trace import UntraceableGraph
 
 
 # --- views ----------------------------------------------------------------------------------
@@ -169,16 +170,21 @@ def _select(ctx, node, x, dim, index):
 @register(aten.as_strided.default)
 def _as_strided(ctx, node, x, size, stride, storage_offset=None):
     if x.storage_buffer is None:
-        # A computed value (decompositions such as group_norm's use as_strided on results):
-        # its storage is its contiguous layout when it was traced contiguous at offset 0, so
-        # the view is an index remap, as long as it reads only the value's own elements.
+        # A computed value (decompositions such as group_norm's use as_strided on results).
+        # Traced contiguous, its elements lie in eager's storage in row-major order from its
+        # storage offset on, so the view is an index remap, as long as it reads only the
+        # value's own elements (the offset taken relative to the value's first one).
+        # Anything else addresses storage the value does not hold: an ATen call on a copy
+        # of the value (a fresh storage) would read other elements, so the graph is refused
+        # and runs as eager ATen calls. (A slice of a flattened activation was such a
+        # copy: wrong values, or a storage-bounds error where eager runs.)
         tm = node.args[0].meta.get("traced_meta") if isinstance(node.args[0], fx.Node) else None
-        off = storage_offset or 0
-        span = off + sum((s - 1) * st for s, st in zip(size, stride) if s > 0)
-        if tm is None or tm.offset != 0 or tuple(tm.stride) != contiguous_strides(tm.shape) \
-                or any(st < 0 for st in stride) or off < 0 or span >= max(x.numel, 1):
-            raise Unlowerable("as_strided of a computed value")
-        return _view_of(x, size, lambda idx: unflatten(flat_index(idx, stride, off), x.sizes))
+        rel = (storage_offset or 0) - (tm.offset if tm is not None else 0)
+        span = rel + sum((s - 1) * st for s, st in zip(size, stride) if s > 0)
+        if tm is None or tuple(tm.stride) != contiguous_strides(tm.shape) \
+                or any(st < 0 for st in stride) or rel < 0 or span >= max(x.numel, 1):
+            raise UntraceableGraph("as_strided of a computed value addressing storage it does not hold")
+        return _view_of(x, size, lambda idx: unflatten(flat_index(idx, stride, rel), x.sizes))
     b = x.storage_buffer
     off = b.offset if storage_offset is None else storage_offset
     return LoopValue.view_of(b, tuple(size), tuple(stride), off)
