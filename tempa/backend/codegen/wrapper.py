@@ -148,14 +148,10 @@ def render_wrapper(sched: Schedule, lowered, seg_codes: dict, num_inputs: int, n
             opname = _opname(seg.op, w)
             outs = [b for b in seg.outputs]
             allocated.update(b for b in seg.outputs if b is not None)
-            if grad_mode:
-                L.append("    with torch.enable_grad():")
-                L.append(f"        _r = {opname}({call_args})")
-                for i, b in enumerate(outs):
-                    if b is not None:
-                        L.append(f"    {b.name} = _r[{i}]")
-            elif seg.multi:
-                L.append(f"    _r = {opname}({call_args})")
+            if seg.multi:
+                if grad_mode:
+                    L.append("    with torch.enable_grad():")
+                L.append(f"    {'    ' if grad_mode else ''}_r = {opname}({call_args})")
                 for i, b in enumerate(outs):
                     if b is not None:
                         L.append(f"    {b.name} = _r[{i}]")

@@ -385,7 +385,7 @@ def _free_view(n) -> bool:
         mine, src = n.meta.get("traced_meta"), n.args[0].meta.get("traced_meta")
         return (mine is not None and src is not None and mine.dtype == src.dtype
                 and tuple(mine.stride) == tuple(src.stride) and mine.device == src.device
-                and not getattr(mine, "offset", 0) and not getattr(src, "offset", 0))
+                and not mine.offset and not src.offset)
     return False
 
 

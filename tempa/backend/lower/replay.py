@@ -65,11 +65,9 @@ def _storage_as_traced(t, node):
     """``t`` in the strides ``node`` was traced with (a copy where they differ), for an op
     that addresses its storage; a value traced at a storage offset cannot be rebuilt so."""
     tm = node.meta.get("traced_meta")
-    if isinstance(t, torch.Tensor) and tm is not None and tuple(t.stride()) != tuple(tm.stride):
-        if tm.offset:
-            raise UntraceableGraph("as_strided of a value the relayout changed, at a storage offset")
-        return _in_traced_layout(t, node)
-    return t
+    if tm is not None and tm.offset and isinstance(t, torch.Tensor) and tuple(t.stride()) != tuple(tm.stride):
+        raise UntraceableGraph("as_strided of a value the relayout changed, at a storage offset")
+    return _in_traced_layout(t, node)
 
 
 def relayout_convolutions(traced: "Traced", inputs: list, decomps: dict) -> "Traced | None":
